@@ -1,0 +1,128 @@
+"""Command line: `torchdoctor analyze | run | fix | demo`.
+
+Exit codes (all subcommands that analyse):
+  0  everything asked for was analysed
+  1  some inputs could not be analysed (each named on stderr in one line); the rest were
+  2  usage error, or no input could be analysed at all
+  3  --fail-on SEVERITY: a finding at or above that severity was raised (CI gate)
+For `run` and `fix`, the exit code is the user's job's own exit code (it passes through).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED, EXIT_GATE = 0, 1, 2, 3
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON (schema torchdoctor.report/1); '-' for stdout")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    p.add_argument("--annotated-trace", metavar="FILE",
+                   help="write a copy of the (first) trace with the findings as an extra track (Perfetto)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print every finding's evidence")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    p.add_argument("--fail-on", choices=("critical", "warning", "info"),
+                   help="exit 3 when a finding of this severity or worse is raised (for CI)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchdoctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"torchdoctor {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("analyze", help="diagnose existing torch.profiler (Kineto) traces or a run directory",
+                       description="Analyse Kineto traces (files, directories, globs; .json or .json.gz) "
+                                   "or a `torchdoctor run` directory.")
+    a.add_argument("paths", nargs="+", metavar="PATH")
+    a.add_argument("--rank", type=int, help="analyse only this rank")
+    a.add_argument("--steps", metavar="A:B|all|trace",
+                   help="window: ProfilerStep numbers A<=N<B, 'all' steps, or 'trace' = first to last "
+                        "device event (HTA's window). Default: steady-state steps (warm-up skipped)")
+    a.add_argument("--jobs", "-j", type=int, help="worker processes for multi-rank input (default: CPUs)")
+    add_output_options(a)
+    a.set_defaults(func=cmd_analyze)
+    # Live-run subcommands live in their own modules (they need torch only inside the user's job).
+    for module, adder in (("torchdoctor.runner", "add_run_parser"), ("torchdoctor.fixer", "add_fix_parser"),
+                          ("torchdoctor.workloads.cli", "add_demo_parser")):
+        try:
+            getattr(importlib.import_module(module), adder)(sub)
+        except (ImportError, AttributeError):
+            continue
+    return parser
+
+
+def emit(report, args) -> int:
+    """Render a report to every requested output; return the exit code it implies."""
+    from .report.console import print_report
+    from .report.json_out import write_json
+
+    if not getattr(args, "quiet", False):
+        print_report(report, verbose=getattr(args, "verbose", False))
+    else:
+        for e in report.errors:
+            print(f"torchdoctor: {e.file}: {e.message}", file=sys.stderr)
+    if getattr(args, "json", None):
+        write_json(report, args.json)
+    if getattr(args, "html", None):
+        try:
+            from .report.html import write_html
+        except ImportError:
+            print("torchdoctor: HTML output is not available in this build", file=sys.stderr)
+        else:
+            write_html(report, args.html)
+    if getattr(args, "annotated_trace", None):
+        try:
+            from .report.annotate import write_annotated_trace
+        except ImportError:
+            print("torchdoctor: annotated traces are not available in this build", file=sys.stderr)
+        else:
+            write_annotated_trace(report, args.annotated_trace)
+    return exit_code(report, getattr(args, "fail_on", None))
+
+
+def exit_code(report, fail_on: str | None) -> int:
+    from .report.model import SEVERITY_ORDER
+
+    if not report.ranks:
+        return EXIT_FAILED
+    if fail_on and any(SEVERITY_ORDER[f.severity] <= SEVERITY_ORDER[fail_on] for f in report.findings):
+        return EXIT_GATE
+    return EXIT_PARTIAL if report.errors else EXIT_OK
+
+
+def cmd_analyze(args) -> int:
+    from .metrics.steps import WindowError, parse_step_range
+    from .session import analyze_paths
+
+    if args.steps not in (None, "all", "trace"):
+        try:
+            parse_step_range(args.steps)
+        except WindowError as e:
+            print(f"torchdoctor: {e}", file=sys.stderr)
+            return EXIT_FAILED
+    report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs)
+    if args.quiet:
+        pass
+    elif not report.ranks and report.errors:
+        # Errors go to stderr one line each even when the console renderer is used.
+        pass
+    return emit(report, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Facts a live run records about one rank (the contract between probe/ and rules/).
+
+The probe (``torchdoctor run``) fills these structs inside the user's job; the rules read them.
+Every field is optional in spirit: a fact the probe could not read stays at its default
+(``None`` or empty), and a rule that needs it must then stay silent or lower its confidence.
+This module imports neither torch nor anything heavy: the analysis path reads these facts
+from JSON.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
+    """One ``torch.utils.data.DataLoader`` the job iterated over."""
+
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    batch_size: int | None = None
+    # Qualified name of the collate_fn ("torch.utils.data._utils.collate.default_collate" when default).
+    collate_fn: str | None = None
+    # Source location "file:line" of the DataLoader(...) call, for the permanent fix.
+    call_site: str | None = None
+    # Host syncs (.item() / .numpy() / .tolist() on tensors) seen inside collate_fn per batch.
+    collate_syncs_per_batch: float | None = None
+    dataset_len: int | None = None
+    # Mean wall time per batch spent in __next__ (ms), measured by the probe.
+    next_ms_mean: float | None = None
+
+
+class DDPFacts(msgspec.Struct, omit_defaults=True):
+    """One ``DistributedDataParallel`` wrapper: constructor arguments and logging data."""
+
+    find_unused_parameters: bool | None = None
+    static_graph: bool | None = None
+    gradient_as_bucket_view: bool | None = None
+    bucket_cap_mb: float | None = None
+    broadcast_buffers: bool | None = None
+    call_site: str | None = None
+    # From model._get_ddp_logging_data() (names kept as torch spells them).
+    unused_parameter_size: int | None = None
+    bucket_sizes: list[int] = []
+    num_buckets: int | None = None
+    can_set_static_graph: bool | None = None
+    avg_forward_compute_time_ns: float | None = None
+    avg_backward_compute_time_ns: float | None = None
+    avg_backward_comm_time_ns: float | None = None
+    avg_backward_compute_comm_overlap_time_ns: float | None = None
+    total_parameter_bytes: int | None = None
+    backend_name: str | None = None
+
+
+class FSDPFacts(msgspec.Struct, omit_defaults=True):
+    version: int | None = None  # 1 or 2
+    sharding_strategy: str | None = None
+    reshard_after_forward: bool | None = None
+    limit_all_gathers: bool | None = None
+    forward_prefetch: bool | None = None
+    backward_prefetch: str | None = None
+    cpu_offload: bool | None = None
+    mixed_precision: str | None = None
+
+
+class OptimizerFacts(msgspec.Struct, omit_defaults=True):
+    cls: str | None = None
+    foreach: bool | None = None
+    fused: bool | None = None
+    capturable: bool | None = None
+    num_params: int | None = None
+    num_param_tensors: int | None = None
+    call_site: str | None = None
+
+
+class ModuleDeviceFacts(msgspec.Struct, omit_defaults=True):
+    """A module whose parameters/buffers sit on another device than the bulk of the model."""
+
+    name: str
+    device: str
+    model_device: str
+    num_params: int = 0
+
+
+class EmbeddingFacts(msgspec.Struct, omit_defaults=True):
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    bytes: int
+    sparse: bool = False
+    # True when the same full table is replicated on every rank (plain DDP, no sharding).
+    replicated: bool = True
+
+
+class CompileFacts(msgspec.Struct, omit_defaults=True):
+    used: bool = False
+    graph_breaks: int | None = None
+    graph_break_reasons: list[str] = []
+    recompiles: int | None = None
+    recompile_reasons: list[str] = []
+    unique_graphs: int | None = None
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    cudagraph_skips: int | None = None
+    compile_time_s: float | None = None
+
+
+class CpuFacts(msgspec.Struct, omit_defaults=True):
+    logical_cpus: int | None = None
+    affinity: list[int] = []
+    torch_num_threads: int | None = None
+    torch_num_interop_threads: int | None = None
+    local_world_size: int | None = None
+    # CPU time of the main process and of the DataLoader workers, percent of one core over the run.
+    main_process_cpu_pct: float | None = None
+    dataloader_workers_cpu_pct: float | None = None
+    numa_nodes: int | None = None
+
+
+class DeviceFacts(msgspec.Struct, omit_defaults=True):
+    kind: str = "cpu"  # "cpu", "cuda", "rocm", "xpu", "mps"
+    name: str | None = None
+    count: int | None = None
+    capability: str | None = None
+    total_memory_bytes: int | None = None
+    # NVML readings over the run, only when NVML is available: never invented.
+    nvml_util_pct_mean: float | None = None
+    nvml_mem_used_bytes_max: int | None = None
+    max_memory_allocated_bytes: int | None = None
+    num_alloc_retries: int | None = None
+
+
+class BackendFacts(msgspec.Struct, omit_defaults=True):
+    cudnn_benchmark: bool | None = None
+    cudnn_deterministic: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    deterministic_algorithms: bool | None = None
+    anomaly_detection: bool | None = None
+    autocast_used: bool | None = None
+    autocast_dtype: str | None = None
+    sync_debug_mode: int | None = None
+    param_dtypes: dict[str, int] = {}
+
+
+class StepTiming(msgspec.Struct, omit_defaults=True):
+    """Probe timings of one optimizer step (wall clock, ms)."""
+
+    step: int
+    total_ms: float
+    dataloader_ms: float = 0.0
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    comm_ms: float = 0.0
+    other_ms: float = 0.0
+    samples: int | None = None
+
+
+class RankFacts(msgspec.Struct, omit_defaults=True):
+    """Everything the probe learned about one rank of a live run."""
+
+    rank: int = 0
+    local_rank: int | None = None
+    world_size: int = 1
+    hostname: str | None = None
+    pid: int | None = None
+    torch_version: str | None = None
+    distributed_backend: str | None = None
+    dataloaders: list[DataLoaderFacts] = []
+    ddp: list[DDPFacts] = []
+    fsdp: list[FSDPFacts] = []
+    optimizers: list[OptimizerFacts] = []
+    modules_off_device: list[ModuleDeviceFacts] = []
+    embeddings: list[EmbeddingFacts] = []
+    compile: CompileFacts = msgspec.field(default_factory=CompileFacts)
+    cpu: CpuFacts = msgspec.field(default_factory=CpuFacts)
+    device: DeviceFacts = msgspec.field(default_factory=DeviceFacts)
+    backends: BackendFacts = msgspec.field(default_factory=BackendFacts)
+    # Environment variables that matter for performance (NCCL_*, OMP_NUM_THREADS, CUDA_LAUNCH_BLOCKING, ...).
+    env: dict[str, str] = {}
+    steps: list[StepTiming] = []
+    # Host syncs counted by the probe per step (e.g. loss.item() every step), by call site.
+    host_syncs_per_step: float | None = None
+    host_sync_sites: dict[str, int] = {}
+    # Probe problems, logged once each: the job carried on.
+    probe_errors: list[str] = []
+    # Path of the profiler-window trace this rank wrote, relative to the run directory.
+    trace_file: str | None = None

@@ -1,0 +1,193 @@
+"""Typed results of the metrics: small, serialisable summaries of one rank (no event arrays).
+
+Percentages (`*_pct`) are shares of the analysis window's wall time unless a docstring says
+otherwise, so they never exceed 100 and a fix moves them the right way.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class WindowInfo(msgspec.Struct):
+    start_ns: int
+    end_ns: int
+    steps: list[int]
+    mode: str
+    skipped_warmup: list[int] = []
+
+
+class Headline(msgspec.Struct):
+    """The metrics every report carries (the JSON schema's `metrics` object).
+
+    Device fields are None on a trace without device activity: never invented.
+    """
+
+    busy_pct: float | None = None
+    idle_pct: float | None = None
+    compute_pct: float | None = None
+    comm_pct: float | None = None
+    comm_exposed_pct: float | None = None
+    memcpy_pct: float | None = None
+    dataloader_pct: float | None = None
+    dataloader_exposed_pct: float | None = None
+    sync_pct: float | None = None
+    # Share of communication time overlapped by compute (100 x |comm ∩ compute| / |comm|).
+    overlap_pct: float | None = None
+    step_ms_median: float | None = None
+
+
+class StepRow(msgspec.Struct):
+    """One step of the window. Times in ms."""
+
+    step: int
+    start_ns: int
+    dur_ms: float
+    busy_ms: float | None = None
+    idle_ms: float | None = None
+    comm_ms: float | None = None
+    comm_exposed_ms: float | None = None
+    dataloader_ms: float = 0.0
+    dataloader_exposed_ms: float = 0.0
+    sync_ms: float = 0.0
+    syncs: int = 0
+    # Host-side split of the step (exclusive, sums to dur_ms): data, forward, backward, optimizer,
+    # comm, other.
+    host_split_ms: dict[str, float] = {}
+
+
+class GapClass(msgspec.Struct):
+    """Per-stream idle gaps of one class (HTA's host_wait / kernel_wait / other)."""
+
+    ns: int = 0
+    count: int = 0
+
+
+class StreamIdle(msgspec.Struct):
+    stream: int
+    busy_ns: int
+    host_wait: GapClass
+    kernel_wait: GapClass
+    other: GapClass
+
+
+class NamedTime(msgspec.Struct):
+    name: str
+    ns: int
+    count: int = 0
+    # Start (ns) of the largest occurrence, so a user can find it in the trace viewer.
+    first_ts_ns: int | None = None
+
+
+class IdleCause(msgspec.Struct):
+    """Device idle time attributed to what the host was doing meanwhile."""
+
+    cause: str  # dataloader | sync | optimizer | comm_host | host_ops | untraced
+    ns: int
+    top: list[NamedTime] = []
+
+
+class SyncSite(msgspec.Struct):
+    api: str
+    op: str  # innermost enclosing aten op, "" when none
+    top_op: str  # outermost enclosing host op
+    explanation: str
+    count: int
+    ns: int
+    first_ts_ns: int
+
+
+class SyncStats(msgspec.Struct):
+    count: int = 0
+    ns: int = 0
+    per_step: float = 0.0
+    sites: list[SyncSite] = []
+    # cuda_sync events (device-side record of waits) by name: count.
+    device_sync_events: dict[str, int] = {}
+
+
+class LaunchStats(msgspec.Struct):
+    launches: int = 0
+    by_api: dict[str, int] = {}
+    launch_ns_median: float | None = None
+    launch_ns_p95: float | None = None
+    # Kernels whose device time is shorter than the host call that launched them.
+    short_kernels: int = 0
+    short_kernels_pct: float | None = None
+    launch_delay_ns_median: float | None = None
+    launch_delay_ns_p95: float | None = None
+    queue_depth_median: float | None = None
+    # Share of launches that found at most one kernel queued: the device starves.
+    queue_le1_pct: float | None = None
+    kernels_per_step: float | None = None
+    graph_launches: int = 0
+
+
+class KernelStat(msgspec.Struct):
+    name: str
+    kind: str
+    count: int
+    total_ns: int
+    mean_ns: float
+    min_ns: int
+    max_ns: int
+    std_ns: float
+
+
+class KindTime(msgspec.Struct):
+    kind: str
+    ns: int
+    count: int
+    pct_of_busy: float
+
+
+class MemcpyRow(msgspec.Struct):
+    direction: str
+    host_memory: str
+    count: int
+    ns: int
+    bytes: int
+
+
+class KernelBreakdown(msgspec.Struct):
+    by_kind: list[KindTime] = []
+    top: list[KernelStat] = []
+    memcpy: list[MemcpyRow] = []
+    distinct_kernels: int = 0
+
+
+class HostBreakdown(msgspec.Struct):
+    """Host (CPU) time per step split into exclusive phases; ms medians over the window steps."""
+
+    phases_ms: dict[str, float] = {}
+    phases_pct: dict[str, float] = {}
+    top_ops: list[NamedTime] = []
+
+
+class RankResult(msgspec.Struct):
+    """Everything measured on one rank, small enough to gather from thousands of ranks."""
+
+    rank: int | None
+    file: str
+    device: str | None
+    device_kind: str  # "cuda", "rocm", "cpu"
+    window: WindowInfo
+    metrics: Headline
+    world_size: int | None = None
+    backend: str | None = None
+    rank_source: str = "order"
+    steps: list[StepRow] = []
+    stream_idle: list[StreamIdle] = []
+    idle_causes: list[IdleCause] = []
+    syncs: SyncStats = msgspec.field(default_factory=SyncStats)
+    launches: LaunchStats = msgspec.field(default_factory=LaunchStats)
+    kernels: KernelBreakdown = msgspec.field(default_factory=KernelBreakdown)
+    host: HostBreakdown = msgspec.field(default_factory=HostBreakdown)
+    comm_ops: list[NamedTime] = []
+    # Timeline sketch for plots: merged busy intervals and idle gaps (ns, relative to window start),
+    # capped in number; gap cause labels match idle_causes.
+    timeline_busy: list[tuple[int, int]] = []
+    timeline_gaps: list[tuple[int, int, str]] = []
+    events: int = 0
+    warnings: list[str] = []
+    compile_regions: dict[str, int] = {}

@@ -1,0 +1,96 @@
+"""Assemble every metric of one rank into a `RankResult`."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..trace.model import RankTrace
+from . import intervals as iv
+from .context import Context
+from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch, utilisation
+from .host import comm_ops, host_split, launches, syncs
+from .kernels import kernel_breakdown
+from .model import Headline, RankResult, StepRow, WindowInfo
+from .steps import choose_window
+
+_COMPILED = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
+
+
+def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = None) -> RankResult:
+    """All metrics of one rank over its window (see `steps.choose_window` for `steps`)."""
+    win = choose_window(tr, steps)
+    ctx = Context(tr, win)
+    w = win.dur
+    head = Headline()
+    if ctx.has_device:
+        for k, v in utilisation(ctx).items():
+            setattr(head, k, v)
+    causes, cause_sets = idle_causes(ctx)
+    split, split_rows = host_split(ctx)
+    dl = iv.total(ctx.dataloader)
+    head.dataloader_pct = pct(dl, w)
+    # Without a device the host waits for every batch it loads: all DataLoader time is exposed.
+    exposed = iv.intersect(ctx.dataloader, ctx.idle) if ctx.has_device else ctx.dataloader
+    head.dataloader_exposed_pct = pct(iv.total(exposed), w)
+    head.sync_pct = pct(iv.total(ctx.sync), w) if ctx.has_device else None
+    if not ctx.has_device:
+        comm_host = ctx.clipped_union(ctx.comm_host_mask)
+        head.comm_pct = pct(iv.total(comm_host), w)
+        head.comm_exposed_pct = head.comm_pct
+    if win.steps:
+        head.step_ms_median = round(float(np.median([s.dur for s in win.steps])) / 1e6, 4)
+    rows = step_rows(ctx, split_rows)
+    busy, gaps = timeline_sketch(ctx, cause_sets) if ctx.has_device else ([], [])
+    return RankResult(
+        rank=tr.rank, file=label or tr.path, device=tr.device_name, device_kind=device_kind(ctx),
+        window=WindowInfo(win.start, win.end, [s.number for s in win.steps], win.mode,
+                          list(win.skipped_warmup)),
+        metrics=head, world_size=tr.world_size, backend=tr.backend, rank_source=tr.rank_source,
+        steps=rows, stream_idle=stream_idle(ctx), idle_causes=causes, syncs=syncs(ctx),
+        launches=launches(ctx), kernels=kernel_breakdown(ctx), host=split, comm_ops=comm_ops(ctx),
+        timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
+        compile_regions=compiled_regions(tr),
+    )
+
+
+def step_rows(ctx: Context, split_rows: list[dict[str, float]]) -> list[StepRow]:
+    """Per-step numbers (ms), each measured inside the step's own [start, end)."""
+    rows = []
+    sync_idx = np.flatnonzero(ctx.sync_mask & ctx.in_window)
+    for i, s in enumerate(ctx.win.steps):
+        def within(x: iv.Intervals, s=s) -> int:
+            return iv.total(iv.clip(x, s.start, s.end))
+
+        row = StepRow(step=s.number, start_ns=s.start, dur_ms=round(s.dur / 1e6, 4))
+        if ctx.has_device:
+            busy = within(ctx.busy)
+            comm = within(ctx.comm)
+            row.busy_ms = round(busy / 1e6, 4)
+            row.idle_ms = round((s.dur - busy) / 1e6, 4)
+            row.comm_ms = round(comm / 1e6, 4)
+            row.comm_exposed_ms = round((comm - within(iv.intersect(ctx.comm, ctx.compute))) / 1e6, 4)
+            row.dataloader_exposed_ms = round(within(iv.intersect(ctx.dataloader, ctx.idle)) / 1e6, 4)
+        else:
+            row.dataloader_exposed_ms = round(within(ctx.dataloader) / 1e6, 4)
+        row.dataloader_ms = round(within(ctx.dataloader) / 1e6, 4)
+        row.sync_ms = round(within(ctx.sync) / 1e6, 4)
+        ts = ctx.tr.ts[sync_idx]
+        row.syncs = int(((ts >= s.start) & (ts < s.end)).sum())
+        if i < len(split_rows):
+            row.host_split_ms = split_rows[i]
+        rows.append(row)
+    return rows
+
+
+def compiled_regions(tr: RankTrace) -> dict[str, int]:
+    """torch.compile frames seen: 'frame/recompile' -> count of `Torch-Compiled Region` events."""
+    out: dict[str, int] = {}
+    for nid, name in enumerate(tr.names):
+        m = _COMPILED.match(name)
+        if m:
+            n = int((tr.name == nid).sum())
+            if n:
+                out[f"{m.group(1)}/{m.group(2)}"] = n
+    return out

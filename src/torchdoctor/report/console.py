@@ -1,0 +1,141 @@
+"""Terminal renderer (rich): per-rank numbers, where the idle time goes, the diagnosis matrix."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from ..metrics.model import RankResult
+from .model import Finding, Report
+
+LAYERS = ("input", "host", "compile", "distributed", "hardware")
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+CAUSE_LABEL = {
+    "dataloader": "waiting for the DataLoader",
+    "sync": "host blocked in a device sync",
+    "optimizer": "optimizer step on the host",
+    "comm_host": "host inside a collective call",
+    "host_ops": "host busy in other ops (launch overhead, Python ops)",
+    "untraced": "host outside any traced op (Python, untraced work)",
+}
+MAX_RANK_ROWS = 16
+
+
+def fmt(v: float | None, unit: str = "", digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def print_report(report: Report, console: Console | None = None, verbose: bool = False) -> None:
+    console = console or Console(highlight=False)
+    results = [r.analysis for r in report.ranks if r.analysis is not None]
+    if results:
+        console.print(rank_table(results))
+        _print_cross_rank(report, console)
+        first = results[0]
+        if first.idle_causes and first.metrics.idle_pct:
+            console.print(idle_table(first))
+        elif first.device_kind == "cpu" and first.host.phases_ms:
+            console.print(host_table(first))
+    elif report.ranks:
+        console.print(f"{len(report.ranks)} rank(s) reported facts but no profiler trace was analysed.")
+    _print_findings(report.findings, console, verbose)
+    for w in report.warnings[:20]:
+        console.print(f"[dim]warning: {escape(w.file)}: {escape(w.message)}[/dim]")
+    for e in report.errors:
+        console.print(f"[red]error:[/red] {escape(e.file)}: {escape(e.message)}")
+
+
+def rank_table(results: list[RankResult]) -> Table:
+    t = Table(title="Per-rank summary (shares of the analysis window)", title_justify="left")
+    for col in ("rank", "device", "window", "step ms", "busy", "idle", "compute", "comm",
+                "exposed comm", "data wait", "sync"):
+        t.add_column(col, justify="right" if col not in ("device", "window") else "left")
+    shown = results if len(results) <= MAX_RANK_ROWS else results[: MAX_RANK_ROWS - 1]
+    for r in shown:
+        m, w = r.metrics, r.window
+        steps = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
+        if w.skipped_warmup:
+            steps += f" (warm-up {','.join(map(str, w.skipped_warmup))} skipped)"
+        t.add_row(str(r.rank), escape(r.device or "CPU only"), steps, fmt(m.step_ms_median, digits=2),
+                  fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"), fmt(m.compute_pct, "%"),
+                  fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
+                  fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%"))
+    if len(results) > len(shown):
+        t.add_row("…", f"{len(results) - len(shown)} more ranks (see --json)", *[""] * 9)
+    return t
+
+
+def idle_table(r: RankResult) -> Table:
+    steps = max(len(r.window.steps), 1)
+    total = sum(c.ns for c in r.idle_causes) or 1
+    t = Table(title=f"Rank {r.rank}: what the host did while the device sat idle", title_justify="left")
+    for col in ("cause", "ms/step", "share of idle", "top ops"):
+        t.add_column(col, justify="right" if col in ("ms/step", "share of idle") else "left")
+    for c in sorted(r.idle_causes, key=lambda c: -c.ns):
+        if c.ns <= 0:
+            continue
+        tops = ", ".join(escape(n.name[:40]) for n in c.top[:3])
+        t.add_row(CAUSE_LABEL.get(c.cause, c.cause), f"{c.ns / 1e6 / steps:.2f}", f"{100 * c.ns / total:.0f}%", tops)
+    return t
+
+
+def host_table(r: RankResult) -> Table:
+    t = Table(title=f"Rank {r.rank}: host step time (CPU-only trace)", title_justify="left")
+    t.add_column("phase")
+    t.add_column("ms/step (median)", justify="right")
+    t.add_column("share of window", justify="right")
+    for phase, ms in r.host.phases_ms.items():
+        t.add_row(phase, f"{ms:.2f}", fmt(r.host.phases_pct.get(phase), "%"))
+    return t
+
+
+def _print_cross_rank(report: Report, console: Console) -> None:
+    c = report.cross_rank
+    if c is None:
+        return
+    line = (f"{c.ranks} ranks: median step {fmt(c.step_ms_median, ' ms', 2)}, "
+            f"skew {fmt(c.step_skew_pct, '%')} (min {fmt(c.step_ms_min, ' ms', 2)}, max {fmt(c.step_ms_max, ' ms', 2)})")
+    if c.straggler is not None:
+        line += (f"; straggler: rank {c.straggler} (waits least in collectives, "
+                 f"others wait up to {fmt(c.straggler_lead_ms, ' ms', 2)} more per step)")
+    console.print(line)
+
+
+def _print_findings(findings: list[Finding], console: Console, verbose: bool) -> None:
+    actionable = [f for f in findings if f.severity != "info"]
+    if not findings:
+        console.print("[green]No findings: nothing in this run points to lost accelerator time.[/green]")
+        return
+    if not actionable:
+        console.print("[green]Healthy: no warning-level findings.[/green]")
+    else:
+        top = actionable[0]
+        console.print(Text.assemble(("Fix first: ", "bold"), (f"{top.title}", SEVERITY_STYLE[top.severity]),
+                                    f"  (≈{top.recoverable_pct:.0f}% of step time"
+                                    + (f", {top.recoverable_ms:.1f} ms/step)" if top.recoverable_ms else ")")))
+        if top.fix:
+            console.print(f"  {escape(top.fix.text)}")
+            if top.fix.snippet:
+                console.print(f"[dim]{escape(top.fix.snippet)}[/dim]")
+    t = Table(title="Diagnosis matrix (ranked by time the fix gives back)", title_justify="left")
+    for col in ("#", "layer", "id", "severity", "finding", "gain", "fix"):
+        t.add_column(col, justify="right" if col in ("#", "gain") else "left")
+    for i, f in enumerate(findings, 1):
+        if f.severity == "info" and not verbose and i > 12:
+            continue
+        gain = f"{f.recoverable_pct:.1f}%" + (f"\n{f.recoverable_ms:.1f} ms" if f.recoverable_ms else "")
+        t.add_row(str(i), f.layer, f.id, Text(f.severity, SEVERITY_STYLE[f.severity]), escape(f.title), gain,
+                  escape(f.fix.text if f.fix else ""))
+    console.print(t)
+    by_layer = {layer: [f for f in findings if f.layer == layer] for layer in LAYERS}
+    summary = "  ".join(f"{layer}: {len(fs)}" for layer, fs in by_layer.items())
+    console.print(f"[dim]findings per layer — {summary}[/dim]")
+    if verbose:
+        for f in findings:
+            console.print(f"[bold]{f.id}[/bold] {escape(f.title)}")
+            for ev in f.evidence:
+                console.print(f"  • {escape(ev.text)}")
+            if f.confirm:
+                console.print(f"  [dim]to confirm: {escape(f.confirm)}[/dim]")

@@ -1,0 +1,515 @@
+"""Streaming, typed decoding of Kineto JSON into columns.
+
+Why streaming: a 620 MB trace must not be held in memory whole next to its decoded form (HTA
+peaks at ~6x the JSON size). We read the file in blocks, cut the `traceEvents` array at event
+boundaries and decode each piece with msgspec into small typed structs that carry only the
+fields the analysis needs; unknown fields are skipped by the decoder without being built.
+
+How the cut stays exact: a candidate boundary is a `}` followed by `,` and `{` (whitespace
+allowed). The prefix up to it is decoded as a JSON array; if the candidate was inside a string
+or a nested object the prefix is not valid JSON and msgspec reports the error at its very end,
+so we back off to the previous candidate. An error before the end is a real defect of the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .model import CATEGORY_NAMES, Cat
+
+BLOCK_BYTES = 16 << 20
+# Timestamps beyond this (µs) are corrupt: 2^53 ns is ~104 days past 1970 in µs terms, Kineto
+# writes µs since epoch (~1.7e15 µs) or since boot; anything above 1e17 µs cannot be real.
+MAX_TS_US = 1e17
+# One event lasting over a day is a corrupt field, not a slow kernel.
+MAX_DUR_US = 86_400e6
+
+
+class TraceFormatError(Exception):
+    """The file is not a readable Kineto trace; the message names the problem (not the file)."""
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    # -1 stands for "absent" so that columns build without per-value None checks.
+    stream: int = -1
+    correlation: int = -1
+    bytes: int = -1
+
+
+NO_ARGS = Args()
+
+
+class Event(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """A complete event ("ph": "X"): the only kind the analysis reads fields of."""
+
+    cat: str = ""
+    name: str = ""
+    ts: float = math.nan
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: Args = NO_ARGS
+
+
+class ExactEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """Like Event, but `ts` kept as the raw JSON number: used when float64 would lose ns.
+
+    Epoch-based microsecond timestamps with ns decimals (1712195495519689.047) need 19
+    significant digits; a float64 holds 15-16, so they are parsed as text instead.
+    """
+
+    cat: str = ""
+    name: str = ""
+    ts: msgspec.Raw = msgspec.Raw()
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: Args = NO_ARGS
+
+
+def _skipped(ph: str) -> type:
+    # Flow, metadata, instant, counter ... events: decoded as empty structs, fields skipped unbuilt.
+    return msgspec.defstruct(f"Skip_{ph}", [], tag_field="ph", tag=ph, gc=False)
+
+
+SKIPPED_PH = ("s", "f", "t", "M", "i", "I", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R")
+_SKIP_TYPES = tuple(_skipped(ph) for ph in SKIPPED_PH)
+_INSTANT_TYPES = tuple(t for t, ph in zip(_SKIP_TYPES, SKIPPED_PH, strict=True) if ph in ("i", "I"))
+
+
+def _union(first: type) -> Any:
+    u: Any = first
+    for t in _SKIP_TYPES:
+        u = u | t
+    return u
+
+
+AnyEvent = _union(Event)
+AnyExactEvent = _union(ExactEvent)
+# Below 2^43 µs (~100 days) a float64 resolves 1 ns; above it, fractional µs need the exact path.
+EXACT_FLOAT_LIMIT_US = float(2**43)
+
+
+class Header(msgspec.Struct):
+    """Top-level keys other than traceEvents that we use (they may come before or after it)."""
+
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815 (Kineto's spelling)
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+    traceEvents: list[AnyEvent] = []  # noqa: N815
+
+
+class ExactHeader(Header):
+    traceEvents: list[AnyExactEvent] = []  # noqa: N815
+
+
+@dataclass(frozen=True)
+class Decoders:
+    events: msgspec.json.Decoder
+    one: msgspec.json.Decoder
+    header: msgspec.json.Decoder
+    event_type: type
+
+
+FAST = Decoders(msgspec.json.Decoder(list[AnyEvent]), msgspec.json.Decoder(AnyEvent),
+                msgspec.json.Decoder(Header), Event)
+EXACT = Decoders(msgspec.json.Decoder(list[AnyExactEvent]), msgspec.json.Decoder(AnyExactEvent),
+                 msgspec.json.Decoder(ExactHeader), ExactEvent)
+_header = FAST.header
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_any = msgspec.json.Decoder()
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+
+
+@dataclass
+class Columns:
+    """Growing column lists for one file, turned into numpy arrays by `finish`."""
+
+    names: dict[str, int] = field(default_factory=dict)
+    cats: dict[str, int] = field(default_factory=dict)
+    parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    instants: int = 0
+    unknown_cats: dict[str, int] = field(default_factory=dict)
+    dec: Decoders = FAST
+    # Set when float timestamps were too large for ns precision: the file is decoded again exactly.
+    needs_exact: bool = False
+
+    def drop(self, why: str, n: int = 1) -> None:
+        self.dropped[why] = self.dropped.get(why, 0) + n
+
+    def add(self, events: list) -> None:
+        etype = self.dec.event_type
+        xs = [e for e in events if type(e) is etype]
+        if len(xs) != len(events):
+            self.instants += sum(1 for e in events if isinstance(e, _INSTANT_TYPES))
+        n = len(xs)
+        if not n:
+            return
+        intern = self.names.setdefault
+        name = np.fromiter((intern(s, len(self.names)) for s in map(_get_name, xs)), np.int32, n)
+        cat_intern = self.cats.setdefault
+        cat = np.fromiter((cat_intern(c, len(self.cats)) for c in map(_get_cat, xs)), np.int16, n)
+        if etype is ExactEvent:
+            ts_ns_exact = np.fromiter(map(_raw_to_ns, map(_get_ts, xs)), np.int64, n)
+            ts_us = np.where(ts_ns_exact == _MISSING_NS, math.nan, ts_ns_exact / 1000.0)
+        else:
+            ts_us = np.fromiter(map(_get_ts, xs), np.float64, n)
+            if not self.needs_exact:
+                big = ts_us >= EXACT_FLOAT_LIMIT_US
+                self.needs_exact = bool(big.any() and (ts_us[big] != np.floor(ts_us[big])).any())
+        dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
+        pid = self._ids(list(map(_get_pid, xs)))
+        tid = self._ids(list(map(_get_tid, xs)))
+        args = list(map(_get_args, xs))
+        stream = _arg_column(args, _get_stream)
+        corr = _arg_column(args, _get_corr)
+        nbytes = _arg_column(args, _get_bytes)
+
+        keep = np.isfinite(ts_us) & np.isfinite(dur_us)
+        self.drop("missing or non-numeric ts/dur", int((~keep).sum()))
+        bad_ts = keep & ((ts_us < 0) | (ts_us > MAX_TS_US))
+        self.drop("negative or huge ts", int(bad_ts.sum()))
+        huge = keep & (dur_us > MAX_DUR_US)
+        self.drop("huge dur (over a day)", int(huge.sum()))
+        neg = keep & (dur_us < 0)
+        if neg.any():
+            # A negative duration is clipped to zero rather than dropped: the event happened.
+            self.drop("negative dur clipped to 0 (kept)", int(neg.sum()))
+            dur_us = np.where(neg, 0.0, dur_us)
+        keep &= ~bad_ts & ~huge
+        ts_all = ts_ns_exact if etype is ExactEvent else _us_to_ns(np.where(keep, ts_us, 0.0))
+        if keep.all():
+            end = ts_all + np.rint(dur_us * 1000.0).astype(np.int64)
+            self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes))
+            return
+        ts = ts_all[keep]
+        end = ts + np.rint(dur_us[keep] * 1000.0).astype(np.int64)
+        self.parts.append(
+            (cat[keep], name[keep], ts, end, pid[keep], tid[keep], stream[keep], corr[keep], nbytes[keep])
+        )
+
+    def _ids(self, vals: list) -> np.ndarray:
+        try:
+            return np.array(vals, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            ident = self._thread_id
+            return np.array([v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in vals], np.int64)
+
+    def _thread_id(self, v: int | str) -> int:
+        if isinstance(v, int):
+            return v if -(2**63) <= v < 2**63 else -1
+        # Named pseudo-threads ("Spans", "PyTorch Profiler") become negative ids.
+        return -1 - self.names.setdefault(v, len(self.names))
+
+    def finish(self) -> tuple[list[str], list[np.ndarray]]:
+        """Concatenate the parts, map category strings to `Cat` codes, sort by start time."""
+        names = [""] * len(self.names)
+        for s, i in self.names.items():
+            names[i] = s
+        if not self.parts:
+            dtypes = (np.int8, np.int32) + (np.int64,) * 7
+            return names, [np.zeros(0, dtype=d) for d in dtypes]
+        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        self.parts.clear()
+        code_of = np.zeros(max(len(self.cats), 1), dtype=np.int8)
+        for c, i in self.cats.items():
+            code_of[i] = int(CATEGORY_NAMES.get(c.lower(), Cat.OTHER))
+        counts = np.bincount(cols[0], minlength=len(self.cats))
+        for c, i in self.cats.items():
+            if code_of[i] == Cat.OTHER and c != "Trace" and counts[i]:
+                self.unknown_cats[c] = int(counts[i])
+        cols[0] = code_of[cols[0]]
+        order = np.argsort(cols[2], kind="stable")
+        return names, [c[order] for c in cols]
+
+
+_MISSING_NS = np.iinfo(np.int64).min
+
+
+def _us_to_ns(ts_us: np.ndarray) -> np.ndarray:
+    """Float µs to int ns without a float product: the whole µs scale in integers (exact)."""
+    whole = np.floor(ts_us)
+    return whole.astype(np.int64) * 1000 + np.rint((ts_us - whole) * 1000.0).astype(np.int64)
+
+
+def _raw_to_ns(raw: msgspec.Raw) -> int:
+    """Exact ns from a JSON number's text in µs ("1712195495519689.047" -> 1712195495519689047)."""
+    text = bytes(raw)
+    if not text:
+        return _MISSING_NS
+    whole, _, frac = text.partition(b".")
+    try:
+        if b"e" in frac or b"E" in frac or b"e" in whole or b"E" in whole:
+            return int((Decimal(text.decode()) * 1000).to_integral_value())
+        ns = int(whole or b"0") * 1000 + int((frac + b"000")[:3] or b"0")
+        if len(frac) > 3 and frac[3:4] >= b"5":
+            ns += 1 if not whole.startswith(b"-") else -1
+        return ns
+    except (ValueError, ArithmeticError):
+        return _MISSING_NS
+
+
+_get_name = attrgetter("name")
+_get_cat = attrgetter("cat")
+_get_ts = attrgetter("ts")
+_get_dur = attrgetter("dur")
+_get_pid = attrgetter("pid")
+_get_tid = attrgetter("tid")
+_get_args = attrgetter("args")
+_get_stream = attrgetter("stream")
+_get_corr = attrgetter("correlation")
+_get_bytes = attrgetter("bytes")
+
+
+def _arg_column(args: list[Args], get: attrgetter) -> np.ndarray:
+    try:
+        return np.fromiter(map(get, args), np.int64, len(args))
+    except OverflowError:
+        # An id beyond int64 is corrupt; keep the event, drop the id.
+        return np.array([v if -(2**63) <= v < 2**63 else -1 for v in map(get, args)], dtype=np.int64)
+
+
+def _open_stream(path: str):
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_blocks(path: str) -> Iterator[bytes]:
+    try:
+        with _open_stream(path) as f:
+            while True:
+                block = f.read(BLOCK_BYTES)
+                if not block:
+                    return
+                yield block
+    except EOFError as e:
+        raise TraceFormatError("truncated gzip stream (file cut short)") from e
+    except (OSError, zlib.error) as e:
+        raise TraceFormatError(f"cannot decompress: {e}") from e
+
+
+def _decode_events_lenient(data: bytes | memoryview, cols: Columns) -> None:
+    """Slow path for a piece that failed typed validation: decode event by event, drop bad ones."""
+    events = []
+    for raw in _raw_list.decode(data):
+        try:
+            events.append(cols.dec.one.decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            obj = _any.decode(raw)
+            if isinstance(obj, dict) and obj.get("ph") == "X":
+                events.append(_coerce_event(obj, cols.dec.event_type))
+            else:
+                cols.drop("malformed or unknown-phase event")
+    cols.add(events)
+
+
+def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
+    """Best-effort typed event from an object with wrongly typed fields (bad fields become absent)."""
+
+    def num(v: Any) -> float:
+        if isinstance(v, bool):
+            return math.nan
+        if isinstance(v, int | float):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                return float(v)
+            except ValueError:
+                return math.nan
+        return math.nan
+
+    def ident(v: Any) -> int | str:
+        return v if isinstance(v, int | str) and not isinstance(v, bool) else 0
+
+    a = obj.get("args") if isinstance(obj.get("args"), dict) else {}
+
+    def iarg(k: str) -> int:
+        v = a.get(k)
+        return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else -1
+
+    ts = num(obj.get("ts"))
+    if etype is ExactEvent:
+        ts = msgspec.Raw(msgspec.json.encode(ts) if math.isfinite(ts) else b"")
+    return etype(
+        cat=str(obj.get("cat", "")),
+        name=str(obj.get("name", "")),
+        ts=ts,
+        dur=num(obj["dur"]) if "dur" in obj else 0.0,
+        pid=ident(obj.get("pid")),
+        tid=ident(obj.get("tid")),
+        args=Args(iarg("stream"), iarg("correlation"), iarg("bytes")),
+    )
+
+
+def _describe(e: msgspec.DecodeError, offset: int) -> str:
+    msg = str(e)
+    m = _BYTE_POS.search(msg)
+    if m:
+        msg = _BYTE_POS.sub(f"(near byte {offset + int(m.group(1))})", msg)
+    return f"invalid JSON: {msg}"
+
+
+def _error_at_end(e: msgspec.DecodeError, length: int) -> bool:
+    """True when a decode error sits at the end of the piece, i.e. our cut was not a boundary."""
+    msg = str(e)
+    if "truncated" in msg or "trailing characters" in msg:
+        # "trailing": the cut lay past the end of traceEvents, in the top-level keys after it.
+        return True
+    m = _BYTE_POS.search(msg)
+    return bool(m) and int(m.group(1)) >= length - 2
+
+
+def decode_file(path: str) -> tuple[Header, Columns]:
+    """Decode one Kineto trace file (JSON or gzip; top level a dict or a list) into columns.
+
+    Raises TraceFormatError with a one-line reason when the file cannot be read as a trace.
+    """
+    header, cols = _decode_file(path, FAST)
+    if cols.needs_exact:
+        header, cols = _decode_file(path, EXACT)
+    return header, cols
+
+
+def _decode_file(path: str, dec: Decoders) -> tuple[Header, Columns]:
+    blocks = _read_blocks(path)
+    head = bytearray()
+    for block in blocks:
+        head += block
+        if _KEY.search(head) or len(head) > 4 * BLOCK_BYTES:
+            break
+    stripped = bytes(head[:64]).lstrip()
+    if not stripped:
+        raise TraceFormatError("empty file")
+    cols = Columns(dec=dec)
+    if stripped[:1] == b"[":
+        # A bare list of events: everything after the first '[' is the array body.
+        start = head.index(b"[") + 1
+        header_doc = b"{}"
+        is_list = True
+    elif stripped[:1] == b"{":
+        m = _KEY.search(head)
+        if not m:
+            return _decode_small_document(bytes(head), blocks, dec)
+        start = m.end()
+        prefix = bytes(head[: m.start()]).rstrip()
+        header_doc = prefix[:-1] + b"}" if prefix.endswith(b",") else prefix + b"}"
+        is_list = False
+    else:
+        raise TraceFormatError("not JSON (does not start with '{' or '[')")
+
+    header = Header()
+    if header_doc != b"{}":
+        try:
+            header = _header.decode(header_doc)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Header keys we don't understand are not fatal: the events still are a trace.
+            header = Header()
+
+    buf = bytearray(b"[") + head[start:]
+    consumed = start - 1  # absolute file offset of buf[0], for error messages
+    while True:
+        if len(buf) >= BLOCK_BYTES:
+            cut = _cut_and_decode(buf, cols, consumed)
+            if cut:
+                consumed += cut - 1
+                buf = bytearray(b"[") + buf[cut:]
+        nxt = next(blocks, None)
+        if nxt is None:
+            break
+        buf += nxt
+    tail_doc = (bytes(buf) if is_list else b'{"traceEvents":' + bytes(buf))
+    try:
+        if is_list:
+            cols.add(dec.events.decode(tail_doc))
+        else:
+            tail = dec.header.decode(tail_doc)
+            cols.add(tail.traceEvents)
+            header.distributedInfo = header.distributedInfo or tail.distributedInfo
+            header.deviceProperties = header.deviceProperties or tail.deviceProperties
+    except msgspec.ValidationError:
+        _decode_tail_lenient(tail_doc, is_list, header, cols)
+    except msgspec.DecodeError as e:
+        if "truncated" in str(e):
+            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
+        raise TraceFormatError(_describe(e, consumed - 15)) from None
+    return header, cols
+
+
+def _cut_and_decode(buf: bytearray, cols: Columns, offset: int) -> int:
+    """Decode the longest prefix of complete events in `buf`; return where the rest starts (0: none)."""
+    limit = len(buf)
+    for _attempt in range(64):
+        p = buf.rfind(b"}", 1, limit)
+        if p < 0:
+            return 0
+        m = _BOUNDARY.match(buf, p)
+        if not m:
+            limit = p
+            continue
+        saved = buf[p + 1]
+        buf[p + 1] = ord("]")
+        view = memoryview(buf)[: p + 2]
+        try:
+            try:
+                cols.add(cols.dec.events.decode(view))
+            except msgspec.ValidationError:
+                _decode_events_lenient(view, cols)
+        except msgspec.DecodeError as e:
+            if not _error_at_end(e, p + 2):
+                raise TraceFormatError(_describe(e, offset)) from None
+            limit = p
+            continue
+        finally:
+            view.release()
+            buf[p + 1] = saved
+        return m.end() - 1
+    return 0
+
+
+def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Columns) -> None:
+    if is_list:
+        _decode_events_lenient(doc, cols)
+        return
+    obj = _any.decode(doc)
+    events = obj.get("traceEvents") if isinstance(obj, dict) else None
+    if not isinstance(events, list):
+        raise TraceFormatError("traceEvents is not a list")
+    _decode_events_lenient(msgspec.json.encode(events), cols)
+
+
+def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) -> tuple[Header, Columns]:
+    """A dict without a literal "traceEvents": [ ... ] (odd spacing, missing key): decode it whole."""
+    data = head + b"".join(blocks)
+    try:
+        obj = _any.decode(data)
+    except msgspec.DecodeError as e:
+        if "truncated" in str(e):
+            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
+        raise TraceFormatError(_describe(e, 0)) from None
+    if not isinstance(obj, dict) or "traceEvents" not in obj:
+        raise TraceFormatError("no traceEvents key: not a Kineto trace")
+    if not isinstance(obj["traceEvents"], list):
+        raise TraceFormatError("traceEvents is not a list")
+    cols = Columns(dec=dec)
+    _decode_events_lenient(msgspec.json.encode(obj["traceEvents"]), cols)
+    header = Header(
+        distributedInfo=obj.get("distributedInfo") if isinstance(obj.get("distributedInfo"), dict) else None,
+        deviceProperties=obj.get("deviceProperties") if isinstance(obj.get("deviceProperties"), list) else None,
+    )
+    return header, cols
