@@ -113,6 +113,7 @@ class Emulation:
     n_steps: int = 0
     last_step: str = ""
     orphans: int = 0
+    orphans_until_ms: float = 0.0  # last orphan's end, ms after the first device event
     dropped_last: int = 0
 
 
@@ -226,7 +227,10 @@ def emulate(events: list[dict[str, Any]]) -> Emulation:
     if len(steps) >= 2:
         cpu = [r for r in rounded if not is_gpu(r)]
         all_corr = {r.corr for r in cpu}
-        em.orphans = sum(1 for r in rounded if is_gpu(r) and r.stream != -1 and r.corr not in all_corr)
+        orphan_rows = [r for r in rounded if is_gpu(r) and r.stream != -1 and r.corr not in all_corr]
+        em.orphans = len(orphan_rows)
+        if orphan_rows and em.e0:
+            em.orphans_until_ms = (max(r.end for r in orphan_rows) - em.e0.start) / 1e3
         last_row = max((r for r in cpu if r.name in steps), key=lambda r: r.ts)
         em.last_step = last_row.name
         early_corr = {r.corr for r in cpu if r.ts < last_row.ts}
@@ -315,7 +319,7 @@ def readme_reference(traces_dir: Path) -> dict[str, str]:
     if not readme.exists():
         return ref
     for line in readme.read_text().splitlines():
-        m = re.match(r"\|\s*(\S+\.json(?:\.gz)?)\s*\|.*\|\s*(?:idle ([\d.]+)%|(HTA failed: [^|]*?))", line)
+        m = re.match(r"\|\s*(\S+\.json(?:\.gz)?)\s*\|.*\|\s*(?:idle ([\d.]+)%|(HTA failed: [^|]*))", line)
         if m:
             ref[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3).strip()
     return ref
@@ -335,7 +339,7 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 
 
 def _pp(x: float) -> str:
-    return f"{x:+.2f} pp"
+    return f"{x:+.3f} pp" if 0 < abs(x) < 0.01 else f"{x:+.2f} pp"
 
 
 def factor_lines(em: Emulation) -> list[tuple[str, float]]:
@@ -356,8 +360,10 @@ def factor_lines(em: Emulation) -> list[tuple[str, float]]:
     if em.n_steps >= 2:
         out.append(
             (
-                f"HTA drops {em.orphans} device rows with no launching CPU event "
-                "(launched before the profiler started)",
+                f"HTA drops {em.orphans} device rows with no launching CPU event (all within the first "
+                f"{em.orphans_until_ms:.1f} ms: launched before the profiler started)"
+                if em.orphans
+                else "HTA drops device rows with no launching CPU event (none here)",
                 _d(em.e2, em.e3),
             )
         )
@@ -413,8 +419,7 @@ def judge(line: Line) -> None:
     line.diff = td.idle_pct - line.hta
     td_res = td.idle_pct - em.e0.idle_pct if em.e0 else math.inf
     emu_res = line.hta - em.e4.idle_pct if em.e4 else math.inf
-    factors = [(t, c) for t, c in factor_lines(em) if abs(c) >= 0.005]
-    parts = [f"{t}: {_pp(c)}" for t, c in factors if abs(c) >= RESIDUAL_PP]
+    parts = [f"{t}: {_pp(c)}" for t, c in factor_lines(em) if abs(c) >= 0.001]
     checks = f"torchdoctor − exact recomputation {_pp(td_res)}; HTA − emulation {_pp(emu_res)}"
     if abs(line.diff) <= THRESHOLD_PP:
         line.status = "ok (≤ 1 pp)"

@@ -62,9 +62,9 @@ def emit(report, args) -> int:
 
     if not getattr(args, "quiet", False):
         print_report(report, verbose=getattr(args, "verbose", False))
-    else:
-        for e in report.errors:
-            print(f"torchdoctor: {e.file}: {e.message}", file=sys.stderr)
+    # One line per unreadable input, on stderr, whatever else is printed.
+    for e in report.errors:
+        print(f"torchdoctor: error: {e.file}: {e.message}", file=sys.stderr)
     if getattr(args, "json", None):
         write_json(report, args.json)
     if getattr(args, "html", None):
@@ -105,11 +105,6 @@ def cmd_analyze(args) -> int:
             print(f"torchdoctor: {e}", file=sys.stderr)
             return EXIT_FAILED
     report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs)
-    if args.quiet:
-        pass
-    elif not report.ranks and report.errors:
-        # Errors go to stderr one line each even when the console renderer is used.
-        pass
     return emit(report, args)
 
 

@@ -43,8 +43,6 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
     _print_findings(report.findings, console, verbose)
     for w in report.warnings[:20]:
         console.print(f"[dim]warning: {escape(w.file)}: {escape(w.message)}[/dim]")
-    for e in report.errors:
-        console.print(f"[red]error:[/red] {escape(e.file)}: {escape(e.message)}")
 
 
 def rank_table(results: list[RankResult]) -> Table:

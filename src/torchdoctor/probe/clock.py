@@ -1,0 +1,135 @@
+"""Step clock: turns probe events into per-step wall-time splits (``StepTiming``).
+
+A *step* is one training iteration. Its boundaries come from the best source seen so far:
+optimizer steps (the end of ``optimizer.step()``), else backward calls (their end), else
+DataLoader batches (the request of the next batch). When a better source shows up, the steps
+counted so far are folded into step 0, so gradient accumulation does not split step 0.
+
+Between two boundaries the probe adds phase times (DataLoader wait, forward, backward,
+optimizer, exposed communication); ``other`` is what is left of the wall time. Time spent in the
+probe's own housekeeping at a boundary belongs to no step: the next step starts when the probe
+calls ``resume`` after that work.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from torchdoctor.facts import StepTiming
+
+
+class Source(enum.IntEnum):
+    """What defines step boundaries, in increasing order of trust."""
+
+    NONE = 0
+    DATALOADER = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+
+
+class Phase(enum.IntEnum):
+    DATALOADER = 0
+    FORWARD = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+    COMM = 4
+
+
+_MAX_STEPS = 100_000  # keep the summary small on very long runs
+
+
+class StepClock:
+    """Per-step accumulators and the list of recorded steps of one process."""
+
+    def __init__(self, skip: Callable[[int], bool] = lambda step: False) -> None:
+        # Steps for which ``skip`` is true are not recorded (the profiler window inflates them).
+        self.skip = skip
+        self.source = Source.NONE
+        self.index = 0  # index of the step in progress
+        self.started_at: float | None = None  # start of the step in progress; None between steps
+        self.first_activity: float | None = None
+        self.acc = [0.0] * len(Phase)
+        self.samples = 0
+        self.steps: list[StepTiming] = []
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None
+
+    def begin(self, now: float) -> None:
+        """Note training activity at ``now``; starts step 0 if nothing started yet."""
+        if self.first_activity is None:
+            self.first_activity = now
+            self.started_at = now
+
+    def resume(self, now: float) -> None:
+        """Start the next step at ``now`` (after the probe's housekeeping at a boundary)."""
+        if self.first_activity is not None and self.started_at is None:
+            self.started_at = now
+
+    def add(self, phase: Phase, seconds: float) -> None:
+        self.acc[phase] += seconds
+
+    def boundary(self, source: Source, now: float) -> int | None:
+        """Close the step in progress at ``now`` if ``source`` defines steps; return its index.
+
+        The caller must call ``resume`` afterwards, once its own boundary work is done.
+        """
+        if source < self.source or self.started_at is None:
+            if source == Source.DATALOADER and self.source <= source:
+                self.begin(now)  # the first batch request opens step 0
+            return None
+        if source > self.source:
+            if self.source != Source.NONE:
+                self._fold_into_step_zero()
+            self.source = source
+            if source == Source.DATALOADER and self.index == 0 and not self._has_work():
+                return None  # first batch request: it opens step 0, closes nothing
+        closed = self.index
+        if not self.skip(closed) and len(self.steps) < _MAX_STEPS:
+            self.steps.append(self._timing(closed, now - self.started_at))
+        self.index += 1
+        self.acc = [0.0] * len(Phase)
+        self.samples = 0
+        self.started_at = None
+        return closed
+
+    def attribute_comm(self, step: int, seconds: float) -> None:
+        """Move ``seconds`` of exposed communication of recorded ``step`` out of its backward time."""
+        for timing in reversed(self.steps[-4:]):
+            if timing.step == step:
+                comm_ms = min(seconds * 1e3, timing.backward_ms)
+                timing.comm_ms = round(comm_ms, 3)
+                timing.backward_ms = round(timing.backward_ms - comm_ms, 3)
+                return
+
+    def _has_work(self) -> bool:
+        return any(self.acc)
+
+    def _fold_into_step_zero(self) -> None:
+        # Steps counted by a weaker source were pieces of the first real step.
+        for timing in self.steps:
+            self.acc[Phase.DATALOADER] += timing.dataloader_ms / 1e3
+            self.acc[Phase.FORWARD] += timing.forward_ms / 1e3
+            self.acc[Phase.BACKWARD] += timing.backward_ms / 1e3
+            self.acc[Phase.OPTIMIZER] += timing.optimizer_ms / 1e3
+            self.samples += timing.samples or 0
+        self.steps = []
+        self.index = 0
+        self.started_at = self.first_activity
+
+    def _timing(self, step: int, total_s: float) -> StepTiming:
+        ms = [round(v * 1e3, 3) for v in self.acc]
+        total_ms = round(total_s * 1e3, 3)
+        return StepTiming(
+            step=step,
+            total_ms=total_ms,
+            dataloader_ms=ms[Phase.DATALOADER],
+            forward_ms=ms[Phase.FORWARD],
+            backward_ms=ms[Phase.BACKWARD],
+            optimizer_ms=ms[Phase.OPTIMIZER],
+            comm_ms=ms[Phase.COMM],
+            other_ms=round(max(0.0, total_ms - sum(ms)), 3),
+            samples=self.samples or None,
+        )

@@ -1,0 +1,86 @@
+"""Post-import hooks: run a callback right after a module finishes importing.
+
+The probe must not import torch itself (a process that never uses torch pays nothing), so it
+waits for the job to import it. ``when_imported("torch", fn)`` calls ``fn(module)`` once torch's
+own ``__init__`` has run, from inside the importing statement. The finder removes itself after
+the last pending hook fired, so later imports are not slowed down.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+Callback = Callable[[ModuleType], None]
+_pending: dict[str, list[Callback]] = {}
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Meta-path finder that delegates to the other finders and wraps the loader's exec_module."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _pending or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return None
+        _wrap_exec_module(loader, fullname)
+        return spec
+
+
+def _wrap_exec_module(loader: importlib.abc.Loader, fullname: str) -> None:
+    original = loader.exec_module
+
+    def exec_module(module: ModuleType) -> None:
+        if getattr(module, "__name__", None) != fullname:  # a loader shared with other modules
+            original(module)
+            return
+        # Leave the loader as we found it before running the module body (nested imports may reuse it).
+        loader.__dict__.pop("exec_module", None)
+        original(module)
+        _fire(fullname, module)
+
+    loader.exec_module = exec_module  # type: ignore[method-assign]
+
+
+_finder = _PostImportFinder()
+
+
+def _fire(fullname: str, module: ModuleType) -> None:
+    for callback in _pending.pop(fullname, []):
+        callback(module)
+    if not _pending and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def when_imported(fullname: str, callback: Callback) -> None:
+    """Call ``callback(module)`` after ``fullname`` is imported (now, if it already is).
+
+    The callback must not raise: wrap it (the probe records its own errors).
+    """
+    module = sys.modules.get(fullname)
+    if module is not None:
+        callback(module)
+        return
+    _pending.setdefault(fullname, []).append(callback)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)

@@ -1,0 +1,101 @@
+"""Build small Kineto (torch.profiler) traces in code, for tests.
+
+Times are given in microseconds (floats allowed), as Kineto writes them. The builder keeps
+correlation ids consistent between a launch on the host and its kernel on the device.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PID = 4242
+MAIN_TID = 4242
+DEVICE_PID = 0
+
+
+@dataclass
+class TraceBuilder:
+    rank: int | None = 0
+    world_size: int | None = None
+    device_name: str | None = "NVIDIA A100-SXM4-80GB"
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _corr: int = 1000
+
+    # --- host ---------------------------------------------------------------------------
+    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID, cat: str = "cpu_op") -> TraceBuilder:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
+                            "args": {"External id": len(self.events)}})
+        return self
+
+    def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> TraceBuilder:
+        return self.op(name, ts, dur, tid, cat="user_annotation")
+
+    def step(self, n: int, ts: float, dur: float) -> TraceBuilder:
+        return self.annotation(f"ProfilerStep#{n}", ts, dur)
+
+    def dataloader(self, ts: float, dur: float) -> TraceBuilder:
+        return self.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts, dur)
+
+    def runtime(self, name: str, ts: float, dur: float, corr: int | None = None, tid: int = MAIN_TID) -> int:
+        if corr is None:
+            self._corr += 1
+            corr = self._corr
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": tid, "ts": ts,
+                            "dur": dur, "args": {"correlation": corr, "cbid": 211}})
+        return corr
+
+    # --- device -------------------------------------------------------------------------
+    def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_at: float | None = None,
+               launch_dur: float = 5.0, cat: str = "kernel", nbytes: int | None = None) -> int:
+        """A device event; with `launch_at`, also the host launch call that queued it."""
+        corr = -1
+        if launch_at is not None:
+            api = {"kernel": "cudaLaunchKernel", "gpu_memcpy": "cudaMemcpyAsync",
+                   "gpu_memset": "cudaMemsetAsync"}[cat]
+            corr = self.runtime(api, launch_at, launch_dur)
+        args: dict[str, Any] = {"device": 0, "stream": stream, "correlation": corr}
+        if nbytes is not None:
+            args["bytes"] = nbytes
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": DEVICE_PID, "tid": stream, "ts": ts,
+                            "dur": dur, "args": args})
+        return corr
+
+    def sync_event(self, name: str, ts: float, dur: float, stream: int = 7) -> TraceBuilder:
+        self.events.append({"ph": "X", "cat": "cuda_sync", "name": name, "pid": DEVICE_PID, "tid": stream,
+                            "ts": ts, "dur": dur, "args": {"stream": stream, "device": 0}})
+        return self
+
+    # --- output -------------------------------------------------------------------------
+    def document(self, as_list: bool = False) -> Any:
+        evs = [{"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "python"}}]
+        evs += self.events
+        evs.append({"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces",
+                    "tid": "Trace PyTorch Profiler", "ts": 0})
+        if as_list:
+            return evs
+        doc: dict[str, Any] = {"schemaVersion": 1}
+        if self.device_name:
+            doc["deviceProperties"] = [{"id": 0, "name": self.device_name}]
+        if self.rank is not None:
+            info: dict[str, Any] = {"rank": self.rank}
+            if self.world_size:
+                info.update(world_size=self.world_size, backend="nccl")
+            doc["distributedInfo"] = info
+        doc["traceEvents"] = evs
+        doc["displayTimeUnit"] = "ms"
+        return doc
+
+    def write(self, path: Path | str, as_list: bool = False, compact: bool = False) -> Path:
+        path = Path(path)
+        text = json.dumps(self.document(as_list), separators=(",", ":") if compact else None,
+                          indent=None if compact else 1)
+        if path.suffix == ".gz":
+            with gzip.open(path, "wt") as f:
+                f.write(text)
+        else:
+            path.write_text(text)
+        return path

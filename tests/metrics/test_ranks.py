@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from torchdoctor.metrics.model import Headline, RankResult, StepRow, WindowInfo
+from torchdoctor.metrics.ranks import cross_rank
+
+
+def rank(r: int, step_ms: float, comm_ms: float) -> RankResult:
+    return RankResult(rank=r, file=f"r{r}", device="gpu", device_kind="cuda", window=WindowInfo(0, 1, [1], "x"),
+                      metrics=Headline(step_ms_median=step_ms),
+                      steps=[StepRow(step=1, start_ns=0, dur_ms=step_ms, comm_ms=comm_ms)])
+
+
+def test_straggler_is_the_rank_that_waits_least():
+    # Rank 2 computes longest and arrives last: it waits least in the all-reduce, the others
+    # (whose steps look just as long, since they wait) are its victims.
+    res = [rank(0, 100, 40), rank(1, 101, 38), rank(2, 100, 5), rank(3, 99, 41)]
+    c = cross_rank(res)
+    assert c.straggler == 2
+    assert c.victims == [0, 1, 3]
+    assert c.straggler_lead_ms == 36
+    assert {w.rank: w.excess_wait_ms for w in c.per_rank} == {0: 35, 1: 33, 2: 0, 3: 36}
+
+
+def test_no_straggler_when_waits_are_even():
+    c = cross_rank([rank(0, 100, 20), rank(1, 100, 21)])
+    assert c.straggler is None and c.step_skew_pct == 0.0
+
+
+def test_single_rank_has_no_cross_rank_view():
+    assert cross_rank([rank(0, 100, 20)]) is None

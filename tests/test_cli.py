@@ -1,0 +1,103 @@
+"""The analyze command end to end: exit codes, one-line errors, the JSON schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kineto_builder import TraceBuilder
+
+from torchdoctor.cli import main
+
+
+def good_trace(path, rank=0):
+    b = TraceBuilder(rank=rank, world_size=2)
+    b.step(1, 0, 1000)
+    b.kernel("ampere_sgemm", 100, 500, launch_at=50)
+    return b.write(path)
+
+
+def test_json_schema_fields(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(good_trace(tmp_path / "t.json")), "--json", str(out), "-q"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "torchdoctor.report/1"
+    (r,) = doc["ranks"]
+    assert {"rank", "file", "device", "window", "metrics"} <= r.keys()
+    assert {"start_ns", "end_ns", "steps"} <= r["window"].keys()
+    want = {"busy_pct", "idle_pct", "compute_pct", "comm_pct", "comm_exposed_pct", "memcpy_pct", "dataloader_pct",
+            "dataloader_exposed_pct", "sync_pct", "overlap_pct", "step_ms_median"}
+    assert want <= r["metrics"].keys()
+    assert r["metrics"]["busy_pct"] == 50.0 and r["metrics"]["step_ms_median"] == 1.0
+    assert doc["errors"] == [] and isinstance(doc["findings"], list)
+
+
+def test_bad_inputs_give_one_line_errors_and_the_rest_is_analysed(tmp_path, capsys):
+    good_trace(tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    (tmp_path / "rank2.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r.json"
+    code = main(["analyze", str(tmp_path), str(tmp_path / "empty"), "--json", str(out), "-q"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3  # rank1, rank2 and the empty directory: one line each
+    assert all(line.startswith("torchdoctor: error: ") for line in err)
+    assert any("rank1.json: invalid JSON" in line for line in err)
+    assert "Traceback" not in "\n".join(err)
+    doc = json.loads(out.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0]
+    assert {e["file"].rsplit("/", 1)[-1] for e in doc["errors"]} == {"rank1.json", "rank2.json.gz", "empty"}
+
+
+def test_nothing_analysable_exits_2(tmp_path):
+    (tmp_path / "x.json").write_text("")
+    assert main(["analyze", str(tmp_path / "x.json"), "-q"]) == 2
+    assert main(["analyze", str(tmp_path / "missing*.json"), "-q"]) == 2
+
+
+def test_bad_steps_argument_is_a_usage_error(tmp_path, capsys):
+    t = good_trace(tmp_path / "t.json")
+    assert main(["analyze", str(t), "--steps", "5", "-q"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    # A range that selects nothing is reported per file.
+    assert main(["analyze", str(t), "--steps", "7:9", "-q"]) == 2
+
+
+def test_ranks_from_names_and_order_never_merged(tmp_path):
+    for name in ("worker_rank3.json", "b.json", "c.json"):
+        b = TraceBuilder(rank=None)
+        b.step(1, 0, 100)
+        b.write(tmp_path / name)
+    out = tmp_path / "r.json"
+    main(["analyze", str(tmp_path), "--json", str(out), "-q"])
+    doc = json.loads(out.read_text())
+    ranks = {r["file"].rsplit("/", 1)[-1]: r["rank"] for r in doc["ranks"]}
+    assert ranks == {"b.json": 0, "c.json": 1, "worker_rank3.json": 3}
+
+
+def test_duplicate_rank_is_flagged_not_merged(tmp_path):
+    good_trace(tmp_path / "a.json", rank=0)
+    good_trace(tmp_path / "b.json", rank=0)
+    out = tmp_path / "r.json"
+    main(["analyze", str(tmp_path), "--json", str(out), "-q"])
+    doc = json.loads(out.read_text())
+    assert len(doc["ranks"]) == 2
+    assert any("declares rank 0" in w["message"] for w in doc["warnings"])
+
+
+def test_rank_filter(tmp_path):
+    good_trace(tmp_path / "a.json", rank=0)
+    good_trace(tmp_path / "b.json", rank=1)
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path), "--rank", "1", "--json", str(out), "-q"]) == 0
+    assert [r["rank"] for r in json.loads(out.read_text())["ranks"]] == [1]
+
+
+def test_analysis_path_does_not_import_torch(tmp_path):
+    t = good_trace(tmp_path / "t.json")
+    code = ("import sys; from torchdoctor.cli import main; rc = main(['analyze', sys.argv[1], '-q']);"
+            "print('torch' in sys.modules, rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "0"]

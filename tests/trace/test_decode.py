@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from kineto_builder import TraceBuilder
+
+from torchdoctor.trace import decode
+from torchdoctor.trace.decode import TraceFormatError
+from torchdoctor.trace.load import load_trace
+from torchdoctor.trace.model import Cat
+
+
+def sample() -> TraceBuilder:
+    b = TraceBuilder()
+    b.step(1, 100.0, 1000.0)
+    b.op("aten::mm", 110.25, 20.5)
+    b.kernel("ampere_sgemm_128x64_nn", 140.001, 0.4, launch_at=120.0)  # sub-µs kernel: 400 ns
+    b.kernel("void at::native::vectorized_elementwise_kernel<4>", 141.0, 0.0, launch_at=126.0)  # zero length
+    return b
+
+
+def columns(tr):
+    return {k: getattr(tr, k).tolist() for k in ("cat", "name", "ts", "end", "pid", "tid", "stream", "correlation")}
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+@pytest.mark.parametrize("as_list", [False, True])
+def test_dict_list_json_gz_decode_the_same(tmp_path, suffix, as_list):
+    ref = load_trace(str(sample().write(tmp_path / "ref.json")))
+    tr = load_trace(str(sample().write(tmp_path / f"t{suffix}", as_list=as_list)))
+    assert columns(tr) == columns(ref)
+    assert len(tr) == 6
+
+
+def test_nanosecond_precision_no_rounding(tmp_path):
+    tr = load_trace(str(sample().write(tmp_path / "t.json")))
+    k = np.flatnonzero(tr.mask(Cat.KERNEL))
+    assert tr.ts[k].tolist() == [140_001, 141_000]
+    assert (tr.end[k] - tr.ts[k]).tolist() == [400, 0]
+    assert (tr.dur >= 0).all()
+
+
+def test_epoch_scale_timestamps_keep_nanoseconds(tmp_path):
+    # 19 significant digits: a float64 cannot hold them, the exact path must read the text.
+    b = TraceBuilder()
+    b.op("aten::add", 111.0, 0.003)
+    b.kernel("k", 333.0, 1.5, launch_at=222.0)
+    text = json.dumps(b.document())
+    for mark, exact in (("111.0", "1712195495519689.047"), ("222.0", "1712195495519690.001"),
+                        ("333.0", "1712195495519695.812")):
+        text = text.replace(f'"ts": {mark}', f'"ts": {exact}')
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    tr = load_trace(str(path))
+    assert sorted(tr.ts.tolist()) == [1712195495519689047, 1712195495519690001, 1712195495519695812]
+    assert sorted(tr.dur.tolist()) == [3, 1500, 5000]
+
+
+def test_integer_epoch_microseconds_scale_exactly(tmp_path):
+    b = TraceBuilder()
+    b.op("aten::add", 1661203462598738, 19)
+    tr = load_trace(str(b.write(tmp_path / "t.json")))
+    assert tr.ts.tolist() == [1661203462598738000]
+    assert tr.end.tolist() == [1661203462598757000]
+
+
+def test_block_boundaries_do_not_change_the_result(tmp_path, monkeypatch):
+    b = TraceBuilder()
+    # Names that look like event boundaries inside strings must not fool the cutter.
+    tricky = ['void f<{lambda()#1}>(x)}, {"ph": "X"', "a}, {b", 'q"}, {"', "\\\"}, {"]
+    for i in range(400):
+        b.op(tricky[i % len(tricky)] + str(i), 10.0 * i, 5.0)
+        b.kernel("k{}, {" + str(i), 10.0 * i + 1, 2.0, launch_at=10.0 * i)
+    path = b.write(tmp_path / "t.json", compact=True)
+    ref = load_trace(str(path))
+    for block in (64, 257, 1000, 4096):
+        monkeypatch.setattr(decode, "BLOCK_BYTES", block)
+        assert columns(load_trace(str(path))) == columns(ref)
+    assert len(ref) == 1200
+    assert sum(n.startswith("a}, {b") for n in ref.names) == 100
+
+
+def test_keys_after_trace_events_are_read(tmp_path, monkeypatch):
+    doc = sample().document()
+    evs = doc.pop("traceEvents")
+    doc = {"traceEvents": evs, "deviceProperties": [{"name": "X1"}, {"name": "X2"}], "distributedInfo": {"rank": 5}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(decode, "BLOCK_BYTES", 128)
+    tr = load_trace(str(path))
+    assert tr.rank == 5 and tr.device_name == "X1" and len(tr) == 6
+
+
+def test_old_2021_schema_categories(tmp_path):
+    evs = [
+        {"ph": "X", "cat": "Operator", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "Kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 20, "dur": 30,
+         "args": {"stream": 7, "correlation": 7}},
+        {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7, "ts": 60,
+         "dur": 10, "args": {"stream": 7}},
+        {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": 7, "ts": 80, "dur": 1,
+         "args": {"stream": 7}},
+    ]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    tr = load_trace(str(path))
+    assert tr.cat.tolist() == [Cat.CPU_OP, Cat.RUNTIME, Cat.KERNEL, Cat.MEMCPY, Cat.MEMSET]
+
+
+def test_bad_fields_are_dropped_or_clipped_with_a_warning(tmp_path):
+    doc = sample().document()
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "dur": 3},
+        {"ph": "X", "cat": "cpu_op", "name": "neg_dur", "pid": 1, "tid": 1, "ts": 500, "dur": -4},
+        {"ph": "X", "cat": "cpu_op", "name": "huge_dur", "pid": 1, "tid": 1, "ts": 500, "dur": 1e300},
+        {"ph": "X", "cat": "cpu_op", "name": "neg_ts", "pid": 1, "tid": 1, "ts": -5, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1, "tid": 1, "ts": "600.5", "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "obj_ts", "pid": 1, "tid": 1, "ts": {"x": 1}, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "huge_id", "pid": 0, "tid": 7, "ts": 700, "dur": 1,
+         "args": {"stream": 7, "correlation": 2**70}},
+        ["not", "an", "event"],
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    tr = load_trace(str(path))
+    names = set(tr.names[i] for i in tr.name)
+    assert {"neg_dur", "str_ts", "huge_id"} <= names
+    assert not {"no_ts", "huge_dur", "neg_ts", "obj_ts"} & names
+    neg = tr.name == tr.names.index("neg_dur")
+    assert tr.dur[neg].tolist() == [0]
+    text = " | ".join(tr.warnings)
+    assert "negative dur clipped" in text and "huge dur" in text and "missing or non-numeric" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty file"),
+        (b"   \n", "empty file"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X", "ts"', "ends in the middle"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}} ]}', "invalid JSON"),
+        (b'{"schemaVersion": 1, "deviceProperties": []}', "no traceEvents"),
+        (b'{"traceEvents": 5}', "traceEvents is not a list"),
+        (b'{"traceEvents": []}', "no complete"),
+        (b"hello", "not JSON"),
+    ],
+)
+def test_unreadable_files_raise_one_line_reasons(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(str(path))
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_truncated_gzip(tmp_path):
+    path = sample().write(tmp_path / "t.json.gz")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match="truncated gzip"):
+        load_trace(str(path))
+
+
+def test_invalid_json_deep_in_a_large_file_names_the_position(tmp_path, monkeypatch):
+    b = TraceBuilder()
+    for i in range(300):
+        b.op(f"op{i}", i, 1)
+    text = json.dumps(b.document())
+    cut = text.index('"op200"')
+    text = text[:cut] + "@" + text[cut + 1:]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    monkeypatch.setattr(decode, "BLOCK_BYTES", 512)
+    with pytest.raises(TraceFormatError, match=r"invalid JSON.*byte \d+"):
+        load_trace(str(path))
+
+
+def test_gzip_detected_by_content_not_name(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(gzip.compress(json.dumps(sample().document()).encode()))
+    assert len(load_trace(str(path))) == 6
