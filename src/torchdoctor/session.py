@@ -31,14 +31,17 @@ RUN_MANIFEST = "run.json"
 _PEEK_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
-def analyze_rank_file(path: str, steps: str | None = None) -> RankResult:
-    """Load and analyse one trace file. Raises TraceFormatError or WindowError (one-line messages)."""
-    return analyze_rank(load_trace(path), steps)
+def analyze_rank_file(path: str, steps: str | None = None, jobs: int = 1) -> RankResult:
+    """Load and analyse one trace file. Raises TraceFormatError or WindowError (one-line messages).
+
+    `jobs` > 1 decodes a large uncompressed file in that many processes.
+    """
+    return analyze_rank(load_trace(path, jobs), steps)
 
 
-def _analyze_one(path: str, steps: str | None) -> tuple[str, RankResult | str]:
+def _analyze_one(path: str, steps: str | None, jobs: int = 1) -> tuple[str, RankResult | str]:
     try:
-        return "ok", analyze_rank_file(path, steps)
+        return "ok", analyze_rank_file(path, steps, jobs)
     except (TraceFormatError, WindowError) as e:
         return "error", str(e)
     except MemoryError:
@@ -71,8 +74,11 @@ def _workers(n_files: int, jobs: int | None) -> int:
 def analyze_files(files: list[str], steps: str | None = None, jobs: int | None = None
                   ) -> list[tuple[str, RankResult | str]]:
     """Analyse files (in parallel when more than one), results in the files' order."""
+    if len(files) == 1:
+        # One file: its own decoding may use the CPUs (byte ranges of a large file).
+        return [_analyze_one(files[0], steps, _workers(1 << 30, jobs))]
     n = _workers(len(files), jobs)
-    if n == 1 or len(files) == 1:
+    if n == 1:
         return [_analyze_one(f, steps) for f in files]
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:

@@ -185,3 +185,33 @@ def test_gzip_detected_by_content_not_name(tmp_path):
     path = tmp_path / "t.json"
     path.write_bytes(gzip.compress(json.dumps(sample().document()).encode()))
     assert len(load_trace(str(path))) == 6
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_parallel_byte_ranges_match_sequential(tmp_path, monkeypatch, as_list):
+    from torchdoctor.trace import parallel
+
+    b = TraceBuilder()
+    b.op("Spans-like", 1, 1, tid=0)
+    for i in range(3000):
+        b.op(f"op}}, {{{i % 7}", 10.0 * i, 5.0)
+        b.kernel(f"kernel{i % 13}", 10.0 * i + 1, 2.0, launch_at=10.0 * i)
+    doc = b.document(as_list)
+    evs = doc if as_list else doc["traceEvents"]
+    evs.append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                "tid": "PyTorch Profiler", "ts": 0, "dur": 30000})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    ref = load_trace(str(path))
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(parallel, "PROBE_BYTES", 4096)
+    monkeypatch.setattr(decode, "BLOCK_BYTES", 20_000)
+    for jobs in (2, 3):
+        got = load_trace(str(path), jobs=jobs)
+        assert got.names == ref.names or sorted(got.names) == sorted(ref.names)
+        named = [[got.names[i] for i in got.name], [ref.names[i] for i in ref.name]]
+        assert named[0] == named[1]
+        for col in ("cat", "ts", "end", "stream", "correlation"):
+            assert getattr(got, col).tolist() == getattr(ref, col).tolist(), col
+        spans = got.pid < 0
+        assert [got.names[-1 - p] for p in got.pid[spans]] == ["Spans"]

@@ -17,9 +17,11 @@ import gzip
 import math
 import re
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -151,17 +153,18 @@ class Columns:
         self.dropped[why] = self.dropped.get(why, 0) + n
 
     def add(self, events: list) -> None:
+        # map/filter with C-level callables throughout: a Python-level loop per event costs
+        # more than decoding the JSON.
         etype = self.dec.event_type
-        xs = [e for e in events if type(e) is etype]
+        xs = list(filter(etype.__instancecheck__, events))
         if len(xs) != len(events):
-            self.instants += sum(1 for e in events if isinstance(e, _INSTANT_TYPES))
+            kinds = Counter(map(type, events))
+            self.instants += sum(kinds[t] for t in _INSTANT_TYPES)
         n = len(xs)
         if not n:
             return
-        intern = self.names.setdefault
-        name = np.fromiter((intern(s, len(self.names)) for s in map(_get_name, xs)), np.int32, n)
-        cat_intern = self.cats.setdefault
-        cat = np.fromiter((cat_intern(c, len(self.cats)) for c in map(_get_cat, xs)), np.int16, n)
+        name = np.array(_intern(self.names, list(map(_get_name, xs))), np.int32)
+        cat = np.array(_intern(self.cats, list(map(_get_cat, xs))), np.int16)
         if etype is ExactEvent:
             ts_ns_exact = np.fromiter(map(_raw_to_ns, map(_get_ts, xs)), np.int64, n)
             ts_us = np.where(ts_ns_exact == _MISSING_NS, math.nan, ts_ns_exact / 1000.0)
@@ -205,8 +208,15 @@ class Columns:
         try:
             return np.array(vals, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
-            ident = self._thread_id
-            return np.array([v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in vals], np.int64)
+            # Rare non-int ids (the "Spans" pseudo-process): fix just those positions.
+            arr = np.array(vals, dtype=object)
+            is_int = np.fromiter(map(isinstance, vals, repeat(int)), bool, len(vals))
+            for i in np.flatnonzero(~is_int):
+                arr[i] = self._thread_id(vals[i])
+            try:
+                return arr.astype(np.int64)
+            except OverflowError:
+                return np.array([v if _is_int64(v) else self._thread_id(v) for v in vals], np.int64)
 
     def _thread_id(self, v: int | str) -> int:
         if isinstance(v, int):
@@ -237,6 +247,22 @@ class Columns:
 
 
 _MISSING_NS = np.iinfo(np.int64).min
+
+
+def _is_int64(v: object) -> bool:
+    return type(v) is int and -(2**63) <= v < 2**63  # type: ignore[operator]
+
+
+def _intern(table: dict[str, int], values: list[str]) -> list[int]:
+    """Ids of `values` in `table`, adding unseen strings (C-level lookups; new strings are rare)."""
+    get = table.get
+    ids = list(map(get, values))
+    if None in ids:
+        for v in dict.fromkeys(values):  # first-seen order keeps ids stable
+            if v not in table:
+                table[v] = len(table)
+        ids = list(map(get, values))
+    return ids
 
 
 def _us_to_ns(ts_us: np.ndarray) -> np.ndarray:
@@ -290,13 +316,19 @@ def _open_stream(path: str):
     return open(path, "rb")
 
 
-def _read_blocks(path: str) -> Iterator[bytes]:
+def _read_blocks(path: str, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    """Blocks of the (decompressed) file; [start, stop) byte ranges only for uncompressed files."""
     try:
         with _open_stream(path) as f:
-            while True:
-                block = f.read(BLOCK_BYTES)
+            if start:
+                f.seek(start)
+            left = None if stop is None else stop - start
+            while left is None or left > 0:
+                block = f.read(BLOCK_BYTES if left is None else min(BLOCK_BYTES, left))
                 if not block:
                     return
+                if left is not None:
+                    left -= len(block)
                 yield block
     except EOFError as e:
         raise TraceFormatError("truncated gzip stream (file cut short)") from e
@@ -375,19 +407,31 @@ def _error_at_end(e: msgspec.DecodeError, length: int) -> bool:
     return bool(m) and int(m.group(1)) >= length - 2
 
 
-def decode_file(path: str) -> tuple[Header, Columns]:
+def decode_file(path: str, jobs: int = 1) -> tuple[Header, Columns]:
     """Decode one Kineto trace file (JSON or gzip; top level a dict or a list) into columns.
 
+    `jobs` > 1 lets a large uncompressed file be decoded in that many processes (byte ranges).
     Raises TraceFormatError with a one-line reason when the file cannot be read as a trace.
     """
-    header, cols = _decode_file(path, FAST)
+    header, cols = _decode_file(path, FAST, jobs)
     if cols.needs_exact:
-        header, cols = _decode_file(path, EXACT)
+        header, cols = _decode_file(path, EXACT, jobs)
     return header, cols
 
 
-def _decode_file(path: str, dec: Decoders) -> tuple[Header, Columns]:
-    blocks = _read_blocks(path)
+@dataclass
+class Document:
+    """Where a file's event array starts, and what came before it."""
+
+    header: Header
+    start: int  # file offset just past the '[' that opens the event array
+    is_list: bool  # top level is the array itself (no surrounding object)
+    head: bytearray  # the bytes read so far (from offset 0)
+
+
+def open_document(path: str, blocks: Iterator[bytes]) -> Document | bytearray:
+    """Read until the event array opens. Returns the bytes read instead when the file is a dict
+    without a literal `"traceEvents": [` (decoded whole by the caller)."""
     head = bytearray()
     for block in blocks:
         head += block
@@ -396,23 +440,15 @@ def _decode_file(path: str, dec: Decoders) -> tuple[Header, Columns]:
     stripped = bytes(head[:64]).lstrip()
     if not stripped:
         raise TraceFormatError("empty file")
-    cols = Columns(dec=dec)
     if stripped[:1] == b"[":
-        # A bare list of events: everything after the first '[' is the array body.
-        start = head.index(b"[") + 1
-        header_doc = b"{}"
-        is_list = True
-    elif stripped[:1] == b"{":
-        m = _KEY.search(head)
-        if not m:
-            return _decode_small_document(bytes(head), blocks, dec)
-        start = m.end()
-        prefix = bytes(head[: m.start()]).rstrip()
-        header_doc = prefix[:-1] + b"}" if prefix.endswith(b",") else prefix + b"}"
-        is_list = False
-    else:
+        return Document(Header(), head.index(b"[") + 1, True, head)
+    if stripped[:1] != b"{":
         raise TraceFormatError("not JSON (does not start with '{' or '[')")
-
+    m = _KEY.search(head)
+    if not m:
+        return head
+    prefix = bytes(head[: m.start()]).rstrip()
+    header_doc = prefix[:-1] + b"}" if prefix.endswith(b",") else prefix + b"}"
     header = Header()
     if header_doc != b"{}":
         try:
@@ -420,9 +456,14 @@ def _decode_file(path: str, dec: Decoders) -> tuple[Header, Columns]:
         except (msgspec.DecodeError, msgspec.ValidationError):
             # Header keys we don't understand are not fatal: the events still are a trace.
             header = Header()
+    return Document(header, m.end(), False, head)
 
-    buf = bytearray(b"[") + head[start:]
-    consumed = start - 1  # absolute file offset of buf[0], for error messages
+
+def scan_events(buf: bytearray, blocks: Iterator[bytes], cols: Columns, consumed: int) -> tuple[bytearray, int]:
+    """Decode every complete event of `buf` + `blocks` except the last block's remainder.
+
+    `buf` starts with '['; returns the undecoded rest (also starting with '[') and its file offset.
+    """
     while True:
         if len(buf) >= BLOCK_BYTES:
             cut = _cut_and_decode(buf, cols, consumed)
@@ -431,24 +472,58 @@ def _decode_file(path: str, dec: Decoders) -> tuple[Header, Columns]:
                 buf = bytearray(b"[") + buf[cut:]
         nxt = next(blocks, None)
         if nxt is None:
-            break
+            return buf, consumed
         buf += nxt
-    tail_doc = (bytes(buf) if is_list else b'{"traceEvents":' + bytes(buf))
+
+
+def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> None:
+    """Decode the last events, the closing ']' and any top-level keys after the array."""
+    dec = cols.dec
+    tail_doc = bytes(buf) if doc.is_list else b'{"traceEvents":' + bytes(buf)
     try:
-        if is_list:
+        if doc.is_list:
             cols.add(dec.events.decode(tail_doc))
         else:
             tail = dec.header.decode(tail_doc)
             cols.add(tail.traceEvents)
-            header.distributedInfo = header.distributedInfo or tail.distributedInfo
-            header.deviceProperties = header.deviceProperties or tail.deviceProperties
+            doc.header.distributedInfo = doc.header.distributedInfo or tail.distributedInfo
+            doc.header.deviceProperties = doc.header.deviceProperties or tail.deviceProperties
     except msgspec.ValidationError:
-        _decode_tail_lenient(tail_doc, is_list, header, cols)
+        _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
     except msgspec.DecodeError as e:
         if "truncated" in str(e):
             raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
         raise TraceFormatError(_describe(e, consumed - 15)) from None
-    return header, cols
+
+
+def decode_middle(buf: bytearray, cols: Columns, consumed: int) -> None:
+    """Decode a range that ends just before another event: '[' + events + ', '."""
+    body = bytes(buf).rstrip()
+    if body.endswith(b","):
+        body = body[:-1]
+    try:
+        cols.add(cols.dec.events.decode(body + b"]"))
+    except msgspec.ValidationError:
+        _decode_events_lenient(body + b"]", cols)
+    except msgspec.DecodeError as e:
+        raise TraceFormatError(_describe(e, consumed)) from None
+
+
+def _decode_file(path: str, dec: Decoders, jobs: int = 1) -> tuple[Header, Columns]:
+    if jobs > 1:
+        from .parallel import decode_parallel
+
+        done = decode_parallel(path, dec, jobs)
+        if done is not None:
+            return done
+    blocks = _read_blocks(path)
+    doc = open_document(path, blocks)
+    if not isinstance(doc, Document):
+        return _decode_small_document(bytes(doc), blocks, dec)
+    cols = Columns(dec=dec)
+    buf, consumed = scan_events(bytearray(b"[") + doc.head[doc.start:], blocks, cols, doc.start - 1)
+    decode_tail(buf, doc, cols, consumed)
+    return doc.header, cols
 
 
 def _cut_and_decode(buf: bytearray, cols: Columns, offset: int) -> int:

@@ -61,10 +61,13 @@ def rank_from_filename(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def load_trace(path: str) -> RankTrace:
-    """Decode `path` into a RankTrace. Raises TraceFormatError with a one-line reason."""
+def load_trace(path: str, jobs: int = 1) -> RankTrace:
+    """Decode `path` into a RankTrace. Raises TraceFormatError with a one-line reason.
+
+    `jobs` > 1 decodes a large uncompressed file in that many processes.
+    """
     try:
-        header, cols = decode_file(path)
+        header, cols = decode_file(path, jobs)
     except OSError as e:
         raise TraceFormatError(f"cannot read: {e.strerror or e}") from None
     names, (cat, name, ts, end, pid, tid, stream, corr, nbytes) = cols.finish()
