@@ -215,3 +215,16 @@ def test_parallel_byte_ranges_match_sequential(tmp_path, monkeypatch, as_list):
             assert getattr(got, col).tolist() == getattr(ref, col).tolist(), col
         spans = got.pid < 0
         assert [got.names[-1 - p] for p in got.pid[spans]] == ["Spans"]
+
+
+def test_unknown_accelerator_categories_degrade_gracefully(tmp_path):
+    doc = sample().document()
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "xpu_kernel", "name": "gemm_xe", "pid": 1, "tid": 1, "ts": 200, "dur": 3},
+        {"ph": "X", "cat": "xpu_kernel", "name": "gemm_xe", "pid": 1, "tid": 1, "ts": 210, "dur": 3},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    tr = load_trace(str(path))
+    assert len(tr) == 8
+    assert "unknown category ignored: xpu_kernel (2)" in " ".join(tr.warnings)

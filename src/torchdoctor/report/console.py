@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -27,8 +29,15 @@ def fmt(v: float | None, unit: str = "", digits: int = 1) -> str:
     return "–" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def make_console(stderr: bool = False) -> Console:
+    """A console that keeps tables readable when piped (rich would fall back to 80 columns)."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 150
+    return Console(highlight=False, stderr=stderr, width=width)
+
+
 def print_report(report: Report, console: Console | None = None, verbose: bool = False) -> None:
-    console = console or Console(highlight=False)
+    console = console or make_console()
     results = [r.analysis for r in report.ranks if r.analysis is not None]
     if results:
         console.print(rank_table(results))
@@ -56,7 +65,8 @@ def rank_table(results: list[RankResult]) -> Table:
         steps = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
         if w.skipped_warmup:
             steps += f" (warm-up {','.join(map(str, w.skipped_warmup))} skipped)"
-        t.add_row(str(r.rank), escape(r.device or "CPU only"), steps, fmt(m.step_ms_median, digits=2),
+        device = r.device or ("CPU only" if r.device_kind == "cpu" else f"{r.device_kind.upper()} (unnamed)")
+        t.add_row(str(r.rank), escape(device), steps, fmt(m.step_ms_median, digits=2),
                   fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"), fmt(m.compute_pct, "%"),
                   fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
                   fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%"))
