@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from kineto_builder import TraceBuilder
-
 from torchdoctor.cli import main
 
 

@@ -67,21 +67,27 @@ def emit(report, args) -> int:
         print(f"torchdoctor: error: {e.file}: {e.message}", file=sys.stderr)
     if getattr(args, "json", None):
         write_json(report, args.json)
+    failed = False
     if getattr(args, "html", None):
-        try:
-            from .report.html import write_html
-        except ImportError:
-            print("torchdoctor: HTML output is not available in this build", file=sys.stderr)
-        else:
-            write_html(report, args.html)
+        from .report.html import write_html
+
+        failed |= not _write(write_html, report, args.html)
     if getattr(args, "annotated_trace", None):
-        try:
-            from .report.annotate import write_annotated_trace
-        except ImportError:
-            print("torchdoctor: annotated traces are not available in this build", file=sys.stderr)
-        else:
-            write_annotated_trace(report, args.annotated_trace)
-    return exit_code(report, getattr(args, "fail_on", None))
+        from .report.annotate import write_annotated_trace
+
+        failed |= not _write(write_annotated_trace, report, args.annotated_trace)
+    code = exit_code(report, getattr(args, "fail_on", None))
+    return EXIT_PARTIAL if failed and code == EXIT_OK else code
+
+
+def _write(writer, report, path: str) -> bool:
+    """Run one output writer; a failure is one line on stderr, not a traceback."""
+    try:
+        writer(report, path)
+        return True
+    except (OSError, ValueError) as e:
+        print(f"torchdoctor: error: {path}: {e}", file=sys.stderr)
+        return False
 
 
 def exit_code(report, fail_on: str | None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from kineto_builder import TraceBuilder
-
 from torchdoctor.metrics.rank import analyze_rank
 from torchdoctor.trace.load import load_trace
 

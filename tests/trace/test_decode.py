@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-from kineto_builder import TraceBuilder
 
+from kineto_builder import TraceBuilder
 from torchdoctor.trace import decode
 from torchdoctor.trace.decode import TraceFormatError
 from torchdoctor.trace.load import load_trace
@@ -228,3 +228,13 @@ def test_unknown_accelerator_categories_degrade_gracefully(tmp_path):
     tr = load_trace(str(path))
     assert len(tr) == 8
     assert "unknown category ignored: xpu_kernel (2)" in " ".join(tr.warnings)
+
+
+def test_exact_path_even_when_every_float_looks_integral(tmp_path):
+    # 1712195495519689.047 parses to the float …689.0: only the text shows the lost 47 ns.
+    b = TraceBuilder()
+    b.op("aten::add", 111.0, 1.0)
+    text = json.dumps(b.document()).replace('"ts": 111.0', '"ts": 1712195495519689.047')
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    assert load_trace(str(path)).ts.tolist() == [1712195495519689047]

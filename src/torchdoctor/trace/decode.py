@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .model import CATEGORY_NAMES, Cat
+from .model import CATEGORY_NAMES, IGNORED_CATEGORIES, Cat
 
 BLOCK_BYTES = 16 << 20
 # Timestamps beyond this (µs) are corrupt: 2^53 ns is ~104 days past 1970 in µs terms, Kineto
@@ -133,6 +133,9 @@ _any = msgspec.json.Decoder()
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
+# A timestamp of 13+ integer digits (>= 2^43 µs) with decimals: a float64 would lose its ns, even
+# when the float happens to look integral (…689.047 parses as …689.0).
+_EXACT_TS = re.compile(rb'"ts"\s*:\s*\d{13,}\.\d')
 
 
 @dataclass
@@ -239,7 +242,7 @@ class Columns:
             code_of[i] = int(CATEGORY_NAMES.get(c.lower(), Cat.OTHER))
         counts = np.bincount(cols[0], minlength=len(self.cats))
         for c, i in self.cats.items():
-            if code_of[i] == Cat.OTHER and c != "Trace" and counts[i]:
+            if code_of[i] == Cat.OTHER and c not in IGNORED_CATEGORIES and counts[i]:
                 self.unknown_cats[c] = int(counts[i])
         cols[0] = code_of[cols[0]]
         order = np.argsort(cols[2], kind="stable")
@@ -520,6 +523,8 @@ def _decode_file(path: str, dec: Decoders, jobs: int = 1) -> tuple[Header, Colum
     doc = open_document(path, blocks)
     if not isinstance(doc, Document):
         return _decode_small_document(bytes(doc), blocks, dec)
+    if dec is FAST and _EXACT_TS.search(doc.head):
+        dec = EXACT  # epoch-scale µs with decimals: read the text, skip the float pass
     cols = Columns(dec=dec)
     buf, consumed = scan_events(bytearray(b"[") + doc.head[doc.start:], blocks, cols, doc.start - 1)
     decode_tail(buf, doc, cols, consumed)

@@ -48,6 +48,9 @@ CATEGORY_NAMES: dict[str, Cat] = {
     "python_function": Cat.PYTHON,
     "python": Cat.PYTHON,
 }
+# Categories that are known and deliberately not analysed (no "unknown category" warning).
+IGNORED_CATEGORIES = frozenset({"Trace", "torchdoctor", "ac2g", "fwdbwd", "async_cpu_to_gpu",
+                                "cpu_instant_event", "overhead", "cuda_profiler_range"})
 
 # Categories that occupy the device (HTA's "GPU events" minus cuda_sync, which is a wait, not work).
 DEVICE_WORK = (Cat.KERNEL, Cat.MEMCPY, Cat.MEMSET)
