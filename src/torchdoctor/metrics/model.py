@@ -191,3 +191,72 @@ class RankResult(msgspec.Struct):
     events: int = 0
     warnings: list[str] = []
     compile_regions: dict[str, int] = {}
+    signals: RuleSignals | None = None
+
+
+# --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------
+
+class CopySite(msgspec.Struct):
+    """Host copy calls that blocked the host until their device copy finished, grouped by cause."""
+
+    api: str
+    direction: str  # HtoD | DtoH | DtoD | ...
+    host_memory: str  # pageable | pinned | device | ""
+    op: str  # innermost enclosing aten op
+    region: str  # outermost enclosing user annotation (e.g. "## sparse_data_dist ##"), "" when none
+    count: int
+    host_ns: int  # time the host spent inside these calls
+    idle_ns: int  # device idle meanwhile that no earlier idle cause (dataloader, sync, ...) claims
+    bytes: int
+    first_ts_ns: int  # start of the longest call
+
+
+class CommLayout(msgspec.Struct):
+    """Where device communication sits in the steps (medians over the window's steps, ms)."""
+
+    # Comm time inside the compute-free stretch of the step that holds the most comm.
+    block_ms: float = 0.0
+    block_span_ms: float = 0.0
+    # Where that stretch starts, as % of the step (near 100: at the end of backward / before the
+    # optimizer; near 0: at the start of forward).
+    block_start_pct: float | None = None
+    exposed_ms: float = 0.0
+    kernels_per_step: float = 0.0
+
+
+class RuleSignals(msgspec.Struct):
+    """Narrow numbers for the diagnosis rules that the headline metrics do not carry."""
+
+    compute_capability: str | None = None
+    device_memory_bytes: int | None = None
+    blocking_copies: list[CopySite] = []
+    comm: CommLayout | None = None
+    # Allocator calls (cudaMalloc/cudaFree/cudaHostAlloc, hip*, cuMem*) inside the window.
+    alloc_calls: int = 0
+    alloc_ns: int = 0
+    # GEMM/convolution device time by math path: tensor cores vs plain FP32 (SIMT) kernels.
+    matmul_ns: int = 0
+    tensor_core_ns: int = 0
+    fp32_simt_ns: int = 0
+    fp32_simt_top: list[NamedTime] = []
+    # cuDNN NCHW<->NHWC layout conversions around convolutions.
+    layout_transpose_ns: int = 0
+    layout_transpose_count: int = 0
+    conv_ns: int = 0
+    # Optimizer internals per step: kernel launches and aten ops inside Optimizer.step, and which
+    # implementation the op names reveal (foreach / fused / per-parameter loop).
+    optimizer_launches_per_step: float | None = None
+    optimizer_ops_per_step: float | None = None
+    optimizer_impl: str | None = None  # "foreach" | "fused" | "single_tensor" | None
+    optimizer_classes: list[str] = []
+    # aten::zero_ calls inside Optimizer.zero_grad per step (set_to_none=False).
+    zero_grad_fills_per_step: float = 0.0
+    # Notable host ops: name -> [count, total ns] in the window.
+    markers: dict[str, list[int]] = {}
+    # The DataLoader iterator class seen in `enumerate(DataLoader)#<cls>.__next__`.
+    dataloader_iter: str | None = None
+    # Communication kernels by collective: name -> [count, total ns, shortest ns].
+    collectives: dict[str, list[int]] = {}
+    # Time inside DistributedDataParallel.forward not covered by any op it calls: DDP's own work
+    # (with find_unused_parameters=True, mostly the autograd-graph search).
+    ddp_forward_self_ns: int = 0

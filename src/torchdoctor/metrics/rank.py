@@ -13,6 +13,7 @@ from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch,
 from .host import comm_ops, host_split, launches, syncs
 from .kernels import kernel_breakdown
 from .model import Headline, RankResult, StepRow, WindowInfo
+from .signals import rule_signals
 from .steps import choose_window
 
 _COMPILED = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
@@ -51,7 +52,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         steps=rows, stream_idle=stream_idle(ctx), idle_causes=causes, syncs=syncs(ctx),
         launches=launches(ctx), kernels=kernel_breakdown(ctx), host=split, comm_ops=comm_ops(ctx),
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
-        compile_regions=compiled_regions(tr),
+        compile_regions=compiled_regions(tr), signals=rule_signals(ctx, cause_sets),
     )
 
 

@@ -1,0 +1,307 @@
+"""The exposed-communication budget shared by the distributed rules (see rules/distributed.py).
+
+Each rule's share is computed here in one fixed order so that no two findings claim the same
+milliseconds; every constant states its source or the reasoning behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ..report.model import Evidence, Finding
+from ..report.model import Severity as Sev
+from ._common import View, env_on, fmt_ms, per_rank, severity, tops_text, views
+from .engine import RuleInputs
+
+# TBP: exposed communication > 10% of the step → "gradient compression / accumulation / larger
+# batch" (data.py); GPP comm_dominant high above 40%.
+COMM_WARN_PCT = 10.0
+COMM_CRIT_PCT = 40.0
+# Proposed (catalogue DI-4): overlap below 50% of comm time is poor overlap.
+POOR_OVERLAP_PCT = 50.0
+# Backward is about 2/3 of the compute of a training step (fwd:bwd ≈ 1:2, GPP HW-10 note): the
+# most compute an all-reduce can hide under.
+BACKWARD_SHARE = 2.0 / 3.0
+# A transport forced onto a slower path (P2P → SHM/PCIe, IB → sockets) at least halves bus
+# bandwidth (NCCL topo.h: NVLink 20 GB/s per link vs PCI 12; IB HDR vs 100 GbE): claim half.
+DEGRADED_TRANSPORT_GAIN = 0.5
+# gloo moves CUDA tensors through host memory; NCCL is "the fastest" (TBP). Claim half.
+GLOO_ON_GPU_GAIN = 0.5
+# bf16/fp16 compression halves the bytes of a bandwidth-bound all-reduce.
+COMPRESSION_GAIN = 0.5
+# Small buckets are latency-dominated: assume half their time is fixed per-call latency.
+LATENCY_SHARE = 0.5
+# DDP's default bucket cap (distributed.py _DEFAULT_BUCKET_CAP_MB) and the "many tiny
+# collectives" trace signal: >= 50 collectives per step averaging < 0.5 ms each.
+DEFAULT_BUCKET_MB = 25.0
+MANY_COLLECTIVES = 50
+TINY_COLLECTIVE_NS = 500_000
+# Without facts, assume default buckets would merge at least 4 of the observed tiny ones.
+TRACE_MERGE_FACTOR = 4
+# Model-parallel all-to-all (embedding lookups) feeds the same step's forward: only the input
+# distribution can be pipelined behind the previous batch. We assume half of it can hide.
+ALL_TO_ALL_HIDEABLE = 0.5
+# A bandwidth-bound all-reduce kernel lasts >= 1 ms on average.
+BANDWIDTH_BOUND_NS = 1_000_000
+# TML: straggler findings turn critical only with >= 20 steps of evidence. We also ask >= 5 steps
+# for a warning (TML: 2): a 3-step profiler window on a loaded host swings step times 2-4x.
+TML_CRITICAL_STEPS = 20
+STRAGGLER_WARN_STEPS = 5
+TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")
+ORDER = ("DI-5", "DI-2", "DI-14", "DI-10", "DI-11e", "DI-13", "DI-6", "DI-4", "DI-11", "DI-3")
+# A replicated embedding is "large" from 256 MiB or 25% of the parameter bytes (our threshold:
+# from there its dense gradient is a visible share of every all-reduce).
+BIG_EMBEDDING_BYTES = 256 * 2**20
+BIG_EMBEDDING_SHARE = 0.25
+
+
+# --- the exposed-comm budget -----------------------------------------------------------------------
+
+def exposed_comm_ms(v: View) -> float:
+    if v.r is not None and v.r.window.steps:
+        return v.window_ms(v.r.metrics.comm_exposed_pct)
+    d = ddp(v)
+    if d is not None and d.avg_backward_comm_time_ns is not None:
+        return max(0.0, (d.avg_backward_comm_time_ns - (d.avg_backward_compute_comm_overlap_time_ns or 0)) / 1e6)
+    return v.facts_median("comm_ms") or 0.0
+
+
+def hideable_ms(v: View) -> float:
+    """Compute time per step that an all-reduce could run under but does not yet."""
+    if v.r is None:
+        d = ddp(v)
+        return (d.avg_backward_compute_time_ns or 0) / 1e6 if d is not None else 0.0
+    m = v.r.metrics
+    if v.has_device_trace:
+        overlapped = (m.comm_pct or 0) * (m.overlap_pct or 0) / 100.0
+        return max(0.0, v.window_ms((m.compute_pct or 0) - overlapped)) * BACKWARD_SHARE
+    ph = v.r.host.phases_ms
+    if ph.get("backward"):
+        return ph["backward"]
+    return sum(ms for p, ms in ph.items() if p not in ("comm", "data")) * BACKWARD_SHARE
+
+
+def ddp(v: View):
+    return v.f.ddp[0] if v.f is not None and v.f.ddp else None
+
+
+def backend(v: View) -> str | None:
+    if v.f is not None and v.f.distributed_backend:
+        return v.f.distributed_backend
+    d = ddp(v)
+    if d is not None and d.backend_name:
+        return d.backend_name
+    return v.r.backend if v.r is not None else None
+
+
+def effective_backend(v: View) -> str | None:
+    """The backend, or NCCL when unrecorded on an accelerator (init_process_group's default there)."""
+    return backend(v) or ("nccl" if v.accel else None)
+
+
+def collective(v: View, kind: str) -> list[int] | None:
+    s = v.r.signals if v.r is not None else None
+    return s.collectives.get(kind) if s is not None else None
+
+
+def dominant_collective(v: View) -> str | None:
+    s = v.r.signals if v.r is not None else None
+    if s is None or not s.collectives:
+        return "all_reduce" if ddp(v) is not None else None
+    return max(s.collectives, key=lambda k: s.collectives[k][1])
+
+
+def straggler_wait_ms(v: View, inputs: RuleInputs) -> float:
+    """Extra collective wait of this rank vs the rank that waits least (cross-rank blame)."""
+    c = inputs.cross
+    if c is not None and c.straggler is not None and v.rank in c.victims:
+        return next((w.excess_wait_ms for w in c.per_rank if w.rank == v.rank), 0.0)
+    fw = facts_waits(inputs)
+    if fw and v.rank in fw:
+        least = min(fw.values())
+        med_step = float(np.median([x.step_ms for x in views(inputs) if x.step_ms]))
+        if fw[v.rank] - least > 0.05 * med_step:
+            return fw[v.rank] - least
+    return 0.0
+
+
+def facts_waits(inputs: RuleInputs) -> dict[int, float]:
+    """Median per-step comm time of each rank from live step timings (no traces)."""
+    out = {}
+    for v in views(inputs):
+        if v.r is None and v.rank is not None and (w := v.facts_median("comm_ms")) is not None:
+            out[v.rank] = w
+    return out if len(out) >= 2 else {}
+
+
+def bucket_counts(v: View) -> tuple[int, int, str] | None:
+    """(buckets now, buckets with the default cap, source) when buckets look too small."""
+    d = ddp(v)
+    if d is not None:
+        n_now = d.num_buckets or len(d.bucket_sizes)
+        total = d.total_parameter_bytes or sum(d.bucket_sizes)
+        small_cap = d.bucket_cap_mb is not None and d.bucket_cap_mb < DEFAULT_BUCKET_MB
+        if n_now and total:
+            n_ideal = max(1, math.ceil(total / (DEFAULT_BUCKET_MB * 2**20))) + 1  # + the 1 MiB first bucket
+            if n_now > n_ideal and small_cap:
+                return n_now, n_ideal, f"bucket_cap_mb={d.bucket_cap_mb:g}"
+        return None
+    ar = collective(v, "all_reduce")
+    if v.r is not None and ar and v.n_steps:
+        per_step = ar[0] / max(v.n_steps, 1)
+        if per_step >= MANY_COLLECTIVES and ar[1] / ar[0] < TINY_COLLECTIVE_NS:
+            return int(per_step), max(1, int(per_step) // TRACE_MERGE_FACTOR), "trace"
+    return None
+
+
+def comm_budget(v: View, inputs: RuleInputs) -> dict[str, float]:
+    """Each distributed rule's share (ms per step) of the exposed communication, in ORDER."""
+    rem = exposed_comm_ms(v)
+    out = dict.fromkeys(ORDER, 0.0)
+    hide = hideable_ms(v)
+
+    def take(key: str, ms: float) -> None:
+        nonlocal rem
+        got = max(0.0, min(rem, ms))
+        out[key] = got
+        rem -= got
+
+    take("DI-5", straggler_wait_ms(v, inputs))
+    if v.accel and backend(v) == "gloo":
+        take("DI-2", rem * GLOO_ON_GPU_GAIN)
+    if effective_backend(v) == "nccl" and degraded_env(v)[0]:
+        take("DI-14", rem * DEGRADED_TRANSPORT_GAIN)
+    if (b := bucket_counts(v)) is not None:
+        take("DI-10", rem * LATENCY_SHARE * (1 - b[1] / b[0]))
+    if (e := big_embedding(v)) is not None and e[1]:
+        take("DI-11e", rem * e[1])
+    take("DI-13", broadcast_ms(v))
+    take("DI-6", accumulation_comm_ms(v))
+    poor = poor_overlap(v)
+    # With n gradient buckets at most (n-1)/n of the all-reduce can run under backward: the last
+    # bucket is only ready when backward ends (one bucket: nothing overlaps).
+    n = buckets_per_step(v)
+    cap = rem * (1 - 1 / n) if n else rem
+    if dominant_collective(v) in ("all_to_all", "send_recv"):
+        cap = min(cap, rem * ALL_TO_ALL_HIDEABLE)
+    if poor:
+        take("DI-4", min(hide, cap))
+    ar = collective(v, "all_reduce")
+    if ar and ar[1] / ar[0] >= BANDWIDTH_BOUND_NS:
+        # Only the all-reduce share of the communication is compressible by a DDP hook.
+        all_comm = sum(x[1] for x in v.r.signals.collectives.values()) if v.r and v.r.signals else ar[1]
+        take("DI-11", rem * COMPRESSION_GAIN * ar[1] / max(all_comm, 1))
+    if not poor:
+        take("DI-3", min(hide, cap))
+    out["rest"] = rem
+    return out
+
+
+def buckets_per_step(v: View) -> int | None:
+    """Gradient all-reduces per step: DDP's bucket count, else the all-reduce kernels per step."""
+    d = ddp(v)
+    if d is not None and (d.num_buckets or d.bucket_sizes):
+        return d.num_buckets or len(d.bucket_sizes)
+    ar = collective(v, "all_reduce")
+    if ar and dominant_collective(v) == "all_reduce":
+        return max(1, round(ar[0] / max(v.n_steps, 1)))
+    return None
+
+
+def poor_overlap(v: View) -> bool:
+    if v.r is not None and v.has_device_trace:
+        return v.r.metrics.overlap_pct is not None and v.r.metrics.overlap_pct < POOR_OVERLAP_PCT
+    d = ddp(v)
+    if d is not None and d.avg_backward_comm_time_ns:
+        return (d.avg_backward_compute_comm_overlap_time_ns or 0) < POOR_OVERLAP_PCT / 100 * d.avg_backward_comm_time_ns
+    return False
+
+
+def degraded_env(v: View) -> tuple[list[str], list[str]]:
+    """(transport-disabling variables set, forced algorithm/protocol variables set)."""
+    if v.f is None:
+        return [], []
+    off = [f"{k}={v.f.env[k]}" for k in TRANSPORT_ENV if env_on(v.f, k)]
+    lvl = v.f.env.get("NCCL_P2P_LEVEL", "").upper()
+    if lvl in ("LOC", "0"):
+        off.append(f"NCCL_P2P_LEVEL={lvl}")
+    forced = [f"{k}={v.f.env[k]}" for k in ("NCCL_ALGO", "NCCL_PROTO") if v.f.env.get(k)]
+    return off, forced
+
+
+def big_embedding(v: View):
+    """(largest replicated embedding, its share of the parameter bytes or 0 when unknown)."""
+    if v.f is None or v.f.world_size < 2:
+        return None
+    d = ddp(v)
+    total = d.total_parameter_bytes if d is not None and d.total_parameter_bytes else None
+    big = [e for e in v.f.embeddings if e.replicated and not e.sparse and
+           (e.bytes >= BIG_EMBEDDING_BYTES or (total and e.bytes >= BIG_EMBEDDING_SHARE * total))]
+    if not big:
+        return None
+    e = max(big, key=lambda x: x.bytes)
+    return e, min(1.0, e.bytes / total) if total else 0.0
+
+
+def broadcast_ms(v: View) -> float:
+    if v.r is None or v.r.signals is None:
+        return 0.0
+    b = collective(v, "broadcast")
+    return v.ms(b[1]) if b else 0.0
+
+
+def accumulation_comm_ms(v: View) -> float:
+    """Exposed comm per step in steps that run no optimizer step (accumulation micro-steps)."""
+    if v.r is None or len(v.r.steps) < 2:
+        return 0.0
+    rows = [s for s in v.r.steps if s.host_split_ms]
+    with_opt = [s for s in rows if s.host_split_ms.get("optimizer", 0) > 0]
+    without = [s for s in rows if s.host_split_ms.get("optimizer", 0) == 0 and (s.comm_ms or 0) > 0]
+    if not with_opt or not without:
+        return 0.0
+    return sum(s.comm_exposed_ms or 0.0 for s in without) / len(rows)
+
+
+def overlap_text(v: View) -> str:
+    if v.r is not None and v.has_device_trace and v.r.metrics.overlap_pct is not None:
+        return f"{v.r.metrics.overlap_pct:.0f}%"
+    d = ddp(v)
+    if d is not None and d.avg_backward_comm_time_ns:
+        return f"{100 * (d.avg_backward_compute_comm_overlap_time_ns or 0) / d.avg_backward_comm_time_ns:.0f}%"
+    return "little"
+
+
+def comm_evidence(v: View, budget: dict[str, float]) -> Evidence:
+    m = v.r.metrics if v.r is not None else None
+    vals = {"exposed_comm_ms": round(exposed_comm_ms(v), 3)}
+    if m is not None:
+        vals.update({"comm_pct": m.comm_pct, "comm_exposed_pct": m.comm_exposed_pct, "overlap_pct": m.overlap_pct})
+    vals["split_ms"] = {k: round(x, 3) for k, x in budget.items() if x}
+    items = []
+    if v.r is not None:
+        items = [{"name": t.name, "ms_per_step": round(v.ms(t.ns), 3), "count": t.count, "ts_ns": t.first_ts_ns}
+                 for t in v.r.comm_ops[:4]]
+    text = f"Communication exposed (nothing else running): {fmt_ms(exposed_comm_ms(v))} per step"
+    if m is not None and m.comm_pct is not None:
+        text += f"; comm {m.comm_pct:.1f}% of the step, {m.overlap_pct or 0:.0f}% of it overlapped"
+    if v.r is not None and v.r.comm_ops:
+        text += f". Host collective calls: {tops_text(v, v.r.comm_ops)}"
+    return Evidence(text + ".", vals, items)
+
+
+def comm_rule(inputs: RuleInputs, key: str,
+              build: Callable[[View, float, dict[str, float]], Finding | None]) -> list[Finding]:
+    """Run a distributed rule per rank with its share of the comm budget; merge over ranks."""
+    def one(v: View) -> Finding | None:
+        budget = comm_budget(v, inputs)
+        return build(v, budget[key], budget)
+    return per_rank(inputs, one)
+
+
+def sev_at_least(v: View, ms: float, floor: Sev) -> Sev:
+    s = severity(v.pct(ms))
+    order = {"info": 0, "warning": 1, "critical": 2}
+    return s if order[s] >= order[floor] else floor

@@ -1,0 +1,267 @@
+"""Shared plumbing for the rules: one `View` per rank, shares of the step, findings merged over ranks.
+
+Every `recoverable_pct` is ms per step the fix gives back divided by the full step time (the
+window's wall time per step on traces, the probe's median step on live runs), capped at 100,
+so fixing it moves every headline number the right way.
+
+The idle-time budget: device idle time per step is split by the metrics into causes (DataLoader,
+sync, optimizer, host collective calls, other host ops, untraced). The specific rules claim
+parts of it (`claims`); the generic host-bound rule subtracts those claims before it speaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..facts import RankFacts, StepTiming
+from ..metrics.model import IdleCause, RankResult
+from ..metrics.steps import WARMUP_FACTOR
+from ..report.model import Evidence, Finding, Fix, Layer, Severity
+from .engine import RuleInputs
+
+# Severity ladder when a rule has no sharper source: TBP flags a cause above 5% of the step
+# (DataLoader rule, data.py), TML turns critical at 20% (INPUT_BOUND/RESIDUAL_HEAVY policy).
+WARN_PCT = 5.0
+CRIT_PCT = 20.0
+# Below this share of the step a finding is not worth a line even at info level.
+NOISE_PCT = 0.5
+
+
+@dataclass
+class View:
+    """What one rank shows: its trace metrics and/or its live facts, and its step time."""
+
+    rank: int | None
+    r: RankResult | None
+    f: RankFacts | None
+    step_ms: float | None
+    n_steps: int
+
+    @property
+    def accel(self) -> bool:
+        """The model trains on an accelerator (device work in the trace, or a non-CPU device fact)."""
+        if self.r is not None and self.r.device_kind != "cpu":
+            return True
+        return self.f is not None and self.f.device.kind not in ("cpu", "")
+
+    @property
+    def has_device_trace(self) -> bool:
+        """A trace with device work inside the window (a window without any says nothing)."""
+        return self.r is not None and self.r.device_kind != "cpu" and bool(self.r.metrics.busy_pct)
+
+    @property
+    def stepless(self) -> bool:
+        """Only a trace without ProfilerStep: 'per step' then means the whole traced window."""
+        return self.r is not None and not self.r.window.steps and not (self.f is not None and self.f.steps)
+
+    def ms(self, ns: int | float) -> float:
+        """A window total in ns as ms per step."""
+        return float(ns) / 1e6 / max(self.n_steps, 1)
+
+    def pct(self, ms: float) -> float:
+        if not self.step_ms or self.step_ms <= 0:
+            return 0.0
+        return round(min(100.0, max(0.0, 100.0 * ms / self.step_ms)), 2)
+
+    def window_ms(self, pct: float | None) -> float:
+        """A share of the window (metrics' *_pct) as ms per step."""
+        return 0.0 if pct is None or not self.step_ms else pct / 100.0 * self.step_ms
+
+    def cause(self, name: str) -> IdleCause | None:
+        if self.r is None:
+            return None
+        return next((c for c in self.r.idle_causes if c.cause == name), None)
+
+    def cause_ms(self, name: str) -> float:
+        c = self.cause(name)
+        return self.ms(c.ns) if c else 0.0
+
+    @property
+    def timed(self) -> list[StepTiming]:
+        """The probe's step timings without leading warm-up steps."""
+        return steady(self.f.steps) if self.f is not None else []
+
+    def facts_median(self, attr: str) -> float | None:
+        """Median over the probe's steady-state step timings of one StepTiming field."""
+        if not self.timed:
+            return None
+        return float(np.median([getattr(s, attr) for s in self.timed]))
+
+
+def steady(steps: list[StepTiming]) -> list[StepTiming]:
+    """Drop leading steps slower than WARMUP_FACTOR x the median of the rest (as metrics/steps.py does
+    for ProfilerSteps): the first steps pay for worker start-up, allocator growth, autotuning."""
+    rest = list(steps)
+    while len(rest) >= 3 and rest[0].total_ms > WARMUP_FACTOR * float(np.median([s.total_ms for s in rest[1:]])):
+        rest.pop(0)
+    return rest
+
+
+def views(inputs: RuleInputs) -> list[View]:
+    out = []
+    for ri in inputs.ranks:
+        r, f = ri.result, ri.facts
+        step_ms, n = None, 0
+        if r is not None and r.window.end_ns > r.window.start_ns:
+            n = max(len(r.window.steps), 1)
+            step_ms = (r.window.end_ns - r.window.start_ns) / 1e6 / n
+        if step_ms is None and f is not None and f.steps:
+            timed = steady(f.steps)
+            step_ms = float(np.median([s.total_ms for s in timed]))
+            n = len(timed)
+        rank = ri.rank if ri.rank is not None else (f.rank if f is not None else None)
+        out.append(View(rank, r, f, step_ms, n))
+    return out
+
+
+def severity(pct: float, warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Severity:
+    if pct >= crit:
+        return "critical"
+    if pct >= warn:
+        return "warning"
+    return "info"
+
+
+def finding(v: View, id: str, layer: Layer, title: str, ms: float, *, sev: Severity | None = None,
+            evidence: Iterable[Evidence] = (), fix: Fix | None = None, confidence: str = "medium",
+            confirm: str = "", remedy: str | None = None, source: str = "",
+            warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Finding:
+    """A finding for one rank; `ms` is the time per step the fix gives back."""
+    pct = v.pct(ms)
+    level = sev or severity(pct, warn, crit)
+    evidence = list(evidence)
+    if v.stepless:
+        # No steps to divide by: speak of the traced window, say how to get steps, and do not
+        # call anything critical on a trace that may not even be training.
+        title = title.replace(" per step", " in the traced window").replace("of the step", "of the window")
+        for e in evidence:
+            e.text = e.text.replace(" per step", " in the window").replace("/step", "")
+        confidence = "low"
+        confirm = confirm or "the trace has no ProfilerStep: call prof.step() every iteration to get per-step numbers"
+        level = "warning" if level == "critical" else level
+    return Finding(
+        id=id, layer=layer, severity=level, title=title,
+        recoverable_pct=pct, recoverable_ms=round(ms, 3),
+        evidence=evidence, fix=fix, confidence=confidence,  # type: ignore[arg-type]
+        confirm=confirm, remedy=remedy, ranks=[v.rank] if v.rank is not None else [], source=source,
+    )
+
+
+def per_rank(inputs: RuleInputs, fn: Callable[[View], Finding | None]) -> list[Finding]:
+    """Run a one-rank rule on every rank and merge: the worst rank speaks for the job.
+
+    In synchronous data-parallel training every rank waits for the slowest, so the job gains what
+    the worst rank gains. The merged finding lists every rank that shows the problem.
+    """
+    vs = views(inputs)
+    hits = [(v, f) for v in vs if (f := fn(v)) is not None]
+    if not hits:
+        return []
+    _, best = max(hits, key=lambda h: h[1].recoverable_pct)
+    best.ranks = sorted({r for _, f in hits for r in f.ranks})
+    if len(vs) > 1:
+        shares = [f.recoverable_pct for _, f in hits]
+        best.evidence.append(Evidence(
+            f"Seen on {len(hits)} of {len(vs)} ranks (recoverable share: median "
+            f"{float(np.median(shares)):.1f}%, max {max(shares):.1f}%).",
+            {"ranks_hit": len(hits), "ranks": len(vs)}))
+    return [best]
+
+
+def fmt_ms(ms: float) -> str:
+    return f"{ms:.1f} ms" if ms >= 1 else f"{ms * 1000:.0f} µs"
+
+
+def ts_item(name: str, ns: int | float, count: int = 0, first_ts_ns: int | None = None,
+            steps: int = 1, **extra) -> dict:
+    """An offending op/kernel as an evidence item: name, ms per step, count, where to find it."""
+    item = {"name": name, "ms_per_step": round(float(ns) / 1e6 / max(steps, 1), 3)}
+    if count:
+        item["count"] = count
+    if first_ts_ns is not None:
+        item["ts_ns"] = int(first_ts_ns)
+    item.update(extra)
+    return item
+
+
+def env_on(f: RankFacts | None, name: str) -> bool:
+    """An environment flag set to a truthy value (1/true/yes/on)."""
+    if f is None:
+        return False
+    return f.env.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+# --- claims on the idle budget (shared by the specific rules and the generic one) ---------------
+
+def blocking_copy_idle_ms(v: View) -> float:
+    """Device idle per step while the host sat in a blocking device-to-host copy (HO-3 claims it)."""
+    if v.r is None or v.r.signals is None:
+        return 0.0
+    return v.ms(sum(c.idle_ns for c in v.r.signals.blocking_copies if c.direction == "DtoH"))
+
+
+def pageable_h2d_idle_ms(v: View) -> float:
+    """Device idle per step while the host sat in a blocking pageable host-to-device copy (DL-4)."""
+    if v.r is None or v.r.signals is None:
+        return 0.0
+    return v.ms(sum(c.idle_ns for c in v.r.signals.blocking_copies
+                    if c.direction == "HtoD" and c.host_memory == "pageable"))
+
+
+def launch_overhead_ms(v: View) -> float:
+    """Host time per step spent inside kernel-launch calls while the queue ran dry (HO-2 claims it).
+
+    launches/step x median launch cost x share of launches that found <= 1 kernel queued: only
+    launches into an (almost) empty queue leave the device waiting for the host.
+    """
+    if v.r is None:
+        return 0.0
+    ls = v.r.launches
+    if not ls.launches or ls.launch_ns_median is None or ls.queue_le1_pct is None:
+        return 0.0
+    per_step = ls.launches / max(v.n_steps, 1)
+    starving = per_step * ls.launch_ns_median / 1e6 * ls.queue_le1_pct / 100.0
+    idle = v.cause_ms("host_ops") + v.cause_ms("untraced")
+    return min(starving, max(0.0, idle - blocking_copy_idle_ms(v) - pageable_h2d_idle_ms(v)))
+
+
+def device_bound(v: View) -> float:
+    """How much faster kernels shorten the step: the busy share of the window.
+
+    In a host-bound step the device already waits for the host, so faster kernels only widen
+    the gaps; we scale gains on kernel time by the busy share (1 when compute-bound).
+    """
+    if v.r is None or v.r.metrics.busy_pct is None:
+        return 1.0
+    return max(0.0, min(1.0, v.r.metrics.busy_pct / 100.0))
+
+
+def alloc_idle_ms(v: View) -> float:
+    """Host time per step in allocator calls inside steady-state steps (HW-7 claims it)."""
+    if v.r is None or v.r.signals is None or not v.r.window.steps or not v.r.signals.alloc_calls:
+        return 0.0
+    return min(v.ms(v.r.signals.alloc_ns), v.cause_ms("host_ops"))
+
+
+def at(v: View, ts_ns: int | None) -> str:
+    """Where an event sits, as an offset from the window start (what a trace viewer shows)."""
+    if ts_ns is None or v.r is None:
+        return ""
+    return f"at {(ts_ns - v.r.window.start_ns) / 1e6:+.1f} ms"
+
+
+def tops_text(v: View, tops: Iterable, n: int = 3, width: int = 60) -> str:
+    """'name (x ms/step, k calls, at +t ms); ...' for NamedTime-like rows (name, ns, count, first_ts_ns)."""
+    parts = []
+    for t in list(tops)[:n]:
+        name = t.name if len(t.name) <= width else t.name[: width - 1] + "…"
+        bits = [f"{fmt_ms(v.ms(t.ns))}/step"]
+        if getattr(t, "count", 0):
+            bits.append(f"{t.count}x")
+        if (where := at(v, getattr(t, "first_ts_ns", None))):
+            bits.append(f"longest {where}")
+        parts.append(f"{name} ({', '.join(bits)})")
+    return "; ".join(parts)

@@ -1,0 +1,177 @@
+"""Compile layer: eager overhead, graph breaks, recompiles, skipped CUDA graphs, cuDNN autotuning
+(CG-1..CG-5).
+
+Gains on kernel time are scaled by the busy share (`device_bound`): faster kernels do not
+shorten a host-bound step.
+"""
+
+from __future__ import annotations
+
+from ..report.model import Evidence, Finding, Fix
+from ._common import View, device_bound, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+
+# Inductor fuses chains of pointwise/reduction ops into one kernel and removes their round
+# trips to memory; we assume it saves a third of their device time (assumption, not measured).
+FUSION_GAIN = 1.0 / 3.0
+# CG-1 needs a fusable population: >= 100 pointwise/reduction kernels per step.
+MIN_FUSABLE_PER_STEP = 100
+# cuDNN autotuning (benchmark=True) picks the fastest algorithm per shape; assume 10% of
+# convolution time for static shapes (assumption; the cudnn.benchmark remedy measures it).
+CUDNN_BENCHMARK_GAIN = 0.10
+# Dynamo gives up after this many recompiles of one frame (torch._dynamo.config.recompile_limit).
+RECOMPILE_LIMIT = 8
+
+
+def compiled(v: View) -> bool | None:
+    """torch.compile in use (live counters, or compiled regions in the trace); None when unknown."""
+    if v.f is not None and v.f.compile.used:
+        return True
+    if v.r is not None and v.r.compile_regions:
+        return True
+    if v.f is not None:
+        return False
+    return False if v.r is not None else None
+
+
+@rule("CG-1")
+def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
+    """Eager mode with many pointwise/reduction kernels that torch.compile would fuse.
+
+    Trace: no `Torch-Compiled Region` events and >= 100 elementwise/reduction kernels per step
+    (HTA frequent-sequence candidates, TTG "Fuse operations"). Gain: FUSION_GAIN of their device
+    time, scaled by the busy share. Always info: the gain is an assumption and compile is an
+    opt-in remedy (it can fail or recompile); warnings are for time measured as wasted.
+    """
+    def one(v: View) -> Finding | None:
+        if v.r is None or compiled(v) or not v.has_device_trace:
+            return None
+        kinds = {k.kind: k for k in v.r.kernels.by_kind}
+        fusable = [kinds[k] for k in ("elementwise", "reduction") if k in kinds]
+        count = sum(k.count for k in fusable) / max(v.n_steps, 1)
+        if count < MIN_FUSABLE_PER_STEP:
+            return None
+        dev = v.ms(sum(k.ns for k in fusable))
+        gain = dev * FUSION_GAIN * device_bound(v)
+        if v.pct(gain) < 0.5:
+            return None
+        return finding(
+            v, "CG-1", "compile",
+            f"Eager mode runs {count:.0f} pointwise/reduction kernels per step ({fmt_ms(dev)}); torch.compile "
+            f"could fuse them (about {fmt_ms(gain)} per step).",
+            gain, sev="info", evidence=[Evidence(f"{count:.0f} pointwise/reduction kernels per step, {fmt_ms(dev)} of "
+                                                 f"device time; no compiled regions; busy share {device_bound(v):.0%}.",
+                                     {"kernels_per_step": round(count, 1), "device_ms": round(dev, 3),
+                                      "busy_share": round(device_bound(v), 3)})],
+            fix=Fix("Compile the model (use mode='reduce-overhead' for small batches, 'max-autotune' for "
+                    "GEMM-heavy models).", "model = torch.compile(model)"),
+            confidence="low", confirm="`torchdoctor fix --apply compile` measures the gain",
+            remedy="compile", source="TTG fuse operations; HTA frequent kernel sequences; assumed 1/3 saved")
+    return per_rank(inputs, one)
+
+
+@rule("CG-2")
+def graph_breaks(inputs: RuleInputs) -> list[Finding]:
+    """Graph breaks inside the compiled step (proposed threshold: any break in the step).
+
+    Live: Dynamo's graph_break counter and reasons; trace: more than one compiled frame per step.
+    The eager gaps they leave are priced by HO-5 (host time), so no gain is claimed here.
+    """
+    def one(v: View) -> Finding | None:
+        breaks = v.f.compile.graph_breaks if v.f is not None else None
+        reasons = v.f.compile.graph_break_reasons if v.f is not None else []
+        frames = {k.split("/")[0] for k in (v.r.compile_regions if v.r is not None else {})}
+        per_step = len(frames) if v.r is not None and v.r.window.steps else 0
+        if not breaks and per_step <= 1:
+            return None
+        n = breaks if breaks else per_step - 1
+        return finding(
+            v, "CG-2", "compile", f"torch.compile breaks the graph {n} time(s): eager code runs between compiled pieces.",
+            0.0, sev="warning",
+            evidence=[Evidence(f"{n} graph break(s)" + (f"; reasons: {'; '.join(reasons[:3])}" if reasons else "")
+                               + (f"; compiled frames in the trace: {sorted(frames)}" if frames else "") + ".", {"graph_breaks": breaks, "compiled_frames": sorted(frames)},
+                               [{"reason": r} for r in reasons[:5]])],
+            fix=Fix("Remove the data-dependent Python, .item() and unsupported calls named in the reasons; "
+                    "fullgraph=True makes each break an error.", "model = torch.compile(model, fullgraph=True)"),
+            confidence="high" if breaks else "medium", confirm="TORCH_LOGS=graph_breaks prints each break with its line",
+            source="PT dynamo counters; proposed: any break in the step")
+    return per_rank(inputs, one)
+
+
+@rule("CG-3")
+def recompiles(inputs: RuleInputs) -> list[Finding]:
+    """Recompilation (dynamic shapes, changing guards).
+
+    PT: after recompile_limit (8) recompiles a frame falls back to eager → critical; any
+    recompile after warm-up → warning. Gain: the compile time spread over the run's steps.
+    """
+    def one(v: View) -> Finding | None:
+        c = v.f.compile if v.f is not None else None
+        n = c.recompiles if c is not None else None
+        variants = [k for k in (v.r.compile_regions if v.r is not None else {}) if not k.endswith("/0")]
+        if not n and not variants:
+            return None
+        steps = len(v.f.steps) if v.f is not None and v.f.steps else 0
+        gain = 1000.0 * c.compile_time_s / steps if c is not None and c.compile_time_s and steps else 0.0
+        return finding(
+            v, "CG-3", "compile",
+            f"torch.compile recompiled {n if n else len(variants)} time(s)"
+            + (" and hit the recompile limit (falls back to eager)." if n and n >= RECOMPILE_LIMIT else "."),
+            gain, sev="critical" if n and n >= RECOMPILE_LIMIT else "warning",
+            evidence=[Evidence(f"{n if n else len(variants)} recompile(s)"
+                               + (f", compile time {c.compile_time_s:.1f} s" if c is not None and c.compile_time_s else "")
+                               + (f"; variants in the trace: {variants}" if variants else "") + ".", {"recompiles": n, "compiled_variants": variants,
+                                               "compile_time_s": c.compile_time_s if c else None},
+                               [{"reason": r} for r in (c.recompile_reasons if c else [])[:5]])],
+            fix=Fix("Pad or bucket input shapes, mark dynamic dimensions, avoid guards on changing Python values.",
+                    "torch._dynamo.mark_dynamic(x, 0)   # or torch.compile(model, dynamic=True)"),
+            confidence="high" if n else "medium", confirm="TORCH_LOGS=recompiles prints the failing guard",
+            source="PT recompile_limit 8; GPP compilation_warmup")
+    return per_rank(inputs, one)
+
+
+@rule("CG-4")
+def cudagraph_skips(inputs: RuleInputs) -> list[Finding]:
+    """CUDA graphs silently skipped under mode='reduce-overhead' (inductor cudagraph_skips counter).
+
+    Presence warns; the launch overhead they would have removed is priced by HO-2.
+    """
+    def one(v: View) -> Finding | None:
+        n = v.f.compile.cudagraph_skips if v.f is not None else None
+        if not n:
+            return None
+        return finding(
+            v, "CG-4", "compile", f"CUDA graphs were skipped {n} time(s): the step runs without them.", 0.0,
+            sev="warning", evidence=[Evidence(f"inductor cudagraph_skips counter = {n}.", {"cudagraph_skips": n})],
+            fix=Fix("Remove the skip reasons (CPU tensors, input mutation, dynamic shapes); make skips errors "
+                    "while fixing them.", "torch._inductor.config.triton.cudagraph_or_error = True"),
+            confidence="high", confirm="TORCH_LOGS=cudagraphs prints 'skipping cudagraphs due to ...'",
+            remedy="cudagraphs", source="PT inductor cudagraph_utils")
+    return per_rank(inputs, one)
+
+
+@rule("CG-5")
+def cudnn_benchmark(inputs: RuleInputs) -> list[Finding]:
+    """cuDNN autotuner off for a convolution net (TTG: benchmark=True for static shapes).
+
+    Needs the live flag (cudnn.benchmark=False) and convolutions in the trace. Gain:
+    CUDNN_BENCHMARK_GAIN of convolution time, scaled by the busy share.
+    """
+    def one(v: View) -> Finding | None:
+        if v.f is None or v.f.backends.cudnn_benchmark is not False or not v.accel:
+            return None
+        conv = v.ms(v.r.signals.conv_ns) if v.r is not None and v.r.signals is not None else 0.0
+        if v.r is not None and not conv:
+            return None
+        gain = conv * CUDNN_BENCHMARK_GAIN * device_bound(v)
+        return finding(
+            v, "CG-5", "compile",
+            "cuDNN autotuning is off (cudnn.benchmark=False)"
+            + (f" while convolutions take {fmt_ms(conv)} per step." if conv else "."),
+            gain, sev=None if conv else "info",
+            evidence=[Evidence(f"cudnn.benchmark=False; convolutions {fmt_ms(conv)} per step.", {"conv_ms": round(conv, 3), "cudnn_benchmark": False})],
+            fix=Fix("Enable it when input shapes are static (not with highly variable sizes).",
+                    "torch.backends.cudnn.benchmark = True"),
+            confidence="low", confirm="`torchdoctor fix --apply cudnn.benchmark` measures the gain",
+            remedy="cudnn.benchmark", source="TTG cudnn.benchmark; PL Trainer(benchmark)")
+    return per_rank(inputs, one)

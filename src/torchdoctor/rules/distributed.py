@@ -1,0 +1,491 @@
+"""Distributed layer: communication the step waits for (DI-1..DI-14).
+
+The exposed communication of a step (comm kernels with no compute running; host time inside
+collectives on a CPU-only trace; DDP's comm minus overlap on a live run) is split in a fixed
+order, each rule taking its share of what the earlier ones left (`comm_budget`):
+DI-5 waiting for a straggler → DI-2 gloo on GPUs → DI-14 degraded NCCL transport →
+DI-10 too many small buckets → DI-11e a replicated embedding's gradient → DI-13 buffer
+broadcasts → DI-6 all-reduce per micro-batch →
+DI-4 poor overlap → DI-11 uncompressed bandwidth-bound all-reduce → DI-3 the rest.
+First make the communication cheaper, then hide what is left.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..report.model import Evidence, Finding, Fix
+from ..report.model import Severity as Sev
+from ._comm import (
+    COMM_CRIT_PCT,
+    COMM_WARN_PCT,
+    STRAGGLER_WARN_STEPS,
+    TML_CRITICAL_STEPS,
+    backend,
+    big_embedding,
+    bucket_counts,
+    collective,
+    comm_evidence,
+    comm_rule,
+    ddp,
+    degraded_env,
+    dominant_collective,
+    effective_backend,
+    exposed_comm_ms,
+    facts_waits,
+    overlap_text,
+    sev_at_least,
+)
+from ._common import WARN_PCT, View, finding, fmt_ms, per_rank, severity, views
+from .engine import RuleInputs, rule
+
+# --- rules -----------------------------------------------------------------------------------------
+
+@rule("DI-3")
+def exposed_comm(inputs: RuleInputs) -> list[Finding]:
+    """Exposed communication (TBP Communication category: > 10% of the step → warning; GPP > 40% high).
+
+    Generic: the gain claimed is only what the specific rules leave that could run under compute
+    (backward) — never the whole exposed time, part of which is transfer that has to happen
+    somewhere. Severity follows the exposed share when no specific rule explains it, else its own
+    remaining gain (the specific findings carry the warning).
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        ex = exposed_comm_ms(v)
+        share = v.pct(ex)
+        if share < COMM_WARN_PCT and v.pct(ms) < WARN_PCT:
+            return None  # below TBP's 10% the umbrella speaks only for a warning-sized gain of its own
+        where = "host time inside collectives" if v.r is not None and not v.has_device_trace else "communication"
+        others = sum(x for k, x in budget.items() if k not in ("DI-3", "rest"))
+        title = f"Exposed {where}: {fmt_ms(ex)} per step ({share:.0f}%)"
+        if others:
+            title += f"; the findings above claim {fmt_ms(others)} of it"
+        if ms:
+            title += f"; {'another ' if others else 'about '}{fmt_ms(ms)} could run under compute"
+        return finding(
+            v, "DI-3", "distributed", title + ".",
+            ms, sev=severity(v.pct(ms)) if others else severity(share, COMM_WARN_PCT, COMM_CRIT_PCT),
+            evidence=[comm_evidence(v, budget)],
+            fix=Fix("Overlap and shrink communication: larger per-rank batch or gradient accumulation "
+                    "with no_sync(), bf16 gradient compression, FSDP/ZeRO sharding for large models.",
+                    "with model.no_sync():\n    loss.backward()   # accumulate N-1 micro-batches, sync on the last"),
+            confidence="low" if v.r is not None and not v.has_device_trace else "medium",
+            confirm="analyse all ranks' traces together: part of the time inside a collective is waiting for the slowest rank",
+            source="TBP communication > 10% of step; GPP comm_dominant 20%/40%")
+    return comm_rule(inputs, "DI-3", build)
+
+
+@rule("DI-4")
+def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
+    """Communication not overlapped with compute (all-reduce exposed at the end of backward).
+
+    Threshold (catalogue, proposed): overlap < 50% of comm time while exposed comm matters. Gain:
+    the exposed comm (after the earlier shares) that backward compute could hide.
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        if v.pct(ms) < 0.5:
+            return None
+        lay = v.r.signals.comm if v.r is not None and v.r.signals is not None else None
+        ev = [comm_evidence(v, budget)]
+        at_end = ""
+        if lay is not None and lay.block_ms > 0:
+            at_end = (f": {fmt_ms(lay.block_ms)} of it runs in one block starting {lay.block_start_pct:.0f}% into "
+                      "the step")
+            ev.append(Evidence(f"Densest run of exposed communication: {fmt_ms(lay.block_ms)} over "
+                               f"{fmt_ms(lay.block_span_ms)}, starting {lay.block_start_pct}% into the step.",
+                               {"block_ms": lay.block_ms, "block_span_ms": lay.block_span_ms,
+                                "block_start_pct": lay.block_start_pct, "comm_kernels_per_step": lay.kernels_per_step}))
+        d = ddp(v)
+        kind = dominant_collective(v)
+        if kind in ("all_to_all", "send_recv"):
+            what = "the all-to-all/send-recv traffic (model-parallel embeddings)"
+            fix = Fix("Pipeline it: start the next batch's input distribution while this batch computes "
+                      "(TorchRec TrainPipelineSparseDist), and keep it off the compute stream's critical path.",
+                      "pipeline = TrainPipelineSparseDist(model, optimizer, device)\nfor _ in range(n):\n"
+                      "    pipeline.progress(dataloader_iter)")
+            confidence = "low"
+        else:
+            what = "the gradient all-reduce"
+            fix = Fix("Let gradients all-reduce while backward runs: avoid find_unused_parameters=True, keep the "
+                      "parameter order close to the execution order, and with torch.compile keep DDP's graph "
+                      "splitting on (torch._dynamo.config.optimize_ddp=True).",
+                      "DDP(model, find_unused_parameters=False, static_graph=True, gradient_as_bucket_view=True)")
+            confidence = "medium"
+        return finding(
+            v, "DI-4", "distributed",
+            f"Communication barely overlaps compute ({overlap_text(v)} overlapped){at_end}; "
+            f"overlapping {what} could hide about {fmt_ms(ms)} per step.",
+            ms, evidence=ev, fix=fix, confidence=confidence,
+            confirm="analyse all ranks together: part of a collective's time can be waiting for a late peer",
+            remedy="ddp.static_graph" if d is not None else None,
+            source="HTA comm/comp overlap; proposed overlap < 50%")
+    return comm_rule(inputs, "DI-4", build)
+
+
+@rule("DI-5")
+def straggler(inputs: RuleInputs) -> list[Finding]:
+    """A straggler: the other ranks wait for one rank inside every collective.
+
+    TML straggler score warn 10% / critical 20% of the step (critical from 20 steps, warning from
+    5 here); blame follows the asymmetry of waiting (the late rank waits least, metrics/ranks.py).
+    Gain for a victim: its extra wait.
+    """
+    c = inputs.cross
+
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        if v.pct(ms) < 0.5:
+            return None
+        culprit = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
+        cause = _straggler_cause(inputs, culprit)
+        return finding(
+            v, "DI-5", "distributed",
+            f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(ms)} more per step inside collectives"
+            + (f" ({cause})" if cause else "") + ".",
+            ms, warn=10.0 if v.n_steps >= STRAGGLER_WARN_STEPS else 101.0,
+            crit=20.0 if v.n_steps >= TML_CRITICAL_STEPS else 101.0,
+            evidence=[Evidence("Collective wait per step by rank: " + ", ".join(
+                f"rank {w.rank} {fmt_ms(w.comm_wait_ms)}" for w in (c.per_rank if c is not None else [])[:8])
+                + f" (over {v.n_steps} step(s)).",
+                               {"straggler": culprit},
+                               [{"rank": w.rank, "comm_wait_ms": w.comm_wait_ms, "excess_wait_ms": w.excess_wait_ms,
+                                 "step_ms": w.step_ms} for w in (c.per_rank if c is not None else [])][:16])],
+            fix=Fix(f"Find what makes rank {culprit} late: its input pipeline, rank-0-only work (logging, "
+                    "checkpoints, eval) on the step path, uneven batches (bucket by length), or a slow device."),
+            confidence="medium", source="TML straggler score 10%/20%; NVRX; HTA potential stragglers")
+    return comm_rule(inputs, "DI-5", build)
+
+
+def _facts_straggler(inputs: RuleInputs) -> int | None:
+    fw = facts_waits(inputs)
+    return min(fw, key=lambda r: fw[r]) if fw else None
+
+
+def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
+    """Name the straggler's cause when its data wait explains >= 80% of the gap (TML coverage)."""
+    from .input import data_wait_ms
+    vs = {v.rank: v for v in views(inputs)}
+    if culprit not in vs:
+        return ""
+    waits = {r: data_wait_ms(x) for r, x in vs.items()}
+    others = [w for r, w in waits.items() if r != culprit]
+    gap = inputs.cross.straggler_lead_ms if inputs.cross is not None and inputs.cross.straggler_lead_ms else 0.0
+    if others and gap and waits[culprit] - float(np.median(others)) >= 0.8 * gap:
+        return f"rank {culprit} waits {fmt_ms(waits[culprit])} for its DataLoader"
+    return ""
+
+
+@rule("DI-2")
+def gloo_on_gpu(inputs: RuleInputs) -> list[Finding]:
+    """gloo backend for accelerator training (TBP: NCCL is "the fastest and highly recommended").
+
+    Presence warns; gain: half of the exposed comm (gloo stages device tensors through the host).
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        if not (v.accel and backend(v) == "gloo"):
+            return None
+        return finding(
+            v, "DI-2", "distributed", "Training on an accelerator uses the gloo backend instead of NCCL.",
+            ms, sev=sev_at_least(v, ms, "warning"), evidence=[comm_evidence(v, budget)],
+            fix=Fix("Initialise the process group with NCCL (RCCL on ROCm).",
+                    "torch.distributed.init_process_group(backend='nccl')"),
+            confidence="high", source="TBP DDP without NCCL; torchrun docs")
+    return comm_rule(inputs, "DI-2", build)
+
+
+@rule("DI-14")
+def nccl_env(inputs: RuleInputs) -> list[Finding]:
+    """NCCL transports disabled or forced by environment (NCCL env docs: these are debugging knobs).
+
+    NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_IB_DISABLE / NCCL_P2P_LEVEL=LOC push traffic onto
+    slower paths: warns on presence with NCCL; gain = half the exposed comm (see
+    DEGRADED_TRANSPORT_GAIN). With gloo they change nothing: info. IB on a single node: info.
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        off, forced = degraded_env(v)
+        if not off and not forced:
+            return None
+        be = effective_backend(v)
+        single_node = v.f is not None and v.f.cpu.local_world_size is not None and \
+            v.f.world_size <= v.f.cpu.local_world_size
+        relevant = [e for e in off if not (single_node and e.startswith("NCCL_IB_DISABLE"))]
+        if be != "nccl" or not relevant:
+            sev: Sev = "info"
+        else:
+            sev = sev_at_least(v, ms, "warning")
+        note = "" if be == "nccl" else f" (no effect on the {be or 'current'} backend, but NCCL runs will pay)"
+        return finding(
+            v, "DI-14", "distributed",
+            f"NCCL is forced onto slower paths by the environment: {', '.join(off + forced)}{note}.",
+            ms if be == "nccl" else 0.0, sev=sev,
+            evidence=[Evidence(f"Environment of the live run: {', '.join(off + forced)}; backend {be}; "
+                               f"{'single node' if single_node else 'multi-node or unknown'}.",
+                               {"env": off + forced, "backend": be,
+                                                                  "single_node": single_node}),
+                      comm_evidence(v, budget)],
+            fix=Fix("Unset them (NCCL picks NVLink/P2P, shared memory and InfiniBand itself); run once with "
+                    "NCCL_DEBUG=INFO to confirm the transports ('via P2P/IPC', 'via NET/IB').",
+                    "unset " + " ".join(sorted({e.split('=')[0] for e in off + forced})), "shell"),
+            confidence="high" if relevant and be == "nccl" else "medium",
+            confirm="NCCL_DEBUG=INFO shows the transport each channel uses",
+            source="NCCL env docs (debugging variables); DS comms busbw")
+    return comm_rule(inputs, "DI-14", build)
+
+
+@rule("DI-10")
+def bucket_size(inputs: RuleInputs) -> list[Finding]:
+    """Gradient buckets too small: many latency-bound all-reduces per step.
+
+    Live: bucket_cap_mb below DDP's default 25 MiB with more buckets than the default would make.
+    Trace: >= 50 all-reduces per step averaging < 0.5 ms (proposed). Gain: the per-call latency
+    of the surplus buckets, LATENCY_SHARE of their time.
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        b = bucket_counts(v)
+        if b is None or v.pct(ms) < 0.5 and ddp(v) is None:
+            return None
+        n_now, n_ideal, src = b
+        return finding(
+            v, "DI-10", "distributed",
+            f"{n_now} gradient all-reduces per step ({src}); with 25 MiB buckets about {n_ideal} would do, "
+            f"saving about {fmt_ms(ms)} of per-call latency.",
+            ms, evidence=[comm_evidence(v, budget),
+                          Evidence(f"{n_now} buckets per step now, about {n_ideal} with the default 25 MiB cap "
+                                   f"(+ the 1 MiB first bucket); source: {src}.",
+                                   {"buckets_now": n_now, "buckets_default_cap": n_ideal, "source": src})],
+            fix=Fix("Use larger buckets (the default 25 MiB, or 50-100 MiB on fast links).",
+                    "DDP(model, bucket_cap_mb=25)"),
+            confidence="medium" if src != "trace" else "low", remedy="ddp.bucket_cap",
+            confirm="" if src != "trace" else "`torchdoctor fix --apply ddp.bucket_cap` measures it",
+            source="PT DDP default 25 MiB; DS autotuner bucket sweep; proposed latency share")
+    return comm_rule(inputs, "DI-10", build)
+
+
+@rule("DI-13")
+def buffer_broadcast(inputs: RuleInputs) -> list[Finding]:
+    """DDP broadcasts buffers (e.g. BatchNorm stats) every forward (broadcast_buffers=True).
+
+    Trace: broadcast collectives inside the window; gain: their device time. No published
+    threshold: info below 5% of the step.
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        b = collective(v, "broadcast")
+        d = ddp(v)
+        if not b and not (d is not None and d.broadcast_buffers and ms):
+            return None
+        if v.pct(ms) < 0.05 and not (d is not None and d.broadcast_buffers):
+            return None
+        return finding(
+            v, "DI-13", "distributed",
+            f"DDP broadcasts module buffers every forward ({b[0] // max(v.n_steps, 1) if b else '?'} broadcast(s) per step, "
+            f"{fmt_ms(ms)}).", ms,
+            evidence=[Evidence(f"{b[0] if b else 0} broadcast kernels in the window, {fmt_ms(ms)} per step.",
+                               {"count": b[0] if b else None, "ms_per_step": round(ms, 3)})],
+            fix=Fix("If the buffers need not be identical on every rank (they are recomputed), stop the broadcast.",
+                    "DDP(model, broadcast_buffers=False)"),
+            confidence="medium", source="PT DDP broadcast_buffers docstring")
+    return comm_rule(inputs, "DI-13", build)
+
+
+@rule("DI-6")
+def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
+    """Gradient accumulation that all-reduces every micro-batch (no no_sync()).
+
+    Trace: profiler steps without an optimizer step that still run collectives (TTG: "all-reduce
+    is not necessary after every training step"). Gain: their exposed comm per step.
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        if v.pct(ms) < 0.5:
+            return None
+        return finding(
+            v, "DI-6", "distributed",
+            f"Micro-batches without an optimizer step still all-reduce gradients ({fmt_ms(ms)} per step).",
+            ms, evidence=[comm_evidence(v, budget)],
+            fix=Fix("Skip gradient sync on all but the last micro-batch.",
+                    "ctx = model.no_sync() if (i + 1) % accum else contextlib.nullcontext()\nwith ctx:\n    loss.backward()"),
+            confidence="medium", source="TTG no_sync for gradient accumulation")
+    return comm_rule(inputs, "DI-6", build)
+
+
+@rule("DI-11")
+def uncompressed(inputs: RuleInputs) -> list[Finding]:
+    """Bandwidth-bound all-reduce without gradient compression (TBP recommends compression > 10%).
+
+    Fires on all-reduce kernels averaging >= 1 ms (bandwidth, not latency, dominates). Gain:
+    half of what is left of the exposed comm (bf16 halves the bytes).
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        if v.pct(ms) < 0.5:
+            return None
+        return finding(
+            v, "DI-11", "distributed",
+            f"Large all-reduces dominate the exposed communication; bf16 compression could save about {fmt_ms(ms)} per step.",
+            ms, evidence=[comm_evidence(v, budget)],
+            fix=Fix("Register a compression hook (mind the accuracy caveat).",
+                    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                    "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"),
+            confidence="low", confirm="compare loss curves with and without the hook",
+            source="TBP gradient compression at comm > 10%")
+    return comm_rule(inputs, "DI-11", build)
+
+
+@rule("DI-1")
+def data_parallel(inputs: RuleInputs) -> list[Finding]:
+    """nn.DataParallel in use (TBP use_dp → "use DistributedDataParallel"; TTG the same).
+
+    Presence warns; the single-process scatter/gather cost is not priced here.
+    """
+    def one(v: View) -> Finding | None:
+        s = v.r.signals if v.r is not None else None
+        mark = s.markers.get("DataParallel.forward") if s is not None else None
+        if not mark:
+            return None
+        return finding(
+            v, "DI-1", "distributed", "The model is wrapped in nn.DataParallel (one process drives all GPUs).",
+            0.0, sev="warning", evidence=[Evidence("DataParallel.forward calls.", {"count": mark[0]})],
+            fix=Fix("Use DistributedDataParallel, one process per GPU (torchrun).",
+                    "model = DDP(model.to(local_rank), device_ids=[local_rank])"),
+            confidence="high", confirm="`torchdoctor fix` cannot switch this for you; compare steps/s after the change",
+            source="TBP use_dp; TTG")
+    return per_rank(inputs, one)
+
+
+@rule("DI-7")
+def find_unused(inputs: RuleInputs) -> list[Finding]:
+    """find_unused_parameters=True although no parameter is unused.
+
+    The reducer warns ("extra traversal of the autograd graph every iteration", reducer.cpp).
+    Gain: DDP.forward's own time outside any op when a trace shows it (the graph search runs
+    there), else none claimed. Presence with unused_parameter_size == 0 warns.
+    """
+    def one(v: View) -> Finding | None:
+        d = ddp(v)
+        if d is None or not d.find_unused_parameters or d.unused_parameter_size not in (0, None):
+            return None
+        s = v.r.signals if v.r is not None else None
+        gain = v.ms(s.ddp_forward_self_ns) if s is not None else 0.0
+        sure = d.unused_parameter_size == 0
+        return finding(
+            v, "DI-7", "distributed",
+            "DDP searches the autograd graph for unused parameters every step (find_unused_parameters=True)"
+            + (", but none are unused." if sure else ".")
+            + (f" DDP's own forward work costs {fmt_ms(gain)} per step." if gain else ""),
+            gain, sev=sev_at_least(v, gain, "warning") if sure else "info",
+            evidence=[Evidence(f"DDP(find_unused_parameters=True); logging data: unused_parameter_size="
+                               f"{d.unused_parameter_size}; DDP.forward outside any op: {fmt_ms(gain)} per step.",
+                               {"find_unused_parameters": True, "unused_parameter_size": d.unused_parameter_size,
+                                "ddp_forward_self_ms": round(gain, 3), "call_site": d.call_site})],
+            fix=Fix("Turn the search off (or declare the graph static).",
+                    "DDP(model, find_unused_parameters=False)   # or static_graph=True"),
+            confidence="high" if sure else "medium", remedy="ddp.find_unused_false",
+            confirm="" if gain else "`torchdoctor fix --apply ddp.find_unused_false` measures the gain",
+            source="PT reducer.cpp warning; TTG")
+    return per_rank(inputs, one)
+
+
+@rule("DI-8")
+def static_graph(inputs: RuleInputs) -> list[Finding]:
+    """static_graph=False although DDP reports the graph could be static (can_set_static_graph).
+
+    Info: the search it would skip is priced by DI-7 when that fires.
+    """
+    def one(v: View) -> Finding | None:
+        d = ddp(v)
+        if d is None or d.static_graph or not d.can_set_static_graph:
+            return None
+        return finding(
+            v, "DI-8", "distributed", "DDP reports a static graph but static_graph=False.", 0.0, sev="info",
+            evidence=[Evidence("DDP logging data.", {"can_set_static_graph": True})],
+            fix=Fix("Declare it.", "DDP(model, static_graph=True)"), confidence="medium",
+            remedy="ddp.static_graph", source="PT DDP docstring (can_set_static_graph)")
+    return per_rank(inputs, one)
+
+
+@rule("DI-9")
+def grad_as_bucket_view(inputs: RuleInputs) -> list[Finding]:
+    """gradient_as_bucket_view=False: every step copies gradients into and out of the buckets.
+
+    Gain: two copies of the parameter bytes at an assumed 1000 GB/s (GPU) or 10 GB/s (CPU
+    memcpy); info below 5%.
+    """
+    def one(v: View) -> Finding | None:
+        d = ddp(v)
+        if d is None or d.gradient_as_bucket_view is not False:
+            return None
+        bw = 1000e9 if v.accel else 10e9
+        gain = 2 * (d.total_parameter_bytes or 0) / bw * 1e3
+        return finding(
+            v, "DI-9", "distributed",
+            "DDP copies gradients into its buckets every step (gradient_as_bucket_view=False).",
+            gain, evidence=[Evidence(f"{(d.total_parameter_bytes or 0) / 1e6:.1f} MB of gradients copied into and out "
+                                     f"of the buckets per step (est. {fmt_ms(gain)} at {bw / 1e9:.0f} GB/s).",
+                                     {"total_parameter_bytes": d.total_parameter_bytes, "est_ms": round(gain, 3)})],
+            fix=Fix("Let gradients live in the buckets (saves a gradient-sized copy and its memory).",
+                    "DDP(model, gradient_as_bucket_view=True)"),
+            confidence="medium", remedy="ddp.grad_as_bucket_view", source="PT DDP docstring")
+    return per_rank(inputs, one)
+
+
+@rule("DI-12")
+def fsdp_settings(inputs: RuleInputs) -> list[Finding]:
+    """FSDP overlap features off or the rate limiter stalling the host (FSDP docstrings).
+
+    backward_prefetch=None: "no communication and computation overlap in the backward pass"
+    (warning); CPU offload (info); rate_limiter time > 5% of the step (proposed) is claimed.
+    """
+    def one(v: View) -> Finding | None:
+        s = v.r.signals if v.r is not None else None
+        limiter = s.markers.get("FullyShardedDataParallel.rate_limiter") if s is not None else None
+        gain = v.ms(limiter[1]) if limiter else 0.0
+        problems = []
+        for fs in (v.f.fsdp if v.f is not None else []):
+            if fs.version != 2 and fs.backward_prefetch in ("None", "NONE", ""):
+                problems.append("backward_prefetch=None")
+            if fs.cpu_offload:
+                problems.append("cpu_offload=True")
+        if gain and v.pct(gain) >= 0.5:
+            problems.append(f"rate limiter stalls the host {fmt_ms(gain)} per step")
+        if not problems:
+            return None
+        return finding(
+            v, "DI-12", "distributed", "FSDP overlap is limited: " + "; ".join(problems) + ".", gain,
+            sev=sev_at_least(v, gain, "warning") if "backward_prefetch=None" in problems or gain else "info",
+            evidence=[Evidence("FSDP settings and rate-limiter time.", {"problems": problems,
+                                                                        "rate_limiter_ms": round(gain, 3)})],
+            fix=Fix("Prefetch in backward, wrap per transformer block, keep parameters on the device.",
+                    "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)"),
+            confidence="medium", source="FSDP docstrings; proposed rate_limiter > 5%")
+    return per_rank(inputs, one)
+
+
+@rule("DI-11-embedding")
+def replicated_embedding(inputs: RuleInputs) -> list[Finding]:
+    """A large embedding table kept whole on every rank (plain DDP): catalogue DI-11's case of
+    bandwidth-bound gradients — its dense gradient rides in every all-reduce.
+
+    Threshold (ours): a dense, replicated table >= 256 MiB or >= 25% of the parameter bytes.
+    Gain: the table's share of the parameter bytes times the exposed comm left after the
+    transport and bucket shares (sharding sends only the looked-up rows).
+    """
+    def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
+        got = big_embedding(v)
+        if got is None:
+            return None
+        e, share = got
+        ex = exposed_comm_ms(v)
+        size = f"{100 * share:.0f}% of the parameters" if share else f"{e.bytes / 2**20:.0f} MiB"
+        return finding(
+            v, "DI-11", "distributed",
+            f"Embedding {e.name} ({e.num_embeddings:,} x {e.embedding_dim}, {size}) is replicated on all "
+            f"{v.f.world_size if v.f else '?'} ranks: its full gradient is all-reduced every step"
+            + (f" (about {fmt_ms(ms)} of the exposed communication)." if ms else "."),
+            ms, sev=sev_at_least(v, ms, "warning"),
+            evidence=[Evidence("Replicated embedding tables.", {"exposed_comm_ms": round(ex, 3), "share_of_params": share},
+                               [{"name": e.name, "rows": e.num_embeddings, "dim": e.embedding_dim, "bytes": e.bytes}]),
+                      comm_evidence(v, budget)],
+            fix=Fix("Shard the table across ranks (TorchRec DistributedModelParallel, FSDP2 fully_shard on the "
+                    "embedding, or a row-wise DTensor), or use sparse gradients.",
+                    "emb = nn.Embedding(n, d, sparse=True)  # plus an optimizer that takes sparse grads"),
+            confidence="medium" if ms else "low",
+            confirm="" if ms else "the profiler window of `torchdoctor run` prices the all-reduce it rides in",
+            source="ours: >= 256 MiB or >= 25% of parameters; catalogue DI-11/DI-3 sharding")
+    return comm_rule(inputs, "DI-11e", build)

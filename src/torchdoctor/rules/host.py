@@ -1,0 +1,583 @@
+"""Host layer: the device waits for the CPU — syncs, launch overhead, slow host code (HO-1..HO-13).
+
+Idle-budget ownership (see _common): HO-3/HO-4/HO-7 own the idle spent in blocking syncs and
+blocking device-to-host copies, HO-9/HO-10 the idle during the optimizer, HO-2 the launch cost
+into an empty queue, HO-11 the copies of modules left on the CPU; HO-5, the generic host-bound
+rule, keeps only what remains of the host-op and untraced idle.
+"""
+
+from __future__ import annotations
+
+from ..metrics.classify import BLOCKING_COPY_APIS
+from ..metrics.model import SyncSite
+from ..report.model import Evidence, Finding, Fix
+from ._common import (
+    View,
+    alloc_idle_ms,
+    at,
+    blocking_copy_idle_ms,
+    env_on,
+    finding,
+    fmt_ms,
+    launch_overhead_ms,
+    pageable_h2d_idle_ms,
+    per_rank,
+    tops_text,
+    ts_item,
+)
+from .engine import RuleInputs, rule
+
+# HTA cuda_kernel_analysis: runtime_cutoff 50 µs, launch_delay_cutoff 100 µs.
+RUNTIME_CUTOFF_NS = 50_000
+LAUNCH_DELAY_CUTOFF_NS = 100_000
+# TBP: per-GPU utilization < 50% → "increase batch size" (HO-1 umbrella).
+LOW_UTIL_IDLE_PCT = 50.0
+# Optimizers with a fused CUDA implementation in torch.optim (fused=True); others get foreach.
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RAdam", "NAdam"})
+TORCH_OPTIMIZERS = FUSED_OPTIMIZERS | {"RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
+
+
+# --- sync-site classes and their share of the sync idle -----------------------------------------
+
+def sync_class(s: SyncSite) -> str:
+    if s.api in BLOCKING_COPY_APIS:
+        return "HO-4"
+    if "Synchronize" in s.api and not s.op:
+        return "HO-7"
+    return "HO-3"
+
+
+def sync_idle_ms(v: View, cls: str) -> tuple[float, list[SyncSite]]:
+    """Sync-cause idle per step owned by one class, split over sites by their host time."""
+    if v.r is None:
+        return 0.0, []
+    sites = v.r.syncs.sites
+    total = sum(s.ns for s in sites) or 1
+    mine = [s for s in sites if sync_class(s) == cls]
+    return v.cause_ms("sync") * sum(s.ns for s in mine) / total, mine
+
+
+def off_device(v: View) -> list:
+    return list(v.f.modules_off_device) if v.f is not None else []
+
+
+def optimizer_idle_ms(v: View, zero_grad: bool) -> float:
+    """Device idle per step during Optimizer.step (zero_grad=False) or Optimizer.zero_grad."""
+    c = v.cause("optimizer")
+    if c is None or not c.ns:
+        return 0.0
+    named = sum(t.ns for t in c.top) or 1
+    part = sum(t.ns for t in c.top if t.name.startswith("Optimizer.zero_grad") == zero_grad)
+    return v.ms(c.ns) * part / named
+
+
+def single_tensor(v: View) -> tuple[bool, str]:
+    """(the optimizer runs one parameter at a time, evidence)."""
+    if v.f is not None:
+        for o in v.f.optimizers:
+            if v.accel and o.foreach is False and not o.fused:
+                return True, f"{o.cls or 'optimizer'}(foreach=False) on an accelerator"
+    s = v.r.signals if v.r is not None else None
+    if s is not None and s.optimizer_impl == "single_tensor":
+        return True, (f"{', '.join(s.optimizer_classes)} issues {s.optimizer_ops_per_step:.0f} in-place ops and "
+                      f"{s.optimizer_launches_per_step:.0f} kernel launches per step, one parameter at a time")
+    return False, ""
+
+
+def ho9_claim(v: View) -> float:
+    return optimizer_idle_ms(v, zero_grad=False) if single_tensor(v)[0] else 0.0
+
+
+def ho10_claim(v: View) -> float:
+    s = v.r.signals if v.r is not None else None
+    return optimizer_idle_ms(v, zero_grad=True) if s is not None and s.zero_grad_fills_per_step >= 1 else 0.0
+
+
+def ho11_claim(v: View) -> float:
+    return blocking_copy_idle_ms(v) if off_device(v) else 0.0
+
+
+def ho3_copy_claim(v: View) -> float:
+    return 0.0 if off_device(v) else blocking_copy_idle_ms(v)
+
+
+# --- rules -----------------------------------------------------------------------------------------
+
+@rule("HO-1")
+def low_utilisation(inputs: RuleInputs) -> list[Finding]:
+    """Umbrella: the device is idle most of the step (TBP: utilization < 50%; NSYS gpu_time_util 50%).
+
+    Never fixed directly (catalogue): it claims no time and only shows where the idle time goes;
+    the other rules own the parts.
+    """
+    def one(v: View) -> Finding | None:
+        if v.r is not None and v.r.device_kind != "cpu" and not v.has_device_trace:
+            return finding(
+                v, "HO-1", "host", "The analysed window holds no device work: the kernels ran outside the "
+                f"profiler steps ({v.r.window.mode}).", 0.0, sev="info", confidence="high",
+                evidence=[Evidence(f"Window: {len(v.r.window.steps)} step(s), {fmt_ms(v.step_ms or 0)} per step, "
+                                   f"device busy {v.r.metrics.busy_pct or 0:.3f}% of it.",
+                                   {"steps": v.r.window.steps, "busy_pct": v.r.metrics.busy_pct})],
+                source="window selection (metrics/steps.py)",
+                fix=Fix("Analyse the whole trace instead of the steps.", "torchdoctor analyze TRACE --steps trace",
+                        "shell"))
+        if not v.has_device_trace or v.r is None or (v.r.metrics.idle_pct or 0) < LOW_UTIL_IDLE_PCT:
+            return None
+        idle = v.window_ms(v.r.metrics.idle_pct)
+        parts = {c.cause: round(v.ms(c.ns), 3) for c in v.r.idle_causes if c.ns}
+        return finding(
+            v, "HO-1", "host",
+            f"The device is idle {v.r.metrics.idle_pct:.0f}% of the step ({fmt_ms(idle)} of {fmt_ms(v.step_ms or 0)}); "
+            "the findings above attribute it.", 0.0, sev="info",
+            evidence=[Evidence("Idle per step by what the host was doing: "
+                               + ", ".join(f"{k} {fmt_ms(x)}" for k, x in parts.items()) + ".", parts)],
+            confidence="high", source="TBP GPU utilization < 50%; NSYS gpu_time_util")
+    return per_rank(inputs, one)
+
+
+@rule("HO-2")
+def launch_bound(inputs: RuleInputs) -> list[Finding]:
+    """Launch-bound: many short kernels launched into an (almost) empty queue.
+
+    HTA: a launch usually costs 5-20 µs; a short kernel runs shorter than its launch. Fires when
+    most launches find <= 1 kernel queued (BE/HTA queue depth ≈ 0) or >= 30% of kernels are short.
+    Gain: the launch cost of launches into a starving queue (see _common.launch_overhead_ms).
+    """
+    def one(v: View) -> Finding | None:
+        if not v.has_device_trace or v.r is None:
+            return None
+        ls = v.r.launches
+        if (ls.queue_le1_pct or 0) < 50 and (ls.short_kernels_pct or 0) < 30:
+            return None
+        gain = launch_overhead_ms(v)
+        if v.pct(gain) < 0.5:
+            return None
+        compiled = bool(v.r.compile_regions)
+        return finding(
+            v, "HO-2", "host",
+            f"Launch-bound: {ls.kernels_per_step or 0:.0f} kernels per step, {ls.short_kernels_pct or 0:.0f}% of them "
+            f"shorter than their launch, and {ls.queue_le1_pct or 0:.0f}% of launches find the queue (almost) empty.",
+            gain,
+            evidence=[Evidence(f"Median launch {(ls.launch_ns_median or 0) / 1e3:.1f} µs, median queue depth "
+                               f"{ls.queue_depth_median}; launch cost into a starving queue {fmt_ms(gain)} per step.", {
+                "kernels_per_step": ls.kernels_per_step, "launch_us_median": round((ls.launch_ns_median or 0) / 1e3, 2),
+                "short_kernels_pct": ls.short_kernels_pct, "queue_le1_pct": ls.queue_le1_pct,
+                "queue_depth_median": ls.queue_depth_median})],
+            fix=Fix("Cut launches: capture the step in CUDA graphs (torch.compile mode='reduce-overhead'), "
+                    "fuse with torch.compile, or raise the batch size.",
+                    "model = torch.compile(model, mode='reduce-overhead')"),
+            confidence="medium", remedy="cudagraphs" if compiled else "compile",
+            source="HTA launch 5-20 µs, short kernels; BE queue depth")
+    return per_rank(inputs, one)
+
+
+def _sync_finding(v: View, sid: str, ms: float, sites: list[SyncSite], title: str, fix: Fix,
+                  source: str, extra: list[Evidence] | None = None, site_ms: float | None = None) -> Finding:
+    site_ms = ms if site_ms is None else site_ms
+    items = [ts_item(s.op or s.api, s.ns, s.count, s.first_ts_ns, v.n_steps, api=s.api,
+                     top_op=s.top_op, why=s.explanation) for s in sites[:5]]
+    where = "; ".join(f"{s.api} in {s.op or 'no aten op'} under {s.top_op or '-'} = {s.explanation} "
+                      f"({s.count}x, {fmt_ms(v.ms(s.ns))}/step, first {at(v, s.first_ts_ns)})" for s in sites[:3])
+    ev = [Evidence(f"{sum(s.count for s in sites)} blocking sync calls in the window; the device sits idle "
+                   f"{fmt_ms(site_ms)} per step meanwhile. {where}.", {"idle_ms": round(site_ms, 3)}, items)
+          ] if sites and site_ms >= 0.001 else []
+    # The larger share of the idle speaks first.
+    parts = sorted(ev + (extra or []), key=lambda e: -max((x for x in e.values.values()
+                                                           if isinstance(x, (int, float))), default=0))
+    return finding(v, sid, "host", title, ms, evidence=parts, fix=fix, confidence="high", source=source)
+
+
+@rule("HO-3")
+def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
+    """Implicit host-device syncs in the hot loop: .item(), .cpu(), .tolist(), .numpy(), nonzero...
+
+    Trace: cudaStreamSynchronize & co. tied to their aten op, and device-to-host copies into
+    pageable memory during which the host waited (they sync too, and the sync APIs miss them).
+    Threshold (catalogue, proposed): sync time > 5% of the step → warning. Gain: the device idle
+    while the host was blocked. Live facts: syncs counted per step and in collate_fn.
+    """
+    out: list[Finding] = []
+
+    def traced(v: View) -> Finding | None:
+        ms, sites = sync_idle_ms(v, "HO-3")
+        copies = [c for c in (v.r.signals.blocking_copies if v.r and v.r.signals else []) if c.direction == "DtoH"]
+        copy_ms = ho3_copy_claim(v)
+        total = ms + copy_ms
+        facts_syncs = v.f.host_syncs_per_step if v.f is not None else None
+        if v.pct(total) < 0.5:
+            if facts_syncs and facts_syncs >= 1:
+                return _facts_syncs(v, facts_syncs)
+            return None
+        extra = []
+        if copies and copy_ms:
+            where = "; ".join(f"{c.op} in {c.region or '-'} ({c.count}x, host blocked {fmt_ms(v.ms(c.host_ns))}/step, "
+                              f"{c.bytes} B, longest {at(v, c.first_ts_ns)})" for c in copies[:3])
+            extra.append(Evidence(
+                "Device-to-host copies into pageable memory block the host until the queue drains "
+                f"({fmt_ms(copy_ms)} of device idle per step): {where}.", {"copy_idle_ms": round(copy_ms, 3)},
+                [ts_item(c.region or c.op, c.host_ns, c.count, c.first_ts_ns, v.n_steps, op=c.op,
+                         bytes=c.bytes) for c in copies[:4]]))
+        where = (copies[0].region or copies[0].op) if copies and copy_ms >= ms else (sites[0].op if sites else "")
+        what = sites[0].explanation if sites and ms >= copy_ms else ".cpu()/.tolist()/.item() into pageable memory"
+        return _sync_finding(
+            v, "HO-3", total, sites,
+            f"Hidden host-device syncs ({what}) in {where or 'the step'} leave the device idle "
+            f"{fmt_ms(total)} per step ({v.pct(total):.0f}%).",
+            Fix("Keep values on the device and read them every N steps; copy results into a pinned "
+                "buffer with non_blocking=True and wait on an event only when needed; replace "
+                "data-dependent shapes (nonzero, boolean masks) with torch.where.",
+                "if step % 50 == 0:\n    print(loss.item())   # not every step\n"
+                "buf = torch.empty(n, pin_memory=True); buf.copy_(t, non_blocking=True); ev.record()"),
+            "NSYS cuda_api_sync; TTG avoid syncs; proposed > 5% of step", extra, site_ms=ms)
+
+    def _facts_syncs(v: View, per_step: float) -> Finding:
+        sites = sorted(v.f.host_sync_sites.items(), key=lambda kv: -kv[1]) if v.f else []
+        on_dev = v.accel
+        return finding(
+            v, "HO-3", "host",
+            f"{per_step:.0f} host sync(s) per step (e.g. loss.item() every step)"
+            + ("" if on_dev else ": free on the CPU, but each drains the queue on an accelerator."),
+            0.0, sev="warning" if on_dev and per_step >= 1 else "info",
+            evidence=[Evidence(f"{per_step:.1f} syncs per step counted by the probe"
+                               + (": " + ", ".join(f"{s_} ({n}x)" for s_, n in sites[:3]) if sites else "") + ".",
+                               {"per_step": per_step},
+                               [{"site": s, "count": n} for s, n in sites[:5]])],
+            fix=Fix("Log every N steps, or accumulate on the device and read once.",
+                    "running += loss.detach()\nif step % 50 == 0:\n    print((running / 50).item()); running.zero_()"),
+            confidence="medium" if on_dev else "high",
+            confirm="the profiler window (`torchdoctor run` on the accelerator) measures the idle time" if on_dev else "",
+            source="TTG avoid unnecessary synchronizations")
+
+    def collate(v: View) -> Finding | None:
+        if v.f is None:
+            return None
+        dls = [d for d in v.f.dataloaders if d.collate_syncs_per_batch]
+        if not dls:
+            return None
+        d = dls[0]
+        from .input import data_wait_ms  # the collate cost is inside the DataLoader wait
+        wait = data_wait_ms(v)
+        return finding(
+            v, "HO-3", "host",
+            f"collate_fn {d.collate_fn or ''} converts tensors element by element (.item()/.numpy()/.tolist(), "
+            f"{d.collate_syncs_per_batch:.0f} per batch): slow Python on the data path"
+            + (", and a device sync for tensors on the accelerator." if v.accel else "."),
+            0.0, sev="warning" if v.pct(wait) >= 5 else "info",
+            evidence=[Evidence(f"Conversions per batch inside collate_fn; the batch wait is {fmt_ms(wait)} per step "
+                               "(claimed by the DataLoader findings).",
+                               {"collate_syncs_per_batch": d.collate_syncs_per_batch, "data_wait_ms": round(wait, 3)})],
+            fix=Fix("Collate with tensor ops (torch.stack / torch.as_tensor on whole arrays) instead of "
+                    "per-sample .item()/.numpy(); keep collate free of device tensors.",
+                    "def collate(batch):\n    xs, ys = zip(*batch)\n    return torch.stack(xs), torch.as_tensor(ys)"),
+            confidence="high", source="TTG avoid unnecessary synchronizations")
+
+    out.extend(per_rank(inputs, traced))
+    out.extend(per_rank(inputs, collate))
+    return out
+
+
+@rule("HO-4")
+def sync_copy_apis(inputs: RuleInputs) -> list[Finding]:
+    """Synchronous memcpy/memset APIs (cudaMemcpy, cudaMemset without Async).
+
+    NSYS cuda_memcpy_sync / cuda_memset_sync flag every call (H2D <= 64 KB excluded, which CUDA
+    treats as asynchronous). Gain: the device idle while the host sat in them.
+    """
+    def one(v: View) -> Finding | None:
+        ms, sites = sync_idle_ms(v, "HO-4")
+        if not sites or v.pct(ms) < 0.5:
+            return None
+        return _sync_finding(
+            v, "HO-4", ms, sites,
+            f"Synchronous copy APIs ({', '.join(sorted({s.api for s in sites}))}) block the host; the device idles "
+            f"{fmt_ms(ms)} per step.",
+            Fix("Use asynchronous copies from pinned memory (tensor.to(device, non_blocking=True)) and keep "
+                "device-to-host reads out of the hot loop.", "x = x.pin_memory().to(device, non_blocking=True)"),
+            "NSYS cuda_memcpy_sync / cuda_memset_sync")
+    return per_rank(inputs, one)
+
+
+@rule("HO-7")
+def explicit_syncs(inputs: RuleInputs) -> list[Finding]:
+    """Explicit torch.cuda.synchronize() / event.synchronize() in the loop (timing code).
+
+    Trace: cudaDeviceSynchronize/cudaStreamSynchronize/cudaEventSynchronize outside any aten op;
+    set_sync_debug_mode does not see these. NSYS cuda_api_sync lists them; gain = device idle.
+    """
+    def one(v: View) -> Finding | None:
+        ms, sites = sync_idle_ms(v, "HO-7")
+        if not sites or v.pct(ms) < 0.5:
+            return None
+        return _sync_finding(
+            v, "HO-7", ms, sites,
+            f"Explicit synchronize calls in the step leave the device idle {fmt_ms(ms)} per step.",
+            Fix("Time with CUDA events read lazily; synchronize only at log intervals.",
+                "start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
+                "start.record(); ...; end.record()  # read end.elapsed_time(start) every N steps"),
+            "NSYS cuda_api_sync")
+    return per_rank(inputs, one)
+
+
+@rule("HO-5")
+def host_bound(inputs: RuleInputs) -> list[Finding]:
+    """Host-bound: the device waits while the host runs ops or Python (queue-depth ≈ 0).
+
+    HTA/BE: a queue near empty means host-bound. Generic rule: it claims the idle spent in host ops
+    and untraced Python, plus optimizer idle, minus what the specific rules own (launch cost HO-2,
+    blocking copies HO-3/HO-11/DL-4, single-tensor optimizer HO-9, zero_grad HO-10, allocator
+    calls HW-7). Severity
+    ladder TBP 5% / TML RESIDUAL_HEAVY critical 20%.
+    """
+    def one(v: View) -> Finding | None:
+        if not v.has_device_trace or v.r is None:
+            return None
+        ops, untraced, opt = v.cause_ms("host_ops"), v.cause_ms("untraced"), v.cause_ms("optimizer")
+        claimed = (launch_overhead_ms(v) + ho3_copy_claim(v) + ho11_claim(v) + pageable_h2d_idle_ms(v)
+                   + ho9_claim(v) + ho10_claim(v) + alloc_idle_ms(v))
+        rest = max(0.0, ops + untraced + opt - claimed)
+        if v.pct(rest) < 0.5:
+            return None
+        c = v.cause("host_ops")
+        tops = [t for t in (c.top if c else []) if not t.name.startswith("ProfilerStep#")]
+        opt_left = max(0.0, opt - ho9_claim(v) - ho10_claim(v))
+        oc = v.cause("optimizer")
+        if oc is not None and opt_left > 0.1 * rest:
+            tops += [t for t in oc.top if not (t.name.startswith("Optimizer.zero_grad") and ho10_claim(v))
+                     and not (t.name.startswith("Optimizer.step") and ho9_claim(v))]
+        tops.sort(key=lambda t: -t.ns)
+        if untraced > ops:
+            doing = "is outside any traced op (Python between ops, compilation, I/O, or an untraced thread)"
+            lead = "untraced host work"
+        else:
+            lead = _short(tops[0].name) if tops else "host ops"
+            doing = f"runs {lead} and other host work"
+        ls = v.r.launches
+        return finding(
+            v, "HO-5", "host",
+            ("Host-bound: t" if v.pct(rest) >= 5 else "T")
+            + f"he device waits {fmt_ms(rest)} per step ({v.pct(rest):.0f}%) while the host {doing}.",
+            rest,
+            evidence=[Evidence(f"Device idle per step: host ops {fmt_ms(ops)}, untraced {fmt_ms(untraced)}, optimizer "
+                               f"{fmt_ms(opt)}; specific findings claim {fmt_ms(claimed)}; "
+                               f"{ls.queue_le1_pct or 0:.0f}% of launches find <= 1 kernel queued. "
+                               f"Top host ops during that idle (before the shares): {tops_text(v, tops)}.",
+                               {"host_ops_ms": round(ops, 3), "untraced_ms": round(untraced, 3),
+                                "optimizer_ms": round(opt, 3), "claimed_elsewhere_ms": round(claimed, 3),
+                                "queue_le1_pct": ls.queue_le1_pct},
+                               [ts_item(t.name, t.ns, t.count, t.first_ts_ns, v.n_steps) for t in tops[:5]])],
+            fix=Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
+                    "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
+                    "gives the device more work per host step.",
+                    "model = torch.compile(model)"),
+            confidence="medium", remedy="compile",
+            confirm="profile the host side (py-spy, or torch.profiler with_stack=True) to see the Python behind it",
+            source="HTA/BE queue depth; TBP 5%; TML RESIDUAL_HEAVY 20%")
+    return per_rank(inputs, one)
+
+
+def _short(name: str, n: int = 60) -> str:
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+@rule("HO-6")
+def launch_outliers(inputs: RuleInputs) -> list[Finding]:
+    """Runtime-call and launch-delay outliers (HTA runtime_cutoff 50 µs, launch_delay_cutoff 100 µs).
+
+    Only meaningful when the queue is shallow (a deep queue delays launches by design). Info: the
+    idle they cause is already in HO-5's share.
+    """
+    def one(v: View) -> Finding | None:
+        if not v.has_device_trace or v.r is None:
+            return None
+        ls = v.r.launches
+        slow_calls = (ls.launch_ns_p95 or 0) > RUNTIME_CUTOFF_NS
+        late = (ls.launch_delay_ns_p95 or 0) > LAUNCH_DELAY_CUTOFF_NS and (ls.queue_depth_median or 0) <= 1
+        if not (slow_calls or late):
+            return None
+        return finding(
+            v, "HO-6", "host",
+            "Kernel launches stall: " + ("5% of launch calls take over "
+                                         f"{(ls.launch_ns_p95 or 0) / 1e3:.0f} µs" if slow_calls else "")
+            + (" and " if slow_calls and late else "")
+            + (f"kernels start {(ls.launch_delay_ns_p95 or 0) / 1e3:.0f} µs after launch with an empty queue" if late else "")
+            + ".", 0.0, sev="info",
+            evidence=[Evidence(f"Launch call p95 {(ls.launch_ns_p95 or 0) / 1e3:.0f} µs (HTA cutoff 50), launch delay "
+                               f"p95 {(ls.launch_delay_ns_p95 or 0) / 1e3:.0f} µs (cutoff 100), median queue depth "
+                               f"{ls.queue_depth_median}.", {"launch_us_p95": round((ls.launch_ns_p95 or 0) / 1e3, 1),
+                                                         "launch_delay_us_p95": round((ls.launch_delay_ns_p95 or 0) / 1e3, 1),
+                                                         "queue_depth_median": ls.queue_depth_median})],
+            fix=Fix("Look for allocator calls (cudaMalloc/cudaFree), cross-stream waits and GIL contention "
+                    "around the slow launches."),
+            confidence="low", source="HTA runtime_cutoff 50 µs, launch_delay_cutoff 100 µs")
+    return per_rank(inputs, one)
+
+
+@rule("HO-8")
+def debug_switches(inputs: RuleInputs) -> list[Finding]:
+    """Debug / slow-mode switches left on (TTG "Disable debugging APIs"; CUDA guide on CUDA_LAUNCH_BLOCKING).
+
+    Presence is the threshold (catalogue). Their cost is not measured here, so no gain is
+    claimed: `torchdoctor fix --apply debug.off` measures it.
+    """
+    def one(v: View) -> Finding | None:
+        f = v.f
+        if f is None:
+            return None
+        b = f.backends
+        heavy, light = [], []
+        if env_on(f, "CUDA_LAUNCH_BLOCKING") and v.accel:
+            heavy.append("CUDA_LAUNCH_BLOCKING=1 (every launch waits for its kernel)")
+        if b.anomaly_detection:
+            heavy.append("autograd anomaly detection (torch.autograd.set_detect_anomaly)")
+        if (f.env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"):
+            heavy.append("TORCH_DISTRIBUTED_DEBUG=DETAIL (collective fingerprint checks)")
+        if b.sync_debug_mode:
+            light.append(f"torch.cuda.set_sync_debug_mode({b.sync_debug_mode})")
+        if b.deterministic_algorithms:
+            light.append("torch.use_deterministic_algorithms(True)")
+        if b.cudnn_deterministic and v.accel:
+            light.append("cudnn.deterministic=True")
+        if env_on(f, "TORCH_NCCL_BLOCKING_WAIT"):
+            light.append("TORCH_NCCL_BLOCKING_WAIT=1")
+        if f.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+            light.append(f"NCCL_DEBUG={f.env['NCCL_DEBUG']}")
+        if not heavy and not light:
+            return None
+        return finding(
+            v, "HO-8", "host", "Debug switches are on: " + "; ".join(heavy + light) + ".", 0.0,
+            sev="warning" if heavy else "info",
+            evidence=[Evidence("Read from the live run: " + "; ".join(heavy + light) + ".",
+                               {"heavy": heavy, "light": light})],
+            fix=Fix("Turn them off outside debugging sessions.",
+                    "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG\n"
+                    "torch.autograd.set_detect_anomaly(False)", "shell"),
+            confidence="high", confirm="`torchdoctor fix --apply debug.off` measures the gain",
+            remedy="debug.off", source="TTG disable debugging APIs; CUDA guide CUDA_LAUNCH_BLOCKING")
+    return per_rank(inputs, one)
+
+
+@rule("HO-9")
+def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
+    """Per-parameter (for-loop) optimizer on an accelerator.
+
+    TT OptimizerSingleTensorPattern: any match. Trace: many in-place ops, one kernel each, inside
+    Optimizer.step and no _foreach_/_fused_ op; live: foreach=False. Gain: the device idle during
+    Optimizer.step (foreach/fused issue a handful of kernels instead).
+    """
+    def one(v: View) -> Finding | None:
+        hit, why = single_tensor(v)
+        if not hit:
+            return None
+        gain = ho9_claim(v)
+        cls = (v.r.signals.optimizer_classes if v.r and v.r.signals else []) or \
+              [o.cls for o in (v.f.optimizers if v.f else []) if o.cls]
+        name = cls[0] if cls else "the optimizer"
+        if cls and cls[0] not in TORCH_OPTIMIZERS:
+            return None  # foreach/fused are torch.optim options
+        fused = name in FUSED_OPTIMIZERS
+        return finding(
+            v, "HO-9", "host",
+            f"{name} updates parameters one at a time ({why}); the device idles {fmt_ms(gain)} per step in it.",
+            gain, evidence=[Evidence(why, {"idle_ms": round(gain, 3)})],
+            fix=Fix(f"Use the {'fused' if fused else 'foreach'} implementation.",
+                    f"torch.optim.{name}(params, lr=..., {'fused' if fused else 'foreach'}=True)"),
+            confidence="high", remedy="optim.fused" if fused else "optim.foreach",
+            source="TT OptimizerSingleTensorPattern; PT _default_to_fused_or_foreach")
+    return per_rank(inputs, one)
+
+
+@rule("HO-10")
+def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
+    """Gradients zeroed instead of set to None (TT GradNotSetToNonePattern: aten::zero_ in zero_grad).
+
+    Gain: the device idle during Optimizer.zero_grad.
+    """
+    def one(v: View) -> Finding | None:
+        s = v.r.signals if v.r is not None else None
+        if s is None or s.zero_grad_fills_per_step < 1:
+            return None
+        gain = ho10_claim(v)
+        return finding(
+            v, "HO-10", "host",
+            f"zero_grad fills {s.zero_grad_fills_per_step:.0f} gradients with zeros every step instead of "
+            f"dropping them ({fmt_ms(gain)} of idle device per step).",
+            gain, evidence=[Evidence(f"{s.zero_grad_fills_per_step:.0f} aten::zero_ calls per step inside "
+                                     "Optimizer.zero_grad.",
+                                     {"fills_per_step": s.zero_grad_fills_per_step})],
+            fix=Fix("Set gradients to None (the default since PyTorch 2.0).", "optimizer.zero_grad(set_to_none=True)"),
+            confidence="high", source="TT GradNotSetToNonePattern; TTG")
+    return per_rank(inputs, one)
+
+
+@rule("HO-11")
+def modules_on_cpu(inputs: RuleInputs) -> list[Finding]:
+    """Modules left on the CPU while the model trains on an accelerator.
+
+    Each forward then copies activations device→host (a sync) and back, and computes that module
+    on the CPU. Live facts name the modules; the trace gives the time: device idle during blocking
+    device-to-host copies (HO-3 yields that share when this rule fires). A misplaced module is a
+    bug, so it warns even when the trace cannot price it.
+    """
+    def one(v: View) -> Finding | None:
+        mods = off_device(v)
+        if not mods or not v.accel:
+            return None
+        gain = ho11_claim(v)
+        names = ", ".join(f"{m.name} ({m.device})" for m in mods[:4])
+        return finding(
+            v, "HO-11", "host",
+            f"{len(mods)} module(s) stay on the CPU while the model trains on {mods[0].model_device}: {names}"
+            + (f"; the copies around them leave the device idle {fmt_ms(gain)} per step." if gain else "."),
+            gain, sev=None if v.pct(gain) >= 5 else "warning",
+            evidence=[Evidence(f"Modules on another device than the model: {names}.", {},
+                               [{"module": m.name, "device": m.device, "model_device": m.model_device,
+                                 "params": m.num_params} for m in mods[:10]])],
+            fix=Fix("Move the whole model once, after building it (including modules created later, e.g. in "
+                    "forward or attached after .to()).", "model = model.to(device)"),
+            confidence="high", confirm="" if gain else "the profiler window shows the copies around the module",
+            source="TTG create tensors on the target device; catalogue HO-11")
+    return per_rank(inputs, one)
+
+
+@rule("HO-13")
+def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
+    """Intra-op threads vs the CPUs the rank may use (torchrun sets OMP_NUM_THREADS=1 for a reason).
+
+    Over-subscription (threads x local ranks > CPUs in the affinity mask) makes OpenMP barriers
+    wait for descheduled threads. On a CPU-trained model we claim half of the compute share that
+    the surplus threads stand for: compute x (1 - 1/k) / 2, k = threads x ranks / CPUs (assumption;
+    the threads.affinity remedy measures it). With an accelerator the host loop suffers less: info.
+    """
+    def one(v: View) -> Finding | None:
+        c = v.f.cpu if v.f is not None else None
+        if c is None or not c.torch_num_threads:
+            return None
+        cpus = len(c.affinity) or c.logical_cpus
+        if not cpus:
+            return None
+        lws = c.local_world_size or 1
+        want = max(1, cpus // lws)
+        demand = c.torch_num_threads * lws
+        if demand <= cpus:
+            return None
+        k = demand / cpus
+        compute = sum(x for x in (v.facts_median("forward_ms"), v.facts_median("backward_ms"),
+                                  v.facts_median("optimizer_ms")) if x)
+        if not compute and v.r is not None and v.r.host.phases_ms:
+            compute = sum(v.r.host.phases_ms.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
+        gain = 0.0 if v.accel else compute * (1 - 1 / k) / 2
+        return finding(
+            v, "HO-13", "host",
+            f"{c.torch_num_threads} intra-op threads x {lws} local rank(s) = {demand} threads on {cpus} CPUs: "
+            f"the threads fight for cores (use {want} per rank).",
+            gain, sev=None if not v.accel else "info",
+            evidence=[Evidence(f"{c.torch_num_threads} threads x {lws} rank(s) vs {cpus} CPUs in the affinity mask"
+                               + (f"; compute {fmt_ms(compute)} per step." if compute else "."),
+                               {"torch_num_threads": c.torch_num_threads, "local_world_size": lws, "cpus": cpus,
+                                "OMP_NUM_THREADS": v.f.env.get("OMP_NUM_THREADS") if v.f else None})],
+            fix=Fix(f"Give each rank its own cores: {want} thread(s) per rank and a matching affinity mask.",
+                    f"OMP_NUM_THREADS={want} torchrun --nproc-per-node {lws} train.py   # or torch.set_num_threads({want})",
+                    "shell"),
+            confidence="low", confirm="`torchdoctor fix --apply threads.affinity` measures the gain",
+            remedy="threads.affinity", source="torchrun OMP_NUM_THREADS=1 default; torch NUMA binding docs 1-10%")
+    return per_rank(inputs, one)

@@ -1,0 +1,401 @@
+"""Input layer: the accelerator (or the CPU training loop) waits for the next batch (DL-1..DL-7).
+
+The data-wait budget of a step is split without overlap: with `num_workers=0` DL-2 owns the part
+more workers can hide and DL-1 keeps what even they cannot; with workers, DL-7 owns the bursts
+above the typical wait (prefetch) and DL-1 the typical wait (more or faster workers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..report.model import Evidence, Finding, Fix
+from ._common import View, at, finding, fmt_ms, pageable_h2d_idle_ms, per_rank, tops_text, ts_item
+from .engine import RuleInputs, rule
+
+# GPP prefetch_queue_starved: >= 20% of steps starved and p95 wait >= 20 ms (insights.py).
+STARVED_STEPS_MIN = 0.20
+STARVED_P95_MS = 20.0
+# A step is starved when its data wait exceeds TBP's DataLoader ratio (5% of the step).
+STARVED_STEP_SHARE = 0.05
+# Workers assumed when the job's CPU count is unknown (trace only).
+DEFAULT_WORKERS = 2
+# A distribution of waits needs at least this many steps (p95 of 3 steps is noise).
+MIN_STEPS = 8
+# Worker start-up cost assumed per worker and epoch without persistent_workers: a forked worker
+# imports nothing new and starts in ~0.1 s; spawn costs seconds. We claim the cheap case.
+WORKER_START_S = 0.1
+
+
+# --- shared numbers ------------------------------------------------------------------------------
+
+def data_wait_ms(v: View) -> float:
+    """Time per step the step waits for the next batch.
+
+    Trace: DataLoader `__next__` time while the device is idle (all of it on a CPU-only trace,
+    where the training loop itself waits). Live run without trace steps: the probe's median
+    wait in `__next__`.
+    """
+    timed = v.timed
+    rows = v.r.window.steps if v.r is not None else []
+    if rows and (v.accel or len(timed) <= len(rows)):
+        return v.window_ms(v.r.metrics.dataloader_exposed_pct)
+    if timed and v.step_ms:
+        # CPU run: the probe's wall wait is the exposed wait, over many more steps than the window.
+        share = sum(s.dataloader_ms for s in timed) / max(sum(s.total_ms for s in timed), 1e-9)
+        return share * v.step_ms
+    return 0.0
+
+
+def step_waits(v: View) -> tuple[list[float], list[float]]:
+    """(data wait, step time) per step, ms, from whichever source saw more steps.
+
+    The profiler window holds a few steps; the probe times every other step of a live run, which
+    is what a distribution (bursts, p95) needs.
+    """
+    rows = v.r.steps if v.r is not None else []
+    timed = v.timed
+    if len(timed) > len(rows):
+        return [s.dataloader_ms for s in timed], [s.total_ms for s in timed]
+    return [s.dataloader_exposed_ms for s in rows], [s.dur_ms for s in rows]
+
+
+def num_workers(v: View) -> int | None:
+    """Workers of the main DataLoader: from the facts, else from the iterator class in the trace."""
+    if v.f is not None and v.f.dataloaders:
+        vals = [d.num_workers for d in v.f.dataloaders if d.num_workers is not None]
+        if vals:
+            return min(vals)
+    it = v.r.signals.dataloader_iter if v.r is not None and v.r.signals else None
+    if it == "_SingleProcessDataLoaderIter":
+        return 0
+    return None
+
+
+def suggested_workers(v: View) -> int:
+    """PL's formula (fabric/utilities/data.py::suggested_max_num_workers): cpus // local ranks - 1.
+
+    Without live facts the job's CPUs are unknown (this machine's count says nothing about the
+    job's): assume DEFAULT_WORKERS, the smallest suggestion on any host with 3+ CPUs per rank.
+    """
+    cpus = cpu_count(v)
+    if cpus is None:
+        return DEFAULT_WORKERS
+    lws = (v.f.cpu.local_world_size if v.f is not None else None) or 1
+    return max(1, cpus // max(lws, 1) - 1)
+
+
+def cpu_count(v: View) -> int | None:
+    """CPUs the rank may use, from the live facts (affinity mask first)."""
+    if v.f is not None:
+        if v.f.cpu.affinity:
+            return len(v.f.cpu.affinity)
+        if v.f.cpu.logical_cpus:
+            return v.f.cpu.logical_cpus
+    return None
+
+
+def bursts(v: View) -> tuple[float, float, float, int]:
+    """(burst ms per step above the median wait, share of starved steps, p95 wait ms, steps seen).
+
+    The burst share is taken against the same source's median step and applied to this view's
+    step, so that the claim stays a share of the step whichever source it came from.
+    """
+    waits, totals = step_waits(v)
+    if len(waits) < 2 or not v.step_ms:
+        return 0.0, 0.0, 0.0, len(waits)
+    w, t = np.array(waits), np.array(totals)
+    med_step = float(np.median(t)) or v.step_ms
+    starved = float((w > STARVED_STEP_SHARE * med_step).mean())
+    share = float(np.clip(w - np.median(w), 0, None).mean()) / med_step
+    return share * v.step_ms, starved, float(np.percentile(w, 95)), len(waits)
+
+
+def _dl_evidence(v: View, wait: float) -> list[Evidence]:
+    ev = [Evidence(f"The step waits {fmt_ms(wait)} for the next batch ({v.pct(wait):.1f}% of a "
+                   f"{fmt_ms(v.step_ms or 0)} step).",
+                   {"data_wait_ms": round(wait, 3), "step_ms": round(v.step_ms or 0, 3)})]
+    if v.r is not None and v.r.steps:
+        worst = max(v.r.steps, key=lambda s: s.dataloader_exposed_ms)
+        c = v.cause("dataloader")
+        items = [ts_item(t.name, t.ns, t.count, t.first_ts_ns, v.n_steps) for t in (c.top if c else [])[:3]]
+        tops = f" In __next__: {tops_text(v, c.top)}." if c is not None and c.top else ""
+        ev.append(Evidence(f"Worst step: #{worst.step} ({at(v, worst.start_ns)}) waited "
+                           f"{fmt_ms(worst.dataloader_exposed_ms)}.{tops}",
+                           {"worst_step": worst.step, "worst_wait_ms": worst.dataloader_exposed_ms},
+                           items + [{"step": worst.step, "ts_ns": worst.start_ns}]))
+    return ev
+
+
+def _call_site(v: View) -> str:
+    if v.f is not None:
+        for d in v.f.dataloaders:
+            if d.call_site:
+                return f" (DataLoader created at {d.call_site})"
+    return ""
+
+
+def dl7_claim(v: View) -> float:
+    """DL-7's share of the data wait: bursts above the median wait, when workers exist."""
+    nw = num_workers(v)
+    multi = v.r is not None and v.r.signals is not None and \
+        v.r.signals.dataloader_iter == "_MultiProcessingDataLoaderIter"
+    if not nw and not (nw is None and multi):
+        return 0.0
+    burst, starved, p95, n = bursts(v)
+    if n < MIN_STEPS or starved < STARVED_STEPS_MIN or p95 < STARVED_P95_MS or v.pct(burst) < 0.5:
+        return 0.0
+    return min(burst, data_wait_ms(v))
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+def dl2_claim(v: View, wait: float) -> float:
+    """What workers can hide: wait - max(0, load/N - compute), load = the main process's wait."""
+    n = suggested_workers(v)
+    compute = max(0.0, (v.step_ms or 0.0) - wait)
+    return max(0.0, wait - max(0.0, wait / n - compute))
+
+
+@rule("DL-2")
+def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
+    """DataLoader with num_workers=0: batches are loaded in the training process.
+
+    Threshold: TBP recommends workers when the DataLoader takes > 5% of the step (data.py), TML
+    turns critical at 20%; TT's SynchronizedDataLoaderPattern fires on presence. The gain is the
+    wait that N = PL's suggested workers can hide behind compute: wait - max(0, wait/N - compute).
+    """
+    def one(v: View) -> Finding | None:
+        if num_workers(v) != 0:
+            return None
+        wait = data_wait_ms(v)
+        gain = dl2_claim(v, wait)
+        n = suggested_workers(v)
+        src = ("facts: num_workers=0" if v.f is not None and v.f.dataloaders
+               else "trace: _SingleProcessDataLoaderIter")
+        if v.pct(wait) < 0.5:
+            return None
+        return finding(
+            v, "DL-2", "input",
+            f"The DataLoader runs in the training process (num_workers=0): each step waits "
+            f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.",
+            gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).")],
+            fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} "
+                    f"(CPUs in the affinity mask // local ranks - 1), then tune.",
+                    f"DataLoader(dataset, batch_size=..., num_workers={n}, pin_memory=True,\n"
+                    f"           persistent_workers=True, prefetch_factor=2)"),
+            confidence="high" if v.f is not None else "medium",
+            confirm="" if v.f is not None else "run under `torchdoctor run` to read the DataLoader settings",
+            remedy="dataloader.workers", source="TBP DataLoader > 5% of step; TT SynchronizedDataLoader; PL workers formula")
+    return per_rank(inputs, one)
+
+
+@rule("DL-1")
+def input_bound(inputs: RuleInputs) -> list[Finding]:
+    """Input-bound step: the device (or the CPU loop) waits for the next batch.
+
+    TBP: exposed DataLoader time > 5% of the step → warning (data.py::analyze); TML INPUT_BOUND
+    critical at 20%. Generic rule: it claims only what the specific rules leave, i.e. the wait
+    minus DL-2's share (num_workers=0) or minus DL-7's bursts (workers present).
+    """
+    def one(v: View) -> Finding | None:
+        wait = data_wait_ms(v)
+        nw = num_workers(v)
+        if nw == 0:
+            rest = wait - dl2_claim(v, wait)
+            why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
+        else:
+            rest = wait - dl7_claim(v)
+            why = "the loader cannot keep up on average"
+        if v.pct(rest) < 0.5:
+            return None
+        known = nw is not None
+        fix_text = ("Make each batch cheaper to produce: move decoding/augmentation to the GPU "
+                    "(torchvision.transforms.v2 on tensors, DALI), pre-decode the data set, use a faster "
+                    "storage format; then add workers." if nw == 0 else
+                    "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
+                    "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
+                    "augmentation to the GPU.")
+        return finding(
+            v, "DL-1", "input",
+            f"Input-bound: each step waits {fmt_ms(rest)} ({v.pct(rest):.0f}% of the step) for the "
+            f"DataLoader; {why}.",
+            rest, evidence=_dl_evidence(v, wait),
+            fix=Fix(fix_text, "DataLoader(dataset, num_workers=N, pin_memory=True, persistent_workers=True)"),
+            confidence="high" if v.r is not None and v.r.window.steps else "medium",
+            confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
+            remedy=None if nw == 0 else "dataloader.workers",
+            source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%")
+    return per_rank(inputs, one)
+
+
+@rule("DL-7")
+def prefetch_starved(inputs: RuleInputs) -> list[Finding]:
+    """Bursty loader: some steps wait long, others not at all (workers present).
+
+    GPP prefetch_queue_starved: >= 20% of steps starved and p95 wait >= 20 ms. A step is starved
+    above TBP's 5% DataLoader ratio. The gain is the wait above the median step's wait, which a
+    deeper prefetch queue absorbs when the workers keep up on average.
+    """
+    def one(v: View) -> Finding | None:
+        burst = dl7_claim(v)
+        if not burst:
+            return None
+        nw = num_workers(v)
+        _, starved, p95, n = bursts(v)
+        waits = step_waits(v)[0]
+        pf = next((d.prefetch_factor for d in (v.f.dataloaders if v.f else []) if d.prefetch_factor), None)
+        new_pf = (pf or 2) * 2
+        return finding(
+            v, "DL-7", "input",
+            f"The loader is bursty: {starved:.0%} of steps wait for data (p95 {fmt_ms(p95)}); a deeper "
+            f"prefetch queue could absorb about {fmt_ms(burst)} per step.",
+            burst, evidence=[Evidence(f"Data wait over {n} steps: median {fmt_ms(float(np.median(waits)))}, p95 "
+                                      f"{fmt_ms(p95)}; {starved:.0%} of steps wait over 5% of the step.",
+                                      {"starved_share": round(starved, 3), "p95_wait_ms": round(p95, 3), "steps": n,
+                                       "waits_ms": [round(w, 3) for w in waits][:50]})],
+            fix=Fix(f"Raise prefetch_factor (now {pf or 2}) to {new_pf}, or add workers.",
+                    f"DataLoader(..., num_workers={nw or 'N'}, prefetch_factor={new_pf}, persistent_workers=True)"),
+            confidence="medium", remedy="dataloader.prefetch",
+            source="GPP prefetch_queue_starved (>=20% of steps, p95 >= 20 ms)")
+    return per_rank(inputs, one)
+
+
+@rule("DL-3")
+def too_many_workers(inputs: RuleInputs) -> list[Finding]:
+    """More DataLoader workers than CPUs: loading slows down or freezes, training competes for CPU.
+
+    PT's check_worker_number_rationality warns when num_workers > CPUs available (warning here);
+    SMD's Dataloader rule flags loader processes above 200% of cores. Summed over local ranks
+    (num_workers x local ranks > CPUs) we report at info level. The time lost is not measurable
+    from these facts, so no gain is claimed.
+    """
+    def one(v: View) -> Finding | None:
+        nw = num_workers(v)
+        if v.f is None or not nw:
+            return None
+        cpus = cpu_count(v)
+        if cpus is None:
+            return None
+        lws = v.f.cpu.local_world_size or 1
+        total = nw * lws
+        if total <= cpus:
+            return None
+        sev = "warning" if nw > cpus else "info"
+        return finding(
+            v, "DL-3", "input",
+            f"{nw} DataLoader workers x {lws} local rank(s) = {total} processes for {cpus} CPUs: "
+            "the loader and the training loop compete for cores.", 0.0, sev=sev,  # type: ignore[arg-type]
+            evidence=[Evidence(f"{nw} workers x {lws} rank(s) vs {cpus} CPUs in the affinity mask.",
+                               {"num_workers": nw, "local_world_size": lws, "cpus": cpus})],
+            fix=Fix(f"Use at most {suggested_workers(v)} worker(s) per rank.",
+                    f"DataLoader(..., num_workers={suggested_workers(v)})"),
+            confidence="medium", confirm="`torchdoctor fix --apply dataloader.workers` measures the effect",
+            remedy="dataloader.workers", source="PT check_worker_number_rationality; SMD Dataloader > 200% of cores")
+    return per_rank(inputs, one)
+
+
+@rule("DL-4")
+def pageable_memory(inputs: RuleInputs) -> list[Finding]:
+    """Host-to-device copies from pageable memory (pin_memory=False).
+
+    NSYS cuda_memcpy_async flags every pageable async copy; TTG: pin_memory=True on GPU. Threshold
+    (catalogue, proposed): exposed copy time > 2% of the step → warning. Gain: the device idle
+    while the host sat in pageable copies, plus half their device time (pinned transfers run at
+    about twice the bandwidth and overlap compute with non_blocking=True — pinmem tutorial).
+    """
+    def one(v: View) -> Finding | None:
+        if not v.accel:
+            return None  # pinning only matters for copies to an accelerator
+        unpinned = [d for d in (v.f.dataloaders if v.f else []) if d.pin_memory is False]
+        rows = [m for m in (v.r.kernels.memcpy if v.r else []) if m.direction == "HtoD" and m.host_memory == "pageable"]
+        h2d = [m for m in (v.r.kernels.memcpy if v.r else []) if m.direction == "HtoD"]
+        pg_bytes = sum(m.bytes for m in rows)
+        all_bytes = sum(m.bytes for m in h2d) or 1
+        traced = v.has_device_trace
+        if not unpinned and not (rows and pg_bytes > 0.1 * all_bytes):
+            return None
+        gain = pageable_h2d_idle_ms(v) + 0.5 * v.ms(sum(m.ns for m in rows)) if traced else 0.0
+        if traced and not unpinned and v.pct(gain) < 0.5:
+            return None
+        ev = []
+        if rows:
+            ev.append(Evidence(
+                f"{sum(m.count for m in rows)} host-to-device copies from pageable memory "
+                f"({pg_bytes / 1e6:.1f} MB, {fmt_ms(v.ms(sum(m.ns for m in rows)))} of copy per step; "
+                f"{100 * pg_bytes / all_bytes:.0f}% of H2D bytes).",
+                {"pageable_h2d_bytes": pg_bytes, "h2d_bytes": all_bytes}))
+        if unpinned:
+            ev.append(Evidence("DataLoader(pin_memory=False) while the model trains on an accelerator.",
+                               {"dataloaders_unpinned": len(unpinned)}))
+        return finding(
+            v, "DL-4", "input",
+            "Batches are copied to the device from pageable memory (pin_memory=False)"
+            + (f": about {fmt_ms(gain)} per step to gain." if traced else "."),
+            gain, evidence=ev, warn=2.0,
+            sev=None if traced else "info",
+            fix=Fix("Pin host memory in the loader and copy asynchronously (pin in the loader, not in the loop).",
+                    "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)"),
+            confidence="high" if rows else "medium",
+            confirm="" if traced else "the profiler window of `torchdoctor run` measures the copy time",
+            remedy="dataloader.pin_memory", source="NSYS cuda_memcpy_async; TTG pin_memory; proposed 2% of step")
+    return per_rank(inputs, one)
+
+
+@rule("DL-5")
+def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
+    """Blocking host-to-device copies from pinned memory (non_blocking=False).
+
+    A pinned copy can be asynchronous; when the host still waits for it to finish, the call was
+    made with non_blocking=False. TML H2D_BOUND flags H2D time at 10%/20% of the step; we claim
+    the device idle during those waits and warn from 2% (as DL-4).
+    """
+    def one(v: View) -> Finding | None:
+        if v.r is None or v.r.signals is None:
+            return None
+        sites = [c for c in v.r.signals.blocking_copies if c.direction == "HtoD" and c.host_memory == "pinned"]
+        idle = v.ms(sum(c.idle_ns for c in sites))
+        if v.pct(idle) < 0.5:
+            return None
+        return finding(
+            v, "DL-5", "input",
+            f"The host waits for pinned host-to-device copies to finish ({fmt_ms(idle)} of idle device per step).",
+            idle, warn=2.0,
+            evidence=[Evidence("Blocking pinned copies.", {"idle_ms": round(idle, 3)},
+                               [ts_item(c.op or c.api, c.host_ns, c.count, c.first_ts_ns, v.n_steps,
+                                        region=c.region) for c in sites])],
+            fix=Fix("Copy with non_blocking=True from pinned memory; optionally prefetch the next batch "
+                    "on a side stream.", "x = x.to(device, non_blocking=True)"),
+            confidence="medium", source="TML H2D_BOUND; pinmem tutorial")
+    return per_rank(inputs, one)
+
+
+@rule("DL-6")
+def workers_restart(inputs: RuleInputs) -> list[Finding]:
+    """Workers restarted every epoch (num_workers > 0, persistent_workers=False).
+
+    PL warns for workers without persistence (spawn); GPP's first_step_outlier sees the stall.
+    Gain per step: WORKER_START_S x workers / steps per epoch (documented assumption: fork start).
+    """
+    def one(v: View) -> Finding | None:
+        if v.f is None:
+            return None
+        for d in v.f.dataloaders:
+            if d.num_workers and d.persistent_workers is False:
+                per_epoch = None
+                if d.dataset_len and d.batch_size:
+                    per_epoch = max(1, d.dataset_len // d.batch_size)
+                gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
+                return finding(
+                    v, "DL-6", "input",
+                    f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",
+                    gain, sev="info",
+                    evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
+                                       f"{per_epoch or '?'} steps per epoch.", {"num_workers": d.num_workers,
+                                                            "steps_per_epoch": per_epoch})],
+                    fix=Fix("Keep the workers alive across epochs.", "DataLoader(..., persistent_workers=True)"),
+                    confidence="medium", remedy="dataloader.persistent_workers",
+                    confirm="watch the first step of each epoch (`torchdoctor run` step timings)",
+                    source="PL persistent_workers warning; GPP first_step_outlier")
+        return None
+    return per_rank(inputs, one)

@@ -1,0 +1,256 @@
+"""Distributed-layer rules (DI-1..DI-14) and the split of exposed communication between them."""
+
+from __future__ import annotations
+
+from torchdoctor.facts import CpuFacts, DDPFacts, EmbeddingFacts, FSDPFacts, StepTiming
+from torchdoctor.metrics.model import CommLayout
+from torchdoctor.metrics.ranks import CrossRank, RankWait
+
+from .conftest import MS, cpu_facts, cpu_result, gpu_facts, gpu_result, only, run, run_all
+
+DISTRIBUTED = ("DI-2", "DI-3", "DI-4", "DI-5", "DI-6", "DI-10", "DI-11", "DI-13", "DI-14")
+
+
+def comm_bound(exposed=20.0, overlap=0.0, compute=60.0, rank=0, backend="nccl", collectives=None):
+    """A DDP rank whose all-reduce is exposed `exposed`% of the step."""
+    r = gpu_result(busy=compute + exposed, rank=rank, compute_pct=compute, comm_pct=exposed / (1 - overlap / 100),
+                   comm_exposed_pct=exposed, overlap_pct=overlap)
+    r.backend, r.world_size = backend, 2
+    r.signals.collectives = collectives or {"all_reduce": [20, 20 * 5 * 10**5, 10**5]}
+    r.signals.comm = CommLayout(block_ms=exposed, block_span_ms=exposed, block_start_pct=75.0, exposed_ms=exposed)
+    return r
+
+
+def claims(found) -> float:
+    return sum(f.recoverable_pct for f in found if f.layer == "distributed")
+
+
+def test_di1_data_parallel():
+    r = gpu_result()
+    r.signals.markers = {"DataParallel.forward": [5, 10 * MS]}
+    assert only(run("DI-1", (r, None)), "DI-1").severity == "warning"
+
+
+def test_di1_silent_with_ddp():
+    r = gpu_result()
+    r.signals.markers = {"DistributedDataParallel.forward": [5, 10 * MS]}
+    assert run("DI-1", (r, None)) == []
+
+
+def test_di2_gloo_on_gpu():
+    got = only(run("DI-2", (comm_bound(backend="gloo"), None)), "DI-2")
+    assert got.severity == "warning" and abs(got.recoverable_pct - 10.0) < 0.1
+
+
+def test_di2_silent_with_nccl_or_on_cpu():
+    assert run("DI-2", (comm_bound(), None)) == []
+    assert run("DI-2", (cpu_result(comm_pct=30.0, comm_exposed_pct=30.0), cpu_facts(distributed_backend="gloo"))) == []
+
+
+def test_di3_cpu_gloo_collectives():
+    r = cpu_result(comm_pct=60.0, comm_exposed_pct=60.0)
+    r.backend = "gloo"
+    r.host.phases_ms = {"comm": 60.0, "forward": 10.0, "backward": 25.0, "optimizer": 5.0, "data": 0.0}
+    got = only(run("DI-3", (r, None)), "DI-3")
+    assert got.severity == "critical" and "inside collectives" in got.title
+    assert abs(got.recoverable_ms - 25.0) < 1e-6  # only what could run under backward
+
+
+def test_di3_silent_on_little_comm():
+    assert run("DI-3", (comm_bound(exposed=1.0, overlap=95.0), None)) == []
+
+
+def test_di4_all_reduce_exposed_at_end_of_backward():
+    found = run_all((comm_bound(exposed=20.0, overlap=0.0, compute=60.0), None))
+    got = only(found, "DI-4")
+    # 4 buckets per step: the last one is only ready when backward ends, so 3/4 of it can hide.
+    assert abs(got.recoverable_pct - 15.0) < 0.1 and "75% into the step" in got.title
+    assert claims(found) <= 20.0 + 1e-6  # the distributed findings never claim more than the exposed comm
+
+
+def test_di4_single_bucket_cannot_overlap():
+    f = cpu_facts(ddp=[DDPFacts(num_buckets=1, bucket_sizes=[2_000_000], avg_backward_comm_time_ns=20e6,
+                                avg_backward_compute_comm_overlap_time_ns=1e6, avg_backward_compute_time_ns=30e6)],
+                  steps=[StepTiming(step=i, total_ms=100.0) for i in range(3)])
+    found = run_all((None, f))
+    assert not [x for x in found if x.id == "DI-4"]
+    assert only(found, "DI-3").severity == "warning"  # 19 ms exposed, nothing specific explains it
+
+
+def test_di4_silent_when_overlapped():
+    assert run("DI-4", (comm_bound(exposed=2.0, overlap=90.0), None)) == []
+
+
+def stragglers():
+    a, b = comm_bound(exposed=5.0, rank=0), comm_bound(exposed=20.0, rank=1)
+    cross = CrossRank(ranks=2, step_ms_median=100.0, straggler=0, straggler_lead_ms=15.0, victims=[1],
+                      per_rank=[RankWait(0, 100.0, 5.0, 0.0), RankWait(1, 100.0, 20.0, 15.0)])
+    return a, b, cross
+
+
+def test_di5_straggler_blames_the_rank_that_waits_least():
+    a, b, cross = stragglers()
+    got = only(run("DI-5", (a, None), (b, None), cross=cross), "DI-5")
+    assert got.ranks == [1] and "Rank 0 is a straggler" in got.title and abs(got.recoverable_pct - 15.0) < 0.1
+
+
+def test_di5_on_a_three_step_window_is_info():
+    a, b, cross = stragglers()
+    for r in (a, b):
+        r.window.steps = r.window.steps[:3]
+    assert only(run("DI-5", (a, None), (b, None), cross=cross), "DI-5").severity == "info"
+
+
+def test_di5_from_live_step_timings():
+    fs = [cpu_facts(rank=i, steps=[StepTiming(step=s, total_ms=100.0, comm_ms=c) for s in range(3)])
+          for i, c in ((0, 5.0), (1, 30.0))]
+    fs = [f for f in fs]
+    for f in fs:
+        f.ddp = [DDPFacts(avg_backward_comm_time_ns=30e6 if f.rank else 5e6, avg_backward_compute_comm_overlap_time_ns=0)]
+    got = only(run("DI-5", (None, fs[0]), (None, fs[1])), "DI-5")
+    assert got.ranks == [1] and "Rank 0" in got.title
+
+
+def test_di5_silent_without_cross_rank_spread():
+    a, b, _ = stragglers()
+    assert run("DI-5", (a, None), (b, None)) == []
+
+
+def test_di6_all_reduce_in_micro_batches():
+    r = comm_bound(exposed=10.0, overlap=50.0)
+    for s in r.steps:
+        s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
+    for s in r.steps[:4]:
+        s.host_split_ms = {"optimizer": 0.0}
+    got = only(run("DI-6", (r, None)), "DI-6")
+    assert abs(got.recoverable_ms - 8.0) < 1e-6
+
+
+def test_di6_silent_when_every_step_steps_the_optimizer():
+    assert run("DI-6", (comm_bound(), None)) == []
+
+
+def test_di7_find_unused_without_unused():
+    r = comm_bound()
+    r.signals.ddp_forward_self_ns = 3 * 5 * MS
+    f = gpu_facts(ddp=[DDPFacts(find_unused_parameters=True, unused_parameter_size=0)])
+    got = only(run("DI-7", (r, f)), "DI-7")
+    assert got.remedy == "ddp.find_unused_false" and got.severity == "warning" and abs(got.recoverable_ms - 3.0) < 1e-6
+
+
+def test_di7_silent_when_parameters_are_unused():
+    f = gpu_facts(ddp=[DDPFacts(find_unused_parameters=True, unused_parameter_size=4096)])
+    assert run("DI-7", (None, f)) == []
+    assert run("DI-7", (None, gpu_facts(ddp=[DDPFacts(find_unused_parameters=False)]))) == []
+
+
+def test_di8_static_graph():
+    f = gpu_facts(ddp=[DDPFacts(static_graph=False, can_set_static_graph=True)])
+    assert only(run("DI-8", (None, f)), "DI-8").remedy == "ddp.static_graph"
+
+
+def test_di8_silent_when_set():
+    assert run("DI-8", (None, gpu_facts(ddp=[DDPFacts(static_graph=True, can_set_static_graph=True)]))) == []
+
+
+def test_di9_gradient_as_bucket_view():
+    f = cpu_facts(ddp=[DDPFacts(gradient_as_bucket_view=False, total_parameter_bytes=100_000_000)])
+    got = only(run("DI-9", (None, f)), "DI-9")
+    assert got.remedy == "ddp.grad_as_bucket_view" and abs(got.recoverable_ms - 20.0) < 1e-6
+
+
+def test_di9_silent_when_on():
+    assert run("DI-9", (None, cpu_facts(ddp=[DDPFacts(gradient_as_bucket_view=True)]))) == []
+
+
+def small_buckets():
+    return DDPFacts(bucket_cap_mb=1.0, num_buckets=40, total_parameter_bytes=40 * 2**20,
+                    avg_backward_comm_time_ns=20e6, avg_backward_compute_comm_overlap_time_ns=0,
+                    avg_backward_compute_time_ns=50e6)
+
+
+def test_di10_small_bucket_cap_from_facts():
+    f = cpu_facts(ddp=[small_buckets()], steps=[StepTiming(step=i, total_ms=100.0) for i in range(3)],
+                  distributed_backend="gloo")
+    found = run_all((None, f))
+    got = only(found, "DI-10")
+    assert got.remedy == "ddp.bucket_cap" and "40 gradient all-reduces" in got.title
+    assert abs(got.recoverable_ms - 20.0 * 0.5 * (1 - 3 / 40)) < 1e-6
+    assert claims(found) <= 20.0 + 1e-6
+
+
+def test_di10_from_trace_many_tiny_all_reduces():
+    r = comm_bound(collectives={"all_reduce": [2000, 2000 * 150_000, 4000]})
+    assert only(run("DI-10", (r, None)), "DI-10").confidence == "low"
+
+
+def test_di10_silent_with_default_buckets():
+    f = cpu_facts(ddp=[DDPFacts(bucket_cap_mb=None, num_buckets=3, total_parameter_bytes=40 * 2**20)])
+    assert run("DI-10", (None, f)) == []
+    assert run("DI-10", (comm_bound(), None)) == []
+
+
+def test_di11_large_all_reduces_suggest_compression():
+    r = comm_bound(exposed=20.0, overlap=80.0, compute=20.0,
+                   collectives={"all_reduce": [10, 10 * 5 * 10**6, 4 * 10**6]})
+    assert only(run("DI-11", (r, None)), "DI-11").confidence == "low"
+
+
+def test_di11_silent_on_small_all_reduces():
+    assert run("DI-11", (comm_bound(overlap=80.0, compute=20.0), None)) == []
+
+
+def test_di11_replicated_embedding():
+    emb = EmbeddingFacts("item_emb", 10_000_000, 64, 2_560_000_000)
+    f = gpu_facts(world_size=8, embeddings=[emb], ddp=[DDPFacts(total_parameter_bytes=3_000_000_000)])
+    found = run_all((comm_bound(exposed=20.0), f))
+    got = [x for x in found if x.id == "DI-11" and "item_emb" in x.title]
+    assert len(got) == 1 and got[0].severity in ("warning", "critical") and got[0].recoverable_pct > 10
+    assert claims(found) <= 20.0 + 1e-6
+
+
+def test_di11_embedding_silent_when_sharded_or_small():
+    small = EmbeddingFacts("e", 1000, 16, 64_000)
+    sharded = EmbeddingFacts("e", 10_000_000, 64, 2_560_000_000, replicated=False)
+    for e in (small, sharded):
+        assert run("DI-11-embedding", (None, gpu_facts(world_size=8, embeddings=[e]))) == []
+
+
+def test_di12_fsdp_without_backward_prefetch():
+    f = gpu_facts(fsdp=[FSDPFacts(version=1, backward_prefetch="None")])
+    assert only(run("DI-12", (None, f)), "DI-12").severity == "warning"
+
+
+def test_di12_silent_with_prefetch():
+    assert run("DI-12", (None, gpu_facts(fsdp=[FSDPFacts(version=1, backward_prefetch="BACKWARD_PRE")]))) == []
+
+
+def test_di13_buffer_broadcast():
+    r = comm_bound(collectives={"all_reduce": [20, 10**7, 10**5], "broadcast": [10, 2 * 5 * MS, 10**5]})
+    assert abs(only(run("DI-13", (r, None)), "DI-13").recoverable_ms - 2.0) < 1e-6
+
+
+def test_di13_silent_without_broadcasts():
+    assert run("DI-13", (comm_bound(), None)) == []
+
+
+def test_di14_nccl_transports_disabled():
+    f = gpu_facts(env={"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}, distributed_backend="nccl",
+                  world_size=8, cpu=CpuFacts(local_world_size=8))
+    found = run_all((comm_bound(exposed=20.0), f))
+    got = only(found, "DI-14")
+    assert got.severity in ("warning", "critical") and abs(got.recoverable_pct - 10.0) < 0.1
+    assert "NCCL_P2P_DISABLE=1" in got.title
+    assert claims(found) <= 20.0 + 1e-6
+
+
+def test_di14_ib_on_single_node_or_gloo_is_info():
+    ib = gpu_facts(env={"NCCL_IB_DISABLE": "1"}, distributed_backend="nccl", world_size=8,
+                   cpu=CpuFacts(local_world_size=8))
+    assert only(run("DI-14", (None, ib)), "DI-14").severity == "info"
+    gloo = cpu_facts(env={"NCCL_SHM_DISABLE": "1"}, distributed_backend="gloo")
+    assert only(run("DI-14", (None, gloo)), "DI-14").severity == "info"
+
+
+def test_di14_silent_on_clean_env():
+    assert run("DI-14", (None, gpu_facts(env={"NCCL_DEBUG": "WARN"}, distributed_backend="nccl"))) == []

@@ -1,0 +1,205 @@
+"""Host-layer rules (HO-1..HO-13)."""
+
+from __future__ import annotations
+
+from torchdoctor.facts import BackendFacts, CpuFacts, DataLoaderFacts, ModuleDeviceFacts, OptimizerFacts
+from torchdoctor.metrics.model import CopySite, LaunchStats, SyncSite, SyncStats
+
+from .conftest import cpu_facts, cpu_result, gpu_facts, gpu_result, idle, only, run, run_all
+
+
+def site(api="cudaStreamSynchronize", op="aten::_local_scalar_dense", ns=10_000_000, count=5) -> SyncSite:
+    return SyncSite(api=api, op=op, top_op=op or "", explanation="x", count=count, ns=ns, first_ts_ns=0)
+
+
+def with_sync(sites: list[SyncSite], idle_ms: float = 10.0):
+    r = idle(gpu_result(busy=100 - idle_ms), "sync", idle_ms)
+    r.syncs = SyncStats(count=sum(s.count for s in sites), ns=sum(s.ns for s in sites), per_step=1.0, sites=sites)
+    return r
+
+
+def test_ho1_umbrella_on_mostly_idle_device():
+    r = idle(gpu_result(busy=30.0), "host_ops", 70.0)
+    got = only(run("HO-1", (r, None)), "HO-1")
+    assert got.severity == "info" and got.recoverable_pct == 0.0
+
+
+def test_ho1_silent_on_busy_device():
+    assert run("HO-1", (gpu_result(busy=95.0), None)) == []
+
+
+def test_ho1_says_when_the_window_has_no_device_work():
+    got = only(run("HO-1", (gpu_result(busy=0.0), None)), "HO-1")
+    assert "no device work" in got.title
+
+
+def launch_bound(queue_le1=90.0, short=50.0):
+    r = idle(gpu_result(busy=70.0), "host_ops", 30.0)
+    r.launches = LaunchStats(launches=5000, launch_ns_median=10_000.0, queue_le1_pct=queue_le1,
+                             short_kernels_pct=short, kernels_per_step=1000.0, queue_depth_median=0.0)
+    return r
+
+
+def test_ho2_launch_bound():
+    got = only(run("HO-2", (launch_bound(), None)), "HO-2")
+    assert abs(got.recoverable_ms - 9.0) < 1e-6  # 1000 launches x 10 µs x 90% into a starving queue
+
+
+def test_ho2_silent_with_deep_queue():
+    assert run("HO-2", (launch_bound(queue_le1=5.0, short=10.0), None)) == []
+
+
+def test_ho3_item_sync_in_trace():
+    got = only(run("HO-3", (with_sync([site()]), None)), "HO-3")
+    assert abs(got.recoverable_pct - 10.0) < 0.1 and got.severity == "warning"
+
+
+def test_ho3_blocking_dtoh_copy():
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0)
+    r.signals.blocking_copies = [CopySite("cudaMemcpyAsync", "DtoH", "pageable", "aten::copy_",
+                                          "## sparse_data_dist ##", 5, 5 * 45 * 10**6, 5 * 30 * 10**6, 100, 0)]
+    found = run_all((r, None))
+    ho3, ho5 = only(found, "HO-3"), only(found, "HO-5")
+    assert abs(ho3.recoverable_pct - 30.0) < 0.1
+    assert abs(ho5.recoverable_pct - 10.0) < 0.1  # the generic rule keeps only the rest of the 40 ms
+    assert "sparse_data_dist" in ho3.title
+
+
+def test_ho3_silent_without_syncs():
+    assert run("HO-3", (gpu_result(), None)) == []
+
+
+def test_ho3_loss_item_every_step_from_facts():
+    gpu = only(run("HO-3", (None, gpu_facts(host_syncs_per_step=1.0, host_sync_sites={"train.py:42": 10}))), "HO-3")
+    cpu = only(run("HO-3", (None, cpu_facts(host_syncs_per_step=1.0))), "HO-3")
+    assert gpu.severity == "warning" and cpu.severity == "info"
+
+
+def test_ho3_collate_fn_conversions():
+    f = cpu_facts(dataloaders=[DataLoaderFacts(num_workers=0, collate_fn="train.collate", collate_syncs_per_batch=64)])
+    r = cpu_result(dataloader_pct=30.0, dataloader_exposed_pct=30.0)
+    got = only(run("HO-3", (r, f)), "HO-3")
+    assert "collate_fn" in got.title and got.severity == "warning" and got.recoverable_pct == 0.0
+
+
+def test_ho4_sync_memcpy_api():
+    got = only(run("HO-4", (with_sync([site(api="cudaMemcpy", op="aten::copy_")]), None)), "HO-4")
+    assert abs(got.recoverable_pct - 10.0) < 0.1
+
+
+def test_ho4_silent_on_implicit_syncs():
+    assert run("HO-4", (with_sync([site()]), None)) == []
+
+
+def test_ho7_explicit_synchronize():
+    found = run_all((with_sync([site(api="cudaDeviceSynchronize", op=""), site(ns=10_000_000)]), None))
+    ho7, ho3 = only(found, "HO-7"), only(found, "HO-3")
+    assert abs(ho7.recoverable_pct + ho3.recoverable_pct - 10.0) < 0.1  # sync idle split, not doubled
+
+
+def test_ho7_silent_without_explicit_syncs():
+    assert run("HO-7", (with_sync([site()]), None)) == []
+
+
+def test_ho5_host_bound_names_the_host_work():
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [("## RecMetricModule:update ##", 35.0)])
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert "RecMetricModule" in got.title and abs(got.recoverable_pct - 40.0) < 0.1
+
+
+def test_ho5_silent_on_compute_bound_device():
+    assert run("HO-5", (idle(gpu_result(busy=99.8), "host_ops", 0.2), None)) == []
+
+
+def test_ho6_slow_launch_calls():
+    r = gpu_result()
+    r.launches = LaunchStats(launches=100, launch_ns_p95=300_000.0, launch_ns_median=5_000.0)
+    assert only(run("HO-6", (r, None)), "HO-6").severity == "info"
+
+
+def test_ho6_silent_on_fast_launches():
+    r = gpu_result()
+    r.launches = LaunchStats(launches=100, launch_ns_p95=12_000.0, launch_delay_ns_p95=5_000.0)
+    assert run("HO-6", (r, None)) == []
+
+
+def test_ho8_debug_switches():
+    f = gpu_facts(env={"CUDA_LAUNCH_BLOCKING": "1"}, backends=BackendFacts(anomaly_detection=True))
+    got = only(run("HO-8", (None, f)), "HO-8")
+    assert got.severity == "warning" and got.remedy == "debug.off"
+
+
+def test_ho8_silent_on_clean_run():
+    assert run("HO-8", (None, gpu_facts(env={"NCCL_DEBUG": "WARN"}))) == []
+
+
+def single_tensor(cls="Adam"):
+    r = idle(gpu_result(busy=85.0), "optimizer", 15.0,
+             [(f"Optimizer.step#{cls}.step", 10.0), (f"Optimizer.zero_grad#{cls}.zero_grad", 5.0)])
+    r.signals.optimizer_impl = "single_tensor"
+    r.signals.optimizer_classes = [cls]
+    r.signals.optimizer_ops_per_step = r.signals.optimizer_launches_per_step = 400.0
+    return r
+
+
+def test_ho9_single_tensor_optimizer():
+    got = only(run("HO-9", (single_tensor(), None)), "HO-9")
+    assert got.remedy == "optim.fused" and abs(got.recoverable_pct - 10.0) < 0.1
+
+
+def test_ho9_from_facts_foreach_false():
+    f = gpu_facts(optimizers=[OptimizerFacts(cls="RMSprop", foreach=False)])
+    assert only(run("HO-9", (None, f)), "HO-9").remedy == "optim.foreach"
+
+
+def test_ho9_silent_on_foreach_or_custom_optimizer():
+    r = single_tensor()
+    r.signals.optimizer_impl = "foreach"
+    assert run("HO-9", (r, None)) == []
+    assert run("HO-9", (single_tensor("Shampoo"), None)) == []
+
+
+def test_ho10_zero_grad_fills():
+    r = single_tensor()
+    r.signals.zero_grad_fills_per_step = 400.0
+    found = run_all((r, None))
+    assert abs(only(found, "HO-10").recoverable_pct - 5.0) < 0.1
+    assert not [x for x in found if x.id == "HO-5"]  # the optimizer idle is fully owned by HO-9/HO-10
+
+
+def test_ho10_silent_with_set_to_none():
+    assert run("HO-10", (single_tensor(), None)) == []
+
+
+def test_ho11_module_left_on_cpu():
+    f = gpu_facts(modules_off_device=[ModuleDeviceFacts("encoder.norm", "cpu", "cuda:0", 1024)])
+    r = idle(gpu_result(busy=80.0), "host_ops", 20.0)
+    r.signals.blocking_copies = [CopySite("cudaMemcpyAsync", "DtoH", "pageable", "aten::_to_copy", "", 5,
+                                          5 * 20 * 10**6, 5 * 15 * 10**6, 4096, 0)]
+    found = run_all((r, f))
+    ho11 = only(found, "HO-11")
+    assert "encoder.norm" in ho11.title and abs(ho11.recoverable_pct - 15.0) < 0.1
+    assert not [x for x in found if x.id == "HO-3"]  # the copies are the module's, not a second finding
+
+
+def test_ho11_facts_only_still_warns():
+    f = gpu_facts(modules_off_device=[ModuleDeviceFacts("head.ln", "cpu", "cuda:0")])
+    got = only(run("HO-11", (None, f)), "HO-11")
+    assert got.severity == "warning" and got.confirm
+
+
+def test_ho11_silent_when_model_is_whole():
+    assert run("HO-11", (None, gpu_facts())) == []
+
+
+def test_ho13_threads_oversubscribe_cpus():
+    f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=2, local_world_size=2))
+    r = cpu_result()
+    r.host.phases_ms = {"forward": 30.0, "backward": 50.0, "optimizer": 0.0}
+    got = only(run("HO-13", (r, f)), "HO-13")
+    assert got.remedy == "threads.affinity" and abs(got.recoverable_ms - 20.0) < 1e-6  # 80 x (1 - 1/2) / 2
+
+
+def test_ho13_silent_when_threads_fit():
+    f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=1, local_world_size=2))
+    assert run("HO-13", (None, f)) == []

@@ -1,0 +1,142 @@
+"""Input-layer rules (DL-1..DL-7): each fires on its evidence and stays silent without it."""
+
+from __future__ import annotations
+
+from torchdoctor.facts import CpuFacts, DataLoaderFacts, StepTiming
+from torchdoctor.metrics.model import CopySite, MemcpyRow
+
+from .conftest import cpu_facts, cpu_result, gpu_facts, gpu_result, idle, only, run, run_all
+
+
+def loader(**kw) -> DataLoaderFacts:
+    return DataLoaderFacts(**kw)
+
+
+def input_bound(wait_pct: float, busy: float | None = None):
+    r = gpu_result(busy=busy if busy is not None else 100 - wait_pct, dataloader_pct=wait_pct,
+                   dataloader_exposed_pct=wait_pct)
+    for s in r.steps:
+        s.dataloader_exposed_ms = s.dataloader_ms = wait_pct
+    return idle(r, "dataloader", wait_pct, [("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", wait_pct)])
+
+
+def test_dl2_fires_on_num_workers_zero_fact():
+    f = gpu_facts(dataloaders=[loader(num_workers=0, pin_memory=True)], cpu=CpuFacts(affinity=list(range(8))))
+    got = only(run("DL-2", (input_bound(30.0), f)), "DL-2")
+    assert got.remedy == "dataloader.workers" and got.severity == "critical"
+    assert 29.0 <= got.recoverable_pct <= 30.0  # 7 workers hide the whole 30 ms behind 70 ms of compute
+    assert "num_workers=7" in got.fix.snippet
+
+
+def test_dl2_fires_on_single_process_iterator_in_trace():
+    r = input_bound(10.0)
+    r.signals.dataloader_iter = "_SingleProcessDataLoaderIter"
+    got = only(run("DL-2", (r, None)), "DL-2")
+    assert got.confirm  # indirect: the settings were not read
+
+
+def test_dl2_silent_with_workers():
+    f = gpu_facts(dataloaders=[loader(num_workers=4)])
+    assert run("DL-2", (input_bound(30.0), f)) == []
+
+
+def test_dl1_generic_input_bound_when_settings_unknown():
+    got = only(run("DL-1", (input_bound(20.0), None)), "DL-1")
+    assert got.severity == "critical" and abs(got.recoverable_pct - 20.0) < 0.1
+    assert "torchdoctor run" in got.confirm
+
+
+def test_dl1_silent_without_data_wait():
+    assert run("DL-1", (input_bound(0.2), None)) == []
+
+
+def test_dl1_and_dl2_split_the_wait_without_double_counting():
+    # 2 CPUs, 2 local ranks: one worker; loading (80 ms) is slower than compute (20 ms).
+    f = gpu_facts(dataloaders=[loader(num_workers=0)], cpu=CpuFacts(affinity=[0, 1], local_world_size=2))
+    found = run_all((input_bound(80.0), f))
+    dl1, dl2 = only(found, "DL-1"), only(found, "DL-2")
+    assert abs(dl1.recoverable_pct + dl2.recoverable_pct - 80.0) < 0.1
+    assert dl2.recoverable_pct < dl1.recoverable_pct  # one worker only hides 20 ms
+
+
+def test_dl1_on_cpu_trace_uses_host_dataloader_time():
+    r = cpu_result(dataloader_pct=25.0, dataloader_exposed_pct=25.0)
+    got = only(run("DL-1", (r, None)), "DL-1")
+    assert abs(got.recoverable_pct - 25.0) < 0.1
+
+
+def bursty_facts(waits):
+    return gpu_facts(dataloaders=[loader(num_workers=4, prefetch_factor=2)],
+                     steps=[StepTiming(step=i, total_ms=100.0, dataloader_ms=w) for i, w in enumerate(waits)])
+
+
+def test_dl7_bursty_loader_owns_the_bursts():
+    waits = [0.0, 0.0, 0.0, 40.0, 50.0] * 2  # the probe timed 10 steps; the trace window holds 5
+    r = input_bound(18.0)
+    for s, w in zip(r.steps, waits[:5], strict=True):
+        s.dataloader_exposed_ms = w
+    found = run_all((r, bursty_facts(waits)))
+    dl7 = only(found, "DL-7")
+    assert dl7.remedy == "dataloader.prefetch" and "prefetch_factor=4" in dl7.fix.snippet
+    assert abs(dl7.recoverable_pct - 18.0) < 0.1
+    assert not [x for x in found if x.id == "DL-1"]  # the typical wait is 0: nothing left for DL-1
+
+
+def test_dl7_silent_on_steady_waits_or_too_few_steps():
+    assert run("DL-7", (input_bound(10.0), bursty_facts([10.0] * 10))) == []
+    assert run("DL-7", (input_bound(10.0), bursty_facts([0.0, 0.0, 40.0]))) == []
+
+
+def test_dl3_too_many_workers():
+    f = cpu_facts(dataloaders=[loader(num_workers=16)], cpu=CpuFacts(affinity=[0, 1, 2, 3]))
+    got = only(run("DL-3", (None, f)), "DL-3")
+    assert got.severity == "warning" and got.recoverable_pct == 0.0
+
+
+def test_dl3_silent_within_cpus():
+    f = cpu_facts(dataloaders=[loader(num_workers=2)], cpu=CpuFacts(affinity=list(range(8))))
+    assert run("DL-3", (None, f)) == []
+
+
+def test_dl4_pageable_copies_in_trace():
+    r = gpu_result()
+    r.kernels.memcpy = [MemcpyRow("HtoD", "pageable", 50, 40 * 5 * 1_000_000, 10**9)]
+    got = only(run("DL-4", (r, None)), "DL-4")
+    assert got.severity in ("warning", "critical") and abs(got.recoverable_pct - 20.0) < 0.1
+    assert got.remedy == "dataloader.pin_memory"
+
+
+def test_dl4_fact_without_trace_is_info():
+    f = gpu_facts(dataloaders=[loader(num_workers=2, pin_memory=False)])
+    got = only(run("DL-4", (None, f)), "DL-4")
+    assert got.severity == "info" and got.confirm
+
+
+def test_dl4_silent_on_cpu_training():
+    f = cpu_facts(dataloaders=[loader(num_workers=0, pin_memory=False)])
+    assert run("DL-4", (cpu_result(), f)) == []
+
+
+def test_dl5_blocking_pinned_copies():
+    r = gpu_result()
+    r.signals.blocking_copies = [CopySite("cudaMemcpyAsync", "HtoD", "pinned", "aten::copy_", "", 5,
+                                          5 * 12_000_000, 5 * 10_000_000, 10**6, 0)]
+    got = only(run("DL-5", (r, None)), "DL-5")
+    assert abs(got.recoverable_pct - 10.0) < 0.1
+
+
+def test_dl5_silent_without_blocking_copies():
+    assert run("DL-5", (gpu_result(), None)) == []
+
+
+def test_dl6_workers_restarted_each_epoch():
+    f = gpu_facts(dataloaders=[loader(num_workers=4, persistent_workers=False, dataset_len=1000, batch_size=10)],
+                  steps=[StepTiming(step=i, total_ms=100.0) for i in range(5)])
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert got.remedy == "dataloader.persistent_workers"
+    assert abs(got.recoverable_ms - 4.0) < 1e-6  # 0.1 s x 4 workers / 100 steps
+
+
+def test_dl6_silent_with_persistent_workers():
+    f = gpu_facts(dataloaders=[loader(num_workers=4, persistent_workers=True)])
+    assert run("DL-6", (None, f)) == []
