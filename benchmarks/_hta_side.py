@@ -148,9 +148,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "ranks": [int(r) for r in ranks],
         "rows_per_rank": rows,
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
-        "idle_pct": {int(r): _num(v) for r, v in zip(temporal["rank"], temporal["idle_time_pctg"])},
+        "idle_pct": {int(r): _num(v) for r, v in zip(temporal["rank"], temporal["idle_time_pctg"], strict=True)},
         "comm_comp_overlap_pct": {
-            int(r): _num(v) for r, v in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"])
+            int(r): _num(v) for r, v in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"], strict=True)
         },
     }
     with open(args.out, "w") as f:

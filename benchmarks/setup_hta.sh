@@ -37,9 +37,13 @@ fi
 
 echo "creating HTA virtualenv in $VENV (holistictraceanalysis==$HTA_VERSION)" >&2
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+# pip's notes about unreachable extra index folders are noise here; its exit status still counts.
+quiet_pip() {
+  { "$VENV/bin/python" -m pip "$@" 2>&1; } | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+}
+quiet_pip install --quiet --upgrade pip
 # HTA's own requirements (jupyterlab, pandas, numpy, networkx, plotly, pydot, pytest) come with it.
-"$VENV/bin/python" -m pip install --quiet "holistictraceanalysis==$HTA_VERSION" >&2
+quiet_pip install --quiet "holistictraceanalysis==$HTA_VERSION"
 
 if ! check; then
   echo "error: HTA import check failed in $VENV" >&2

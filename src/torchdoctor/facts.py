@@ -189,3 +189,8 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     probe_errors: list[str] = []
     # Path of the profiler-window trace this rank wrote, relative to the run directory.
     trace_file: str | None = None
+    # What defined step boundaries: "optimizer", "backward" or "dataloader" (the probe's fallbacks).
+    step_source: str | None = None
+    # Half-open [first, end) step range the profiler window covered. Those steps are left out of
+    # ``steps`` (profiling inflates them); they are in the trace instead.
+    profile_steps: list[int] = []

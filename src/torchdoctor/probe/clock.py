@@ -51,7 +51,8 @@ class StepClock:
         self.first_activity: float | None = None
         self.acc = [0.0] * len(Phase)
         self.samples = 0
-        self.steps: list[StepTiming] = []
+        # Closed steps: (index, total seconds, phase seconds, samples).
+        self.rows: list[tuple[int, float, list[float], int]] = []
 
     @property
     def running(self) -> bool:
@@ -84,11 +85,12 @@ class StepClock:
             if self.source != Source.NONE:
                 self._fold_into_step_zero()
             self.source = source
-            if source == Source.DATALOADER and self.index == 0 and not self._has_work():
+            if source == Source.DATALOADER and self.index == 0 and not any(self.acc):
                 return None  # first batch request: it opens step 0, closes nothing
         closed = self.index
-        if not self.skip(closed) and len(self.steps) < _MAX_STEPS:
-            self.steps.append(self._timing(closed, now - self.started_at))
+        if not self.skip(closed) and len(self.rows) < _MAX_STEPS:
+            # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
+            self.rows.append((closed, now - self.started_at, self.acc, self.samples))
         self.index += 1
         self.acc = [0.0] * len(Phase)
         self.samples = 0
@@ -97,39 +99,40 @@ class StepClock:
 
     def attribute_comm(self, step: int, seconds: float) -> None:
         """Move ``seconds`` of exposed communication of recorded ``step`` out of its backward time."""
-        for timing in reversed(self.steps[-4:]):
-            if timing.step == step:
-                comm_ms = min(seconds * 1e3, timing.backward_ms)
-                timing.comm_ms = round(comm_ms, 3)
-                timing.backward_ms = round(timing.backward_ms - comm_ms, 3)
+        for index, _, acc, _ in reversed(self.rows[-4:]):
+            if index == step:
+                comm = min(seconds, acc[Phase.BACKWARD])
+                acc[Phase.COMM] = comm
+                acc[Phase.BACKWARD] -= comm
                 return
-
-    def _has_work(self) -> bool:
-        return any(self.acc)
 
     def _fold_into_step_zero(self) -> None:
         # Steps counted by a weaker source were pieces of the first real step.
-        for timing in self.steps:
-            self.acc[Phase.DATALOADER] += timing.dataloader_ms / 1e3
-            self.acc[Phase.FORWARD] += timing.forward_ms / 1e3
-            self.acc[Phase.BACKWARD] += timing.backward_ms / 1e3
-            self.acc[Phase.OPTIMIZER] += timing.optimizer_ms / 1e3
-            self.samples += timing.samples or 0
-        self.steps = []
+        for _, _, acc, samples in self.rows:
+            self.acc = [a + b for a, b in zip(self.acc, acc, strict=True)]
+            self.samples += samples
+        self.rows = []
         self.index = 0
         self.started_at = self.first_activity
 
-    def _timing(self, step: int, total_s: float) -> StepTiming:
-        ms = [round(v * 1e3, 3) for v in self.acc]
-        total_ms = round(total_s * 1e3, 3)
-        return StepTiming(
-            step=step,
-            total_ms=total_ms,
-            dataloader_ms=ms[Phase.DATALOADER],
-            forward_ms=ms[Phase.FORWARD],
-            backward_ms=ms[Phase.BACKWARD],
-            optimizer_ms=ms[Phase.OPTIMIZER],
-            comm_ms=ms[Phase.COMM],
-            other_ms=round(max(0.0, total_ms - sum(ms)), 3),
-            samples=self.samples or None,
-        )
+    @property
+    def steps(self) -> list[StepTiming]:
+        """The recorded steps, in milliseconds; ``other`` is the wall time no phase claims."""
+        out = []
+        for step, total_s, acc, samples in self.rows:
+            ms = [round(v * 1e3, 3) for v in acc]
+            total_ms = round(total_s * 1e3, 3)
+            out.append(
+                StepTiming(
+                    step=step,
+                    total_ms=total_ms,
+                    dataloader_ms=ms[Phase.DATALOADER],
+                    forward_ms=ms[Phase.FORWARD],
+                    backward_ms=ms[Phase.BACKWARD],
+                    optimizer_ms=ms[Phase.OPTIMIZER],
+                    comm_ms=ms[Phase.COMM],
+                    other_ms=round(max(0.0, total_ms - sum(ms)), 3),
+                    samples=samples or None,
+                )
+            )
+        return out

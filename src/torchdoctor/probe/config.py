@@ -19,7 +19,7 @@ ENV_PROFILE_STEPS = "TORCHDOCTOR_PROFILE_STEPS"
 ENV_REMEDIES = "TORCHDOCTOR_REMEDIES"
 # Seconds between periodic writes of the rank summary (so a killed job still leaves one).
 ENV_FLUSH_S = "TORCHDOCTOR_FLUSH_S"
-# Test-only fault injection: name of a probe hook that must raise (see ``errors.fault_point``).
+# Test-only fault injection: comma list of probe sites that must raise (see ``errors.fault_point``).
 ENV_FAULT = "TORCHDOCTOR_PROBE_FAULT"
 
 DEFAULT_PROFILE_STEPS = (5, 8)

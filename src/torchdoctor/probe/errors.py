@@ -44,16 +44,16 @@ class ProbeErrors:
 
 
 ERRORS = ProbeErrors()
-_fault: str | None = None
+_faults: frozenset[str] = frozenset()
 
 
-def set_fault(name: str | None) -> None:
-    """Arm the test-only fault injection (``TORCHDOCTOR_PROBE_FAULT``)."""
-    global _fault
-    _fault = name
+def set_fault(names: str | None) -> None:
+    """Arm the test-only fault injection: ``TORCHDOCTOR_PROBE_FAULT`` is a comma list of sites."""
+    global _faults
+    _faults = frozenset(n.strip() for n in (names or "").split(",") if n.strip())
 
 
 def fault_point(where: str) -> None:
     """Raise inside probe site ``where`` when a test asked for it; free otherwise."""
-    if _fault is not None and _fault == where:
+    if _faults and where in _faults:
         raise RuntimeError(f"injected probe fault at {where}")

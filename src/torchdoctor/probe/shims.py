@@ -29,7 +29,7 @@ SHIM_FILENAME = "<torchdoctor probe shim: importlib._bootstrap-transparent>"
 _SKIP = object()  # "before" failed: do not call "after"
 FAILED = object()  # passed to "after" as the result when the original raised
 
-_TEMPLATE = '''
+_TEMPLATE = """
 def around(orig, before, after, failed, skip, failed_result):
     def shim(*args, **kwargs):
         try:
@@ -58,7 +58,7 @@ def before_only(orig, before, failed):
             failed(exc)
         return orig(*args, **kwargs)
     return shim
-'''
+"""
 
 _namespace: dict[str, Any] = {}
 exec(compile(_TEMPLATE, SHIM_FILENAME, "exec"), _namespace)
@@ -78,7 +78,9 @@ def around(
     return functools.update_wrapper(shim, orig)
 
 
-def before_only(orig: Callable[..., Any], before: Before, failed: Callable[[BaseException], None]) -> Callable[..., Any]:
+def before_only(
+    orig: Callable[..., Any], before: Before, failed: Callable[[BaseException], None]
+) -> Callable[..., Any]:
     """Cheapest shim: ``before(args)`` then the original (used on hot tensor methods)."""
     shim = _namespace["before_only"](orig, before, failed)
     return functools.update_wrapper(shim, orig)

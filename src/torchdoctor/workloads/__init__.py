@@ -1,1 +1,1 @@
-
+"""Bundled training jobs: the `torchdoctor demo` job (``demo``) and its command (``cli``)."""

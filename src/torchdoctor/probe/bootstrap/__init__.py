@@ -23,7 +23,7 @@ def activate() -> None:
     if config is None:
         return
     remedies = [r.strip() for r in os.environ.get(ENV_REMEDIES, "").split(",") if r.strip()]
-    if remedies:
+    if remedies or os.environ.get("TORCHDOCTOR_AB_RECORD"):  # fix's A/B arms record losses, even with none
         _apply_remedies(remedies)
     imphook.when_imported("torch", lambda module: _on_torch_imported(module, config))
 

@@ -1,0 +1,320 @@
+"""Readers of configuration facts from live torch objects (DataLoader, DDP, optimizer, model, flags).
+
+Each reader takes the objects it needs and returns a ``facts`` struct; none of them changes any
+state of torch or of the job. Anything that cannot be read stays at its default (``None``/empty):
+facts are never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from torchdoctor.facts import (
+    BackendFacts,
+    CompileFacts,
+    DataLoaderFacts,
+    DDPFacts,
+    DeviceFacts,
+    EmbeddingFacts,
+    FSDPFacts,
+    ModuleDeviceFacts,
+    OptimizerFacts,
+)
+
+T = TypeVar("T")
+
+# Environment variables that change performance (prefixes or exact names).
+ENV_PREFIXES = (
+    "NCCL_", "TORCH_NCCL_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "GLOO_", "TORCHINDUCTOR_",
+    "TORCH_COMPILE_", "TORCHDYNAMO_", "CUDA_", "HIP_", "ROCR_",
+)  # fmt: skip
+ENV_NAMES = ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+
+LARGE_EMBEDDING_BYTES = 1 << 20  # embeddings below 1 MiB are never a distributed-memory concern
+_MAX_ENTRIES = 50
+
+
+def attempt(read: Callable[[], T]) -> T | None:
+    """``read()``, or None when that torch version or build does not support it."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+def qualname(obj: Any) -> str | None:
+    """Importable-looking name of a function or callable object ("pkg.mod.fn")."""
+    func = getattr(obj, "func", obj)  # functools.partial
+    name = getattr(func, "__qualname__", None)
+    if name is None:
+        func = type(func)
+        name = func.__qualname__
+    module = getattr(func, "__module__", None)
+    if module == "__main__":  # run as `python -m pkg.mod`: name it as importable
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = getattr(spec, "name", None) or module
+    return f"{module}.{name}" if module else name
+
+
+def env_facts(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = dict(os.environ if environ is None else environ)
+    out = {}
+    for name, value in environ.items():
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        if any(marker in name for marker in _SECRET_MARKERS):
+            continue
+        out[name] = value[:200]
+    return dict(sorted(out.items()))
+
+
+def backend_facts(torch: Any) -> BackendFacts:
+    cuda = attempt(torch.cuda.is_available) or False
+    return BackendFacts(
+        cudnn_benchmark=attempt(lambda: bool(torch.backends.cudnn.benchmark)),
+        cudnn_deterministic=attempt(lambda: bool(torch.backends.cudnn.deterministic)),
+        cudnn_allow_tf32=attempt(lambda: bool(torch.backends.cudnn.allow_tf32)),
+        cuda_matmul_allow_tf32=attempt(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
+        float32_matmul_precision=attempt(torch.get_float32_matmul_precision),
+        deterministic_algorithms=attempt(torch.are_deterministic_algorithms_enabled),
+        anomaly_detection=attempt(torch.is_anomaly_enabled),
+        sync_debug_mode=attempt(torch.cuda.get_sync_debug_mode) if cuda else None,
+    )
+
+
+def param_dtypes(modules: Iterable[Any]) -> dict[str, int]:
+    """Number of parameter elements per dtype over the given root modules."""
+    counts: Counter[str] = Counter()
+    for module in modules:
+        for p in module.parameters():
+            counts[str(p.dtype).removeprefix("torch.")] += p.numel()
+    return dict(counts)
+
+
+def dataloader_facts(loader: Any, call_site: str | None) -> DataLoaderFacts:
+    num_workers = attempt(lambda: int(loader.num_workers))
+    return DataLoaderFacts(
+        num_workers=num_workers,
+        pin_memory=attempt(lambda: bool(loader.pin_memory)),
+        # torch keeps prefetch_factor=None when num_workers == 0; 2 is its default otherwise.
+        prefetch_factor=attempt(lambda: loader.prefetch_factor),
+        persistent_workers=attempt(lambda: bool(loader.persistent_workers)),
+        batch_size=attempt(lambda: loader.batch_size),
+        collate_fn=attempt(lambda: qualname(loader.collate_fn)),
+        call_site=call_site,
+        dataset_len=attempt(lambda: len(loader.dataset)),
+    )
+
+
+def optimizer_facts(opt: Any, call_site: str | None) -> OptimizerFacts:
+    defaults = getattr(opt, "defaults", {}) or {}
+    tensors = [p for g in opt.param_groups for p in g.get("params", ())]
+    return OptimizerFacts(
+        cls=type(opt).__name__,
+        foreach=defaults.get("foreach"),
+        fused=defaults.get("fused"),
+        capturable=defaults.get("capturable"),
+        num_params=sum(p.numel() for p in tensors),
+        num_param_tensors=len(tensors),
+        call_site=call_site,
+    )
+
+
+def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | None) -> DDPFacts:
+    cap_bytes = getattr(ddp, "bucket_bytes_cap", None)
+    facts = DDPFacts(
+        find_unused_parameters=attempt(lambda: bool(ddp.find_unused_parameters)),
+        static_graph=attempt(lambda: bool(ddp.static_graph)),
+        gradient_as_bucket_view=attempt(lambda: bool(ddp.gradient_as_bucket_view)),
+        bucket_cap_mb=round(cap_bytes / (1024 * 1024), 4) if cap_bytes else None,
+        # 2.13 renamed broadcast_buffers to forward_sync_buffers; older versions keep the first.
+        broadcast_buffers=attempt(lambda: bool(getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers))),
+        call_site=call_site,
+    )
+    if logging_data:
+        apply_ddp_logging(facts, logging_data)
+    return facts
+
+
+def _ints(text: Any) -> list[int]:
+    if not isinstance(text, str):
+        return []
+    return [int(x) for x in text.replace(",", " ").split() if x.strip().isdigit()]
+
+
+def apply_ddp_logging(facts: DDPFacts, data: dict[str, Any]) -> None:
+    """Copy what ``DistributedDataParallel._get_ddp_logging_data()`` says (names as torch spells them)."""
+    sizes = _ints(data.get("rebuilt_bucket_sizes")) or _ints(data.get("bucket_sizes"))
+    facts.bucket_sizes = sizes
+    reduced = data.get("num_buckets_reduced")
+    facts.num_buckets = int(reduced) if isinstance(reduced, int) and reduced > 0 else (len(sizes) or None)
+    for key in ("unused_parameter_size", "total_parameter_size_bytes"):
+        if isinstance(data.get(key), int):
+            setattr(facts, "total_parameter_bytes" if key.startswith("total") else key, int(data[key]))
+    if "can_set_static_graph" in data:
+        facts.can_set_static_graph = bool(data["can_set_static_graph"])
+    for name in ("forward_compute", "backward_compute", "backward_comm", "backward_compute_comm_overlap"):
+        value = data.get(f"avg_{name}_time")
+        if isinstance(value, int) and value > 0:
+            setattr(facts, f"avg_{name}_time_ns", float(value))
+    if isinstance(data.get("backend_name"), str):
+        facts.backend_name = data["backend_name"]
+
+
+def exposed_comm_s(data: dict[str, Any]) -> float | None:
+    """Non-overlapped gradient communication of the sampled iteration, in seconds."""
+    comm, overlap = data.get("backward_comm_time"), data.get("backward_compute_comm_overlap_time")
+    if not isinstance(comm, int) or not isinstance(overlap, int) or comm <= 0:
+        return None
+    return max(0, comm - overlap) / 1e9
+
+
+def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
+    """One entry per root-level FSDP1 wrapper or FSDP2 (``fully_shard``) root."""
+    out = []
+    fsdp2 = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    for root in roots:
+        for module in root.modules():
+            if type(module).__name__ == "FullyShardedDataParallel":
+                out.append(
+                    FSDPFacts(
+                        version=1,
+                        sharding_strategy=attempt(lambda m=module: m.sharding_strategy.name),
+                        limit_all_gathers=attempt(lambda m=module: bool(m.limit_all_gathers)),
+                        forward_prefetch=attempt(lambda m=module: bool(m.forward_prefetch)),
+                        backward_prefetch=attempt(lambda m=module: str(m.backward_prefetch)),
+                        cpu_offload=attempt(lambda m=module: bool(m.cpu_offload.offload_params)),
+                        mixed_precision=attempt(lambda m=module: str(m.mixed_precision)),
+                    )
+                )
+                break  # nested FSDP1 units share the root's settings
+            if fsdp2 is not None and isinstance(module, fsdp2):
+                state = attempt(module._get_fsdp_state)
+                group = getattr(state, "_fsdp_param_group", None)
+                out.append(
+                    FSDPFacts(
+                        version=2,
+                        reshard_after_forward=attempt(lambda g=group: g.post_forward_mesh_info is not None),
+                        mixed_precision=attempt(lambda g=group: str(g.mp_policy)),
+                    )
+                )
+                break
+    return out[:_MAX_ENTRIES]
+
+
+def _majority_device(module: Any) -> str | None:
+    weights: Counter[str] = Counter()
+    for t in [*module.parameters(), *module.buffers()]:
+        weights[str(t.device)] += t.numel() * t.element_size()
+    return weights.most_common(1)[0][0] if weights else None
+
+
+def inner(root: Any) -> Any:
+    """The user's model inside a DDP/DataParallel/compile wrapper."""
+    for attr in ("module", "_orig_mod"):
+        child = getattr(root, attr, None)
+        if child is not None and hasattr(child, "named_modules"):
+            return inner(child)
+    return root
+
+
+def device_facts(torch: Any, roots: list[Any]) -> tuple[DeviceFacts, list[ModuleDeviceFacts]]:
+    """The model's device and the submodules whose own tensors sit elsewhere."""
+    off: list[ModuleDeviceFacts] = []
+    kinds: Counter[str] = Counter()
+    for root in roots:
+        model = inner(root)
+        main = _majority_device(model)
+        if main is None:
+            continue
+        kinds[main.split(":")[0]] += 1
+        for name, module in model.named_modules():
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            devices = {str(t.device) for t in own}
+            if own and main not in devices:
+                off.append(
+                    ModuleDeviceFacts(
+                        name=name or type(module).__name__,
+                        device=sorted(devices)[0],
+                        model_device=main,
+                        num_params=sum(p.numel() for p in module.parameters(recurse=False)),
+                    )
+                )
+    device = DeviceFacts(kind=kinds.most_common(1)[0][0] if kinds else "cpu")
+    if device.kind == "cuda":
+        _fill_cuda(torch, device)
+    return device, off[:_MAX_ENTRIES]
+
+
+def _fill_cuda(torch: Any, device: DeviceFacts) -> None:
+    if getattr(torch.version, "hip", None):
+        device.kind = "rocm"
+    index = attempt(torch.cuda.current_device) or 0
+    props = attempt(lambda: torch.cuda.get_device_properties(index))
+    device.count = attempt(torch.cuda.device_count)
+    if props is not None:
+        device.name = props.name
+        device.capability = f"{props.major}.{props.minor}"
+        device.total_memory_bytes = int(props.total_memory)
+    device.max_memory_allocated_bytes = attempt(lambda: int(torch.cuda.max_memory_allocated(index)))
+    stats = attempt(lambda: torch.cuda.memory_stats(index)) or {}
+    if "num_alloc_retries" in stats:
+        device.num_alloc_retries = int(stats["num_alloc_retries"])
+
+
+def embedding_facts(torch: Any, roots: list[Any]) -> list[EmbeddingFacts]:
+    out = []
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    for root in roots:
+        for name, module in inner(root).named_modules():
+            if not isinstance(module, kinds):
+                continue
+            weight = module.weight
+            size = weight.numel() * weight.element_size()
+            if size < LARGE_EMBEDDING_BYTES:
+                continue
+            out.append(
+                EmbeddingFacts(
+                    name=name,
+                    num_embeddings=int(module.num_embeddings),
+                    embedding_dim=int(module.embedding_dim),
+                    bytes=int(size),
+                    sparse=bool(getattr(module, "sparse", False)),
+                    # A DTensor weight is sharded (FSDP2/TP); a plain tensor is a full copy per rank.
+                    replicated=type(weight).__name__ != "DTensor" and not hasattr(weight, "_local_tensor"),
+                )
+            )
+    return out[:_MAX_ENTRIES]
+
+
+def compile_facts() -> CompileFacts:
+    """torch.compile counters, read only if the job itself imported dynamo."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return CompileFacts()
+    breaks = Counter(counters.get("graph_break", {})) + Counter(counters.get("unimplemented", {}))
+    frames = counters.get("frames", {})
+    stats = counters.get("stats", {})
+    inductor = counters.get("inductor", {})
+    failures = getattr(utils, "guard_failures", {}) or {}
+    reasons = [str(r) for rs in failures.values() for r in rs]
+    times = getattr(utils, "compilation_time_metrics", {}) or {}
+    compile_s = sum(times.get("_compile.compile_inner", []) or [])
+    return CompileFacts(
+        used=bool(frames.get("total") or stats.get("unique_graphs")),
+        graph_breaks=sum(breaks.values()),
+        graph_break_reasons=[str(r)[:300] for r, _ in breaks.most_common(10)],
+        recompiles=len(reasons),
+        recompile_reasons=[r[:300] for r in reasons[:10]],
+        unique_graphs=stats.get("unique_graphs"),
+        cache_hits=inductor.get("fxgraph_cache_hit"),
+        cache_misses=inductor.get("fxgraph_cache_miss"),
+        cudagraph_skips=inductor.get("cudagraph_skips"),
+        compile_time_s=round(compile_s, 3) if compile_s else None,
+    )

@@ -1,0 +1,383 @@
+"""The probe of one process: its state, step boundaries, checkpoints and exit.
+
+``install(config)`` runs once, right after the job imports torch. ``hooks.install_all`` then
+routes torch events (batches, forward, backward, optimizer steps, host syncs, ...) to this
+state; ``summary.rank_facts`` turns it into ``RankFacts``. At step boundaries the probe does its housekeeping (profiler window,
+gather, periodic writes) outside of any step's timing.
+
+A process is *active* once it shows training activity (a batch, a forward, a backward or an
+optimizer step); only active processes write a summary, so launchers and DataLoader workers
+leave no files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from torchdoctor.probe import collect, nvml, output, summary, sysinfo
+from torchdoctor.probe.clock import Source, StepClock
+from torchdoctor.probe.config import ProbeConfig
+from torchdoctor.probe.errors import ERRORS, fault_point, set_fault
+from torchdoctor.probe.shims import SHIM_FILENAME
+from torchdoctor.probe.window import ProfilerWindow, WindowSkipped
+
+perf_counter = time.perf_counter
+_DDP_EARLY_STEPS = 12  # DDP samples runtime stats on iterations 1-10, then every 100
+
+
+class Probe:
+    """All probe state of this process."""
+
+    def __init__(self, torch: Any, config: ProbeConfig) -> None:
+        self.torch = torch
+        self.config = config
+        self.pid = os.getpid()
+        self.torch_dir = os.path.dirname(torch.__file__) + os.sep
+        self.main_thread = threading.get_ident()
+        self.clock = StepClock(skip=lambda step: self.window_active)
+        self.window = ProfilerWindow(*config.profile) if config.profile else None
+        self.loaders: list[summary.LoaderRecord] = []
+        self.loader_by_obj: weakref.WeakKeyDictionary[Any, summary.LoaderRecord] = weakref.WeakKeyDictionary()
+        self.loader_by_iter: weakref.WeakKeyDictionary[Any, summary.LoaderRecord] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.sites: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
+        self.primary_optimizer: weakref.ref[Any] | None = None
+        self.ddps: list[summary.DDPRecord] = []
+        self.roots: list[weakref.ref[Any]] = []  # top-level modules whose forward is timed
+        self.sync_sites: Counter[tuple[str, int]] = Counter()
+        self.sync_total = 0
+        self.autocast_dtype: str | None = None
+        # Nesting depths and start times of the phases in progress.
+        self.next_depth = 0
+        self.loader_setup = 0  # inside DataLoader.__iter__
+        self.fwd_depth = 0
+        self.bwd_depth = 0
+        self.fwd_t0 = 0.0
+        self.current_loader: summary.LoaderRecord | None = None
+        self.last_iter: Any = None  # the iterator of the last batch and its record (a cache)
+        self.last_iter_record: summary.LoaderRecord | None = None
+        # Baselines taken at the first training activity.
+        self.wall0 = 0.0
+        self.cpu0 = 0.0
+        self.children_cpu0 = 0.0
+        self.identity: tuple[int, int, str | None] | None = None  # rank, world size, backend
+        self.trace_file: str | None = None
+        self.profiled: list[int] = []
+        self.analysis: Any = None
+        self.gathered = False
+        self.last_flush = 0.0
+        self.own_file: str | None = None
+        self.nvml: nvml.NvmlSampler | None = None
+        accelerator = getattr(torch, "accelerator", torch.cuda)  # torch.accelerator is 2.6+
+        self.accelerator = bool(collect.attempt(accelerator.is_available))
+        self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    # ----------------------------------------------------------------- state
+    @property
+    def active(self) -> bool:
+        return self.clock.first_activity is not None
+
+    @property
+    def window_active(self) -> bool:
+        return self.window is not None and self.window.active
+
+    def activity(self, now: float) -> None:
+        """Training activity at ``now``: the first one starts the clock and the CPU baselines."""
+        if self.clock.first_activity is None:
+            self.clock.begin(now)
+            self.wall0 = now
+            self.cpu0 = sysinfo.own_cpu_s()
+            self.children_cpu0 = sysinfo.reaped_children_cpu_s()
+            self.last_flush = now
+
+    def user_site(self, depth: int) -> str | None:
+        """ "file:line" of the first caller frame (from ``depth`` up) outside torch and the probe."""
+        frame = sys._getframe(depth + 1)
+        probe_dir = os.path.dirname(__file__)
+        for _ in range(40):
+            if frame is None:
+                return None
+            name = frame.f_code.co_filename
+            if not (
+                name.startswith(self.torch_dir)
+                or name.startswith(probe_dir)
+                or name.startswith("<torchdoctor")
+            ):
+                return f"{name}:{frame.f_lineno}"
+            frame = frame.f_back
+        return None
+
+    # ------------------------------------------------------------ boundaries
+    def boundary(self, source: Source, now: float) -> None:
+        """A possible step boundary; on a closed step run housekeeping, then start the next step."""
+        before = self.clock.source
+        if source < before and self.clock.started_at is not None:
+            return  # a weaker source than the one in use: the common case, kept cheap
+        closed = self.clock.boundary(source, now)
+        if closed is None:
+            return
+        try:
+            fault_point("boundary")
+            if before != Source.NONE and self.clock.source != before and self.window is not None:
+                self._restart_window()  # steps were renumbered: a running window is meaningless
+            self._after_step(closed)
+        except Exception as exc:
+            ERRORS.record("boundary", exc)
+        finally:
+            self.clock.resume(perf_counter())
+
+    def _restart_window(self) -> None:
+        assert self.window is not None
+        if self.window.active:
+            self.window.abort()
+        self.window = ProfilerWindow(self.window.start_step, self.window.end_step)
+
+    def _after_step(self, closed: int) -> None:
+        if closed == 0:
+            from torchdoctor.probe import hooks
+
+            hooks.attach_root_hooks(self)
+        if self.ddps and (closed < _DDP_EARLY_STEPS or closed % 100 <= 1):
+            self._read_ddp_comm()
+        self._drive_window(closed + 1)
+        if closed + 1 == self.config.report_step and not self.gathered and self._lockstep():
+            self.gathered = True
+            self._gather()
+        elif closed == 1 or perf_counter() - self.last_flush > self.config.flush_s:
+            self.flush()
+        if closed == 0 and self.nvml is None:
+            self._start_nvml()
+
+    def _read_ddp_comm(self) -> None:
+        for record in self.ddps:
+            ddp = record.ref()
+            if ddp is None:
+                continue
+            data = ddp._get_ddp_logging_data()
+            iteration = data.get("iteration")
+            if isinstance(iteration, int) and iteration != record.last_iteration and iteration >= 1:
+                record.last_iteration = iteration
+                record.logging_data = data
+                comm = collect.exposed_comm_s(data)
+                if comm is not None:
+                    # Stats read after step k describe DDP iteration k-1 (logged at forward start).
+                    self.clock.attribute_comm(iteration - 1, comm)
+
+    def _drive_window(self, next_step: int) -> None:
+        window = self.window
+        if window is None or window.done:
+            return
+        try:
+            fault_point("window")
+            if not window.active:
+                if next_step == window.start_step:
+                    window.begin(self.torch)
+            elif next_step >= window.end_step:
+                self._finish_window(window, window.end_step)
+            else:
+                window.next_step()
+        except WindowSkipped as skipped:
+            ERRORS.note(f"profiler window skipped: {skipped}")
+        except Exception as exc:
+            ERRORS.record("window", exc)
+            if window.active:
+                window.abort()
+
+    def _finish_window(self, window: ProfilerWindow, end: int, analyze: bool = True) -> None:
+        """Write the trace of steps [start, end) and analyse it (not at exit: see ``finish``)."""
+        path = window.finish(output.trace_path(self.config.run_dir, self.rank_identity()[0]))
+        self.trace_file = os.path.relpath(path, self.config.run_dir)
+        self.profiled = [window.start_step, end]
+        self.analysis = self._analyze(path) if analyze else None
+
+    def _analyze(self, path: str) -> Any:
+        try:
+            from torchdoctor.session import analyze_rank_file
+        except ImportError:
+            return None  # the wrapper analyses the trace later
+        try:
+            return msgspec.to_builtins(analyze_rank_file(path))
+        except Exception as exc:
+            ERRORS.record("analysis", exc)
+            return None
+
+    def _lockstep(self) -> bool:
+        """Whether all ranks surely reach this step together: only then is a collective safe.
+
+        DDP and FSDP synchronise every step, so every rank arrives at the gather step; a job that
+        merely initialised a process group may run a different number of steps on each rank, and
+        an extra collective there could hang. Without the gather, each rank's own file remains.
+        """
+        if self.ddps:
+            return True
+        return bool(collect.attempt(lambda: collect.fsdp_facts(self.torch, self.live_roots())))
+
+    def _gather(self) -> None:
+        payload = self.payload()
+        try:
+            fault_point("gather")
+            received = output.gather_to_rank0(payload)
+        except Exception as exc:
+            ERRORS.record("gather", exc)
+            received = None
+        if received:
+            output.write_gathered(self.config.run_dir, [p for p in received if p])
+        self.flush(payload)
+
+    def _start_nvml(self) -> None:
+        try:
+            self.nvml = nvml.start(self.torch)
+        except Exception as exc:
+            ERRORS.record("nvml", exc)
+
+    # ------------------------------------------------------------- summary
+    def rank_identity(self) -> tuple[int, int, str | None]:
+        """(rank, world size, backend), from the process group while it lives, else the environment."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                self.identity = (dist.get_rank(), dist.get_world_size(), str(dist.get_backend()))
+        except Exception:
+            pass
+        if self.identity is not None:
+            return self.identity
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
+
+    def live_roots(self) -> list[Any]:
+        roots = [m for m in (r() for r in self.roots) if m is not None]
+        if not roots:  # no forward seen through hooks: fall back on the DDP-wrapped models
+            roots = [d for d in (rec.ref() for rec in self.ddps) if d is not None]
+        return roots
+
+    def payload(self) -> output.Payload:
+        return {"facts": msgspec.to_builtins(summary.rank_facts(self)), "analysis": self.analysis}
+
+    def flush(self, payload: output.Payload | None = None) -> None:
+        """Write this rank's summary to ``ranks/``; a failure is recorded, never raised."""
+        try:
+            fault_point("flush")
+            payload = payload or self.payload()
+            rank = int(payload["facts"].get("rank", 0))  # to_builtins omits defaults, rank 0 too
+            if self.own_file is None or not os.path.basename(self.own_file).startswith(f"rank{rank}."):
+                self.own_file = output.own_path(self.config.run_dir, rank, self.pid)
+            output.write_json(self.own_file, payload)
+        except Exception as exc:
+            ERRORS.record("flush", exc)
+        self.last_flush = perf_counter()
+
+    def finish(self) -> None:
+        """At interpreter exit: close a window still open, write the final summary."""
+        if os.getpid() != self.pid or not (self.active or ERRORS.messages):
+            return  # a launcher or a DataLoader worker: nothing to say
+        window = self.window
+        if window is not None and window.active:  # the job ended inside the window
+            try:
+                # At interpreter exit the analysis cannot start threads: the wrapper does it.
+                self._finish_window(window, self.clock.index + 1, analyze=False)
+            except Exception as exc:
+                ERRORS.record("window", exc)
+        self.flush()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker, usually) starts with an empty, inactive probe."""
+        self.pid = os.getpid()
+        self.clock = StepClock(skip=lambda step: self.window_active)
+        self.window = None  # the profiler session belongs to the parent
+        self.sync_sites = Counter()
+        self.sync_total = 0
+        self.next_depth = self.fwd_depth = self.bwd_depth = self.loader_setup = 0
+        self.current_loader = self.last_iter = self.last_iter_record = None
+        self.nvml = None
+        self.own_file = None
+        ERRORS.reset()
+
+    # ------------------------------------------------------------ event sinks
+    def _internal(self, filename: str) -> bool:
+        return filename.startswith(self.torch_dir) or filename == SHIM_FILENAME
+
+    def on_sync(self, tensor: Any, frame: Any) -> None:
+        """``tensor`` copied to the host (``.item()``, ``.tolist()``, ``.numpy()``) from ``frame``.
+
+        With an accelerator only device tensors count (a CPU tensor's ``.item()`` does not block
+        the device); on a CPU-only machine the job's own calls count, so the habit still shows.
+        """
+        if self.clock.started_at is None or self.window_active or threading.get_ident() != self.main_thread:
+            return
+        if (self.accelerator and tensor.is_cpu) or self.loader_setup:
+            return
+        fault_point("sync")
+        loader = self.current_loader
+        if loader is not None:  # inside DataLoader.__next__ (num_workers == 0): a collate sync?
+            f = frame
+            for _ in range(12):
+                if f is None:
+                    break
+                if f.f_code is loader.collate_code:
+                    loader.collate_syncs += 1
+                    break
+                f = f.f_back
+            return
+        if self._internal(frame.f_code.co_filename):
+            if not self.accelerator:
+                return  # torch's own CPU bookkeeping (e.g. the optimizer's step counters)
+            for _ in range(20):  # torch syncing a device tensor on the user's behalf: blame the user
+                frame = frame.f_back
+                if frame is None or not self._internal(frame.f_code.co_filename):
+                    break
+            if frame is None:
+                return
+        self.sync_sites[(frame.f_code.co_filename, frame.f_lineno)] += 1
+        self.sync_total += 1
+
+
+_probe: Probe | None = None
+
+
+def get() -> Probe | None:
+    """The probe of this process, if installed."""
+    return _probe
+
+
+def install(config: ProbeConfig) -> Probe | None:
+    """Install the probe into this process (idempotent). Called right after torch is imported."""
+    global _probe
+    if _probe is not None:
+        return _probe
+    import torch
+
+    from torchdoctor.probe import hooks, shims
+
+    set_fault(config.fault)
+    probe = Probe(torch, config)
+    _probe = probe
+    hooks.install_all(probe)
+    shims.install_excepthook()
+    atexit.register(_finish)
+    os.register_at_fork(after_in_child=_after_fork)
+    return probe
+
+
+def _finish() -> None:
+    if _probe is not None:
+        try:
+            _probe.finish()
+        except Exception as exc:
+            ERRORS.record("finish", exc)
+
+
+def _after_fork() -> None:
+    if _probe is not None:
+        with contextlib.suppress(Exception):  # a forked child must never fail because of us
+            _probe.after_fork_in_child()

@@ -1,0 +1,357 @@
+"""Glue between torch and the probe: which torch events are observed, and how.
+
+=====================  =====================================================================
+event                  mechanism
+=====================  =====================================================================
+batch wait             shim on ``_BaseDataLoaderIter.__next__`` (main thread only)
+DataLoader config      shims on ``DataLoader.__init__`` (call site) and ``__iter__`` (facts, workers)
+optimizer step         global ``register_optimizer_step_pre/post_hook``; shim on
+                       ``Optimizer.__init__`` for the call site
+backward               shim on ``torch.autograd.backward`` (``Tensor.backward`` calls it)
+forward                hooks on the root modules, found by one scan of live objects after
+                       step 0 (no global module hooks: they would slow every module call and
+                       make torch.compile warn and recompile)
+DDP                    shim on ``DistributedDataParallel.__init__``; logging data read at steps
+autocast               shim on ``torch.amp.autocast_mode.autocast.__enter__``
+host syncs             shims on ``Tensor.item``, ``Tensor.tolist``, ``Tensor.numpy``
+foreign profiler       shims on profiler start: the probe's window yields to the job's profiler
+=====================  =====================================================================
+
+Every callback is guarded: an exception is recorded once (``errors.ERRORS``) and the site is
+skipped from then on; the torch call itself always happens, with the caller's arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torchdoctor.probe import collect, shims
+from torchdoctor.probe.clock import Phase, Source
+from torchdoctor.probe.core import Probe, perf_counter
+from torchdoctor.probe.errors import ERRORS, fault_point
+from torchdoctor.probe.summary import DDPRecord, LoaderRecord, code_of
+
+_MAX_LOADERS = 20
+BROKEN = ERRORS.broken
+
+
+def _failed(where: str) -> Callable[[BaseException], None]:
+    return lambda exc: ERRORS.record(where, exc)
+
+
+def _guard(where: str, fn: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a hook torch calls directly: it returns None whatever happens."""
+
+    def hook(*args: Any) -> None:
+        if where in BROKEN:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:
+            ERRORS.record(where, exc)
+
+    return hook
+
+
+def install_all(probe: Probe) -> None:
+    """Install every observer; one that cannot be installed is recorded and the others still are."""
+    for name, install in (
+        ("dataloader", _dataloader),
+        ("optimizer", _optimizer),
+        ("backward", _backward),
+        ("ddp", _ddp),
+        ("autocast", _autocast),
+        ("syncs", _syncs),
+        ("profiler", _profiler_guard),
+        ("distributed", _distributed),
+    ):
+        try:
+            fault_point(f"install.{name}")
+            install(probe)
+        except Exception as exc:
+            ERRORS.record(f"install.{name}", exc)
+
+
+def _site_recorder(probe: Probe, where: str) -> tuple[Callable[..., Any], Callable[..., None]]:
+    """before/after pair remembering the user's call site of a constructor."""
+
+    def before(args: tuple[Any, ...]) -> str | None:
+        return probe.user_site(2)  # frames: user_site <- before <- shim <- caller
+
+    def after(site: str | None, args: tuple[Any, ...], result: Any) -> None:
+        if result is not shims.FAILED and args:
+            fault_point(where)
+            probe.sites[args[0]] = site or ""
+
+    return before, after
+
+
+def _dataloader(probe: Probe) -> None:
+    from torch.utils.data import dataloader as dl
+
+    loader_cls, base_iter = dl.DataLoader, dl._BaseDataLoaderIter
+    before, after = _site_recorder(probe, "dataloader.init")
+    loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
+
+    def iter_after(_: Any, args: tuple[Any, ...], it: Any) -> None:
+        probe.loader_setup -= 1
+        if it is shims.FAILED or "dataloader.iter" in BROKEN:
+            return
+        fault_point("dataloader.iter")
+        loader = args[0]
+        record = probe.loader_by_obj.get(loader)
+        if record is None:
+            if len(probe.loaders) >= _MAX_LOADERS:
+                return
+            facts = collect.dataloader_facts(loader, probe.sites.get(loader) or None)
+            record = LoaderRecord(facts, collate_code=code_of(loader.collate_fn))
+            probe.loader_by_obj[loader] = record
+            probe.loaders.append(record)
+        probe.loader_by_iter[it] = record
+        probe.last_iter = None  # the next batch looks the iterator up again
+        for worker in getattr(it, "_workers", None) or ():
+            if getattr(worker, "pid", None):
+                record.worker_pids.add(worker.pid)
+
+    def iter_before(args: tuple[Any, ...]) -> None:
+        probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
+
+    loader_cls.__iter__ = shims.around(
+        loader_cls.__iter__, iter_before, iter_after, _failed("dataloader.iter")
+    )
+
+    def next_before(args: tuple[Any, ...]) -> float | None:
+        if "dataloader.next" in BROKEN or threading.get_ident() != probe.main_thread:
+            return None
+        fault_point("dataloader.next")
+        if probe.next_depth == 0:
+            now = perf_counter()
+            probe.activity(now)
+            probe.boundary(Source.DATALOADER, now)
+            it = args[0]
+            if it is not probe.last_iter:  # a weak-dict lookup only when the iterator changes
+                probe.last_iter, probe.last_iter_record = it, probe.loader_by_iter.get(it)
+            probe.current_loader = probe.last_iter_record
+        probe.next_depth += 1
+        return perf_counter()
+
+    def next_after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
+        if t0 is None:
+            return
+        probe.next_depth -= 1
+        if probe.next_depth:
+            return
+        seconds = perf_counter() - t0
+        probe.clock.add(Phase.DATALOADER, seconds)
+        record, probe.current_loader = probe.current_loader, None
+        if record is not None and result is not shims.FAILED and not probe.window_active:
+            record.batches += 1
+            record.next_s += seconds
+            probe.clock.samples += record.facts.batch_size or 0
+
+    base_iter.__next__ = shims.around(base_iter.__next__, next_before, next_after, _failed("dataloader.next"))
+
+
+def _optimizer(probe: Probe) -> None:
+    from torch.optim import optimizer as optim
+
+    before, after = _site_recorder(probe, "optimizer.init")
+    optim.Optimizer.__init__ = shims.around(
+        optim.Optimizer.__init__, before, after, _failed("optimizer.init")
+    )
+    starts: dict[int, tuple[float, float]] = {}
+    known: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        fault_point("optimizer.pre")
+        now = perf_counter()
+        probe.activity(now)
+        clock_acc = probe.clock.acc
+        # Forward/backward run inside step() by closures (LBFGS) are not optimizer time.
+        starts[id(opt)] = (now, clock_acc[Phase.FORWARD] + clock_acc[Phase.BACKWARD])
+        if opt not in known:
+            known.add(opt)
+            probe.optimizers.append(
+                (weakref.ref(opt), collect.optimizer_facts(opt, probe.sites.get(opt) or None))
+            )
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        fault_point("optimizer.post")
+        now = perf_counter()
+        start = starts.pop(id(opt), None)
+        clock_acc = probe.clock.acc
+        if start is not None:
+            nested = clock_acc[Phase.FORWARD] + clock_acc[Phase.BACKWARD] - start[1]
+            probe.clock.add(Phase.OPTIMIZER, max(0.0, now - start[0] - nested))
+        if probe.primary_optimizer is None or probe.primary_optimizer() is None:
+            probe.primary_optimizer = weakref.ref(opt)
+        if probe.primary_optimizer() is opt:  # with several optimizers, the first one marks steps
+            probe.boundary(Source.OPTIMIZER, now)
+
+    optim.register_optimizer_step_pre_hook(_guard("optimizer.pre", pre))
+    optim.register_optimizer_step_post_hook(_guard("optimizer.post", post))
+
+
+def _backward(probe: Probe) -> None:
+    import torch.autograd as autograd
+
+    def before(args: tuple[Any, ...]) -> float | None:
+        if "backward" in BROKEN or threading.get_ident() != probe.main_thread:
+            return None
+        fault_point("backward")
+        now = perf_counter()
+        probe.activity(now)
+        probe.bwd_depth += 1
+        return now
+
+    def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
+        if t0 is None:
+            return
+        probe.bwd_depth -= 1
+        if probe.bwd_depth == 0:
+            now = perf_counter()
+            probe.clock.add(Phase.BACKWARD, now - t0)
+            if result is not shims.FAILED:
+                probe.boundary(Source.BACKWARD, now)
+
+    autograd.backward = shims.around(autograd.backward, before, after, _failed("backward"))
+
+
+def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., None]]:
+    """Pre/post forward hooks that time the outermost module call (model, loss) of the main thread."""
+    is_compiling = probe.is_compiling
+
+    def pre(module: Any, args: Any) -> None:
+        if is_compiling():  # traced by dynamo: fold away, add nothing to the graph
+            return
+        if "forward" in BROKEN or probe.bwd_depth or threading.get_ident() != probe.main_thread:
+            return
+        try:
+            fault_point("forward")
+            probe.fwd_depth += 1
+            if probe.fwd_depth == 1:
+                now = perf_counter()
+                probe.activity(now)
+                probe.fwd_t0 = now
+        except Exception as exc:
+            ERRORS.record("forward", exc)
+
+    def post(module: Any, args: Any, result: Any) -> None:
+        if is_compiling():
+            return
+        if "forward" in BROKEN or probe.bwd_depth or threading.get_ident() != probe.main_thread:
+            return
+        if probe.fwd_depth > 0:
+            probe.fwd_depth -= 1
+            if probe.fwd_depth == 0:
+                probe.clock.add(Phase.FORWARD, perf_counter() - probe.fwd_t0)
+
+    return pre, post
+
+
+def attach_root_hooks(probe: Probe) -> None:
+    """Time the forward of the top-level modules that hold trainable parameters.
+
+    Run once, at the end of step 0, when the model exists. The modules are found by one scan of
+    the garbage collector's objects, so nothing is patched on ``nn.Module`` and no global module
+    hook is ever installed: global hooks make ``torch.compile`` warn and, once removed, recompile
+    (dynamo guards on them). A module is a root when no other module holds it as a child.
+    """
+    import gc
+
+    import torch
+
+    module_cls = torch.nn.Module
+    # type(), not isinstance(): isinstance reads __class__, which proxies and deprecated
+    # objects answer with an exception or a warning.
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), module_cls)]
+    children = {id(child) for m in modules for child in m.children()}
+    pre, post = _forward_hooks(probe)
+    roots = []
+    for module in modules:
+        if id(module) in children or not any(p.requires_grad for p in module.parameters()):
+            continue
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post, always_call=True)
+        roots.append(weakref.ref(module))
+    probe.roots = roots
+
+
+def _ddp(probe: Probe) -> None:
+    from torch.nn.parallel import distributed
+
+    cls = distributed.DistributedDataParallel
+
+    def before(args: tuple[Any, ...]) -> str | None:
+        return probe.user_site(2)
+
+    def after(site: str | None, args: tuple[Any, ...], result: Any) -> None:
+        if result is shims.FAILED or not args:
+            return
+        fault_point("ddp.init")
+        ddp = args[0]
+        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(ddp, site, None)))
+
+    cls.__init__ = shims.around(cls.__init__, before, after, _failed("ddp.init"))
+
+
+def _autocast(probe: Probe) -> None:
+    from torch.amp import autocast_mode
+
+    cls = autocast_mode.autocast
+
+    def before(args: tuple[Any, ...]) -> None:
+        ctx = args[0]
+        if getattr(ctx, "_enabled", False):
+            probe.autocast_dtype = str(getattr(ctx, "fast_dtype", "")).removeprefix("torch.") or None
+
+    cls.__enter__ = shims.before_only(cls.__enter__, before, _failed("autocast"))
+
+
+def _syncs(probe: Probe) -> None:
+    import torch
+
+    on_sync = probe.on_sync
+    getframe = sys._getframe
+
+    def before(args: tuple[Any, ...]) -> None:
+        if "sync" not in BROKEN and args:
+            on_sync(args[0], getframe(2))  # frames: before <- shim <- caller
+
+    for name in ("item", "tolist", "numpy"):
+        setattr(torch.Tensor, name, shims.before_only(getattr(torch.Tensor, name), before, _failed("sync")))
+
+
+def _profiler_guard(probe: Probe) -> None:
+    import torch
+    from torch.profiler import profiler
+
+    def give_way(args: tuple[Any, ...]) -> None:
+        window = probe.window
+        if window is not None and window.active and args and args[0] is not window.prof:
+            window.abort()
+            ERRORS.note("profiler window given up: the job started its own profiler")
+
+    kineto = profiler._KinetoProfile
+    kineto.prepare_trace = shims.before_only(kineto.prepare_trace, give_way, _failed("profiler"))
+    legacy = torch.autograd.profiler.profile
+    legacy.__enter__ = shims.before_only(legacy.__enter__, give_way, _failed("profiler"))
+
+
+def _distributed(probe: Probe) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d
+
+    # The rank is unknown once the group is gone: remember it while it still exists.
+    shim = shims.before_only(
+        distributed_c10d.destroy_process_group, lambda args: probe.rank_identity(), _failed("distributed")
+    )
+    distributed_c10d.destroy_process_group = shim
+    dist.destroy_process_group = shim

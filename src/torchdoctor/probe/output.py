@@ -1,0 +1,132 @@
+"""Where rank summaries go: the run directory layout, gathering to rank 0, merging.
+
+Layout of a run directory::
+
+    run.json                    written by the wrapper after the job: schema torchdoctor.run/1
+    ranks/rank{R}.json          each rank's own summary, rewritten at checkpoints and at exit
+    ranks/gathered/rank{R}.json what rank 0 received over the job's process group (a snapshot
+                                taken at the end of the profiler window; covers ranks on other
+                                nodes when there is no shared filesystem)
+    traces/rank{R}.json.gz      each rank's profiler window
+
+A *payload* is ``{"facts": <RankFacts as builtins>, "analysis": <RankResult as builtins> | None}``.
+Merging prefers a rank's own file (it covers the whole run) over the gathered snapshot.
+This module imports no torch at module level (the wrapper uses it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+RUN_SCHEMA = "torchdoctor.run/1"
+RANKS_DIR = "ranks"
+GATHERED_DIR = os.path.join(RANKS_DIR, "gathered")
+TRACES_DIR = "traces"
+
+Payload = dict[str, Any]
+_RANK_FILE = re.compile(r"^rank(\d+)(?:\.pid(\d+))?\.json$")
+
+
+def trace_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, TRACES_DIR, f"rank{rank}.json.gz")
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def own_path(run_dir: str, rank: int, pid: int) -> str:
+    """``ranks/rank{R}.json``, or ``rank{R}.pid{P}.json`` when another process already owns it.
+
+    Two processes share a rank only without a process group (e.g. two independent trainings).
+    """
+    path = os.path.join(run_dir, RANKS_DIR, f"rank{rank}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            owner = json.load(f).get("facts", {}).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return path
+    if owner in (None, pid):
+        return path
+    return os.path.join(run_dir, RANKS_DIR, f"rank{rank}.pid{pid}.json")
+
+
+def clear(run_dir: str) -> None:
+    """Remove what an earlier run left in ``run_dir`` (only files this layout defines)."""
+    patterns = (
+        os.path.join(RANKS_DIR, "rank*.json"),
+        os.path.join(GATHERED_DIR, "rank*.json"),
+        os.path.join(TRACES_DIR, "rank*.json.gz"),
+        "run.json",
+    )
+    for pattern in patterns:
+        for path in glob.glob(os.path.join(run_dir, pattern)):
+            os.remove(path)
+
+
+def write_gathered(run_dir: str, payloads: list[Payload]) -> None:
+    for payload in payloads:
+        if payload and isinstance(payload.get("facts"), dict):
+            rank = int(payload["facts"].get("rank", 0))
+            write_json(os.path.join(run_dir, GATHERED_DIR, f"rank{rank}.json"), payload)
+
+
+def _load(path: str) -> Payload | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            payload = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) and isinstance(payload.get("facts"), dict) else None
+
+
+def read_payloads(run_dir: str) -> list[Payload]:
+    """All rank payloads of a run directory, own files first, sorted by (rank, pid)."""
+    own: dict[tuple[int, int], Payload] = {}
+    for path in glob.glob(os.path.join(run_dir, RANKS_DIR, "rank*.json")):
+        payload = _load(path) if _RANK_FILE.match(os.path.basename(path)) else None
+        if payload is not None:
+            facts = payload["facts"]
+            own[(int(facts.get("rank", 0)), int(facts.get("pid") or 0))] = payload
+    ranks_seen = {rank for rank, _ in own}
+    for path in glob.glob(os.path.join(run_dir, GATHERED_DIR, "rank*.json")):
+        payload = _load(path)
+        if payload is not None and int(payload["facts"].get("rank", 0)) not in ranks_seen:
+            facts = payload["facts"]
+            own[(int(facts.get("rank", 0)), int(facts.get("pid") or 0))] = payload
+    return [own[key] for key in sorted(own)]
+
+
+def gather_to_rank0(payload: Payload, timeout_s: float = 120.0) -> list[Payload] | None:
+    """Collective: every rank sends ``payload``; rank 0 gets the list, others get None.
+
+    Uses the job's default group when it can move CPU objects (gloo), else a short-lived gloo
+    subgroup with a bounded timeout, so NCCL streams and device placement are never touched.
+    Returns None on rank 0 too when there is no initialised process group.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group, own_group = None, False
+    if "gloo" not in str(dist.get_backend()).lower() and dist.is_gloo_available():
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        own_group = True
+    received: list[Any] | None = [None] * world if rank == 0 else None
+    try:
+        dist.gather_object(payload, received, dst=0, group=group)
+    finally:
+        if own_group:
+            dist.destroy_process_group(group)
+    return received

@@ -1,0 +1,141 @@
+"""The rank summary: what the probe of one process turns into ``RankFacts``.
+
+Built at checkpoints (the gather step, periodic writes) and at exit, never on the hot path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import weakref
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, RankFacts
+from torchdoctor.probe import collect, sysinfo
+from torchdoctor.probe.errors import ERRORS
+
+if TYPE_CHECKING:
+    from torchdoctor.probe.core import Probe
+
+perf_counter = time.perf_counter
+
+
+@dataclass
+class LoaderRecord:
+    """What the probe knows about one DataLoader."""
+
+    facts: DataLoaderFacts
+    collate_code: CodeType | None = None
+    batches: int = 0
+    next_s: float = 0.0
+    collate_syncs: int = 0
+    worker_pids: set[int] = field(default_factory=set)
+
+    def summary(self) -> DataLoaderFacts:
+        facts = msgspec.structs.replace(self.facts)
+        if self.batches:
+            facts.next_ms_mean = round(1e3 * self.next_s / self.batches, 3)
+            # Only the main process's collation is visible; workers collate out of sight.
+            if facts.num_workers == 0 and self.collate_code is not None:
+                facts.collate_syncs_per_batch = round(self.collate_syncs / self.batches, 3)
+        return facts
+
+
+@dataclass
+class DDPRecord:
+    """One DDP wrapper: a weak reference, its facts, and the last logging data read from it."""
+
+    ref: weakref.ref[Any]
+    facts: DDPFacts
+    last_iteration: int = 0
+    logging_data: dict[str, Any] | None = None
+
+
+def code_of(fn: Any) -> CodeType | None:
+    """The code object run when ``fn`` is called (to recognise a collate_fn on the stack)."""
+    fn = getattr(fn, "func", fn)  # functools.partial
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = type(fn).__dict__.get("__call__")  # a callable object's own __call__
+        code = getattr(call, "__code__", None)
+    return code
+
+
+def cpu_facts(probe: Probe) -> CpuFacts:
+    """CPUs, threads, and CPU use (percent of one core) since the first training activity."""
+    torch = probe.torch
+    wall = perf_counter() - probe.wall0 if probe.active else 0.0
+    pids = sorted({pid for rec in probe.loaders for pid in rec.worker_pids})
+    workers = None
+    if pids:
+        reaped = sysinfo.reaped_children_cpu_s() - probe.children_cpu0
+        workers = sysinfo.percent(reaped + sysinfo.live_child_cpu_s(pids), wall)
+    lws = os.environ.get("LOCAL_WORLD_SIZE")
+    return CpuFacts(
+        logical_cpus=os.cpu_count(),
+        affinity=sysinfo.affinity(),
+        torch_num_threads=collect.attempt(torch.get_num_threads),
+        torch_num_interop_threads=collect.attempt(torch.get_num_interop_threads),
+        local_world_size=int(lws) if lws and lws.isdigit() else None,
+        main_process_cpu_pct=sysinfo.percent(sysinfo.own_cpu_s() - probe.cpu0, wall),
+        dataloader_workers_cpu_pct=workers,
+        numa_nodes=sysinfo.numa_nodes(),
+    )
+
+
+def rank_facts(probe: Probe) -> RankFacts:
+    """Everything the probe of this process knows, as the contract struct the rules read."""
+    torch = probe.torch
+    rank, world, backend = probe.rank_identity()
+    roots = probe.live_roots()
+    device, off_device = collect.device_facts(torch, roots)
+    if probe.nvml is not None:
+        device.nvml_util_pct_mean, device.nvml_mem_used_bytes_max = probe.nvml.readings()
+    backends = collect.backend_facts(torch)
+    backends.autocast_used = probe.autocast_dtype is not None
+    backends.autocast_dtype = probe.autocast_dtype
+    backends.param_dtypes = collect.param_dtypes(collect.inner(r) for r in roots)
+    steps = probe.clock.steps
+    ddp_facts = []
+    for rec in probe.ddps:
+        ddp = rec.ref()
+        if ddp is not None:  # static_graph etc. may have changed since construction
+            rec.facts = collect.ddp_facts(ddp, rec.facts.call_site, None)
+            rec.logging_data = collect.attempt(ddp._get_ddp_logging_data) or rec.logging_data
+        facts = msgspec.structs.replace(rec.facts)
+        if rec.logging_data:
+            collect.apply_ddp_logging(facts, rec.logging_data)
+        ddp_facts.append(facts)
+    lr = os.environ.get("LOCAL_RANK")
+    return RankFacts(
+        rank=rank,
+        local_rank=int(lr) if lr and lr.isdigit() else None,
+        world_size=world,
+        hostname=socket.gethostname(),
+        pid=probe.pid,
+        torch_version=str(torch.__version__),
+        distributed_backend=backend,
+        dataloaders=[rec.summary() for rec in probe.loaders],
+        ddp=ddp_facts,
+        fsdp=collect.fsdp_facts(torch, roots),
+        optimizers=[facts for _, facts in probe.optimizers],
+        modules_off_device=off_device,
+        embeddings=collect.embedding_facts(torch, roots),
+        compile=collect.compile_facts(),
+        cpu=cpu_facts(probe),
+        device=device,
+        backends=backends,
+        env=collect.env_facts(),
+        steps=steps,
+        host_syncs_per_step=round(probe.sync_total / len(steps), 3) if steps else None,
+        host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
+        probe_errors=list(ERRORS.messages),
+        trace_file=probe.trace_file,
+        step_source=probe.clock.source.name.lower() if probe.clock.source else None,
+        profile_steps=list(probe.profiled),
+    )

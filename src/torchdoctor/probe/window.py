@@ -1,0 +1,124 @@
+"""The short torch.profiler window the probe records in steady state.
+
+The window covers steps A <= s < B. It starts at the boundary that closes step A-1 and stops at
+the boundary that closes step B-1, calling ``prof.step()`` in between, so the trace holds
+``ProfilerStep#A`` ... ``ProfilerStep#B-1`` aligned with the probe's own step numbers.
+Shapes and stacks are not recorded (``record_shapes=False``) to keep the cost and the file small.
+The trace is written with ``export_chrome_trace`` and gzipped to ``traces/rank{R}.json.gz``.
+
+Kineto writes status lines ("USDT:... profiler_start") straight to file descriptor 2; while the
+probe starts and stops the profiler, fd 2 goes to a temporary file and everything but those lines
+is copied back, so the job's stderr stays as it would be without the probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+_KINETO_LINE = re.compile(
+    rb"^(USDT|STAGE|ERROR|WARNING|INFO):\d{4}-\d\d-\d\d [^\n]*\.cpp:\d+\][^\n]*\n?", re.M
+)
+
+
+@contextlib.contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Drop Kineto's own status lines from fd 2 for the duration of the block."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            rest = _KINETO_LINE.sub(b"", tmp.read())
+            if rest:
+                os.write(2, rest)
+
+
+def _profiler_running(torch: Any) -> bool:
+    if getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
+        return True
+    enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
+    return bool(enabled()) if enabled is not None else False
+
+
+def _record_always(step: int) -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD
+
+
+class ProfilerWindow:
+    """One torch.profiler session over steps [start, end)."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start_step = start
+        self.end_step = end
+        self.prof: Any = None
+        self.done = False  # the window ran (or was given up); never start it again
+
+    @property
+    def active(self) -> bool:
+        return self.prof is not None
+
+    def begin(self, torch: Any) -> None:
+        """Start profiling; the step about to run is ``start_step``."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if _profiler_running(torch):  # the job profiles itself: do not interfere
+            self.done = True
+            raise WindowSkipped("the job runs its own profiler")
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        prof = profile(activities=activities, record_shapes=False, schedule=_record_always)
+        prof.step_num = self.start_step  # ProfilerStep#N then matches the probe's step N
+        with kineto_quiet():
+            prof.start()
+        self.prof = prof
+
+    def next_step(self) -> None:
+        self.prof.step()
+
+    def finish(self, path: str) -> str:
+        """Stop profiling and write the gzipped trace to ``path`` (``*.json.gz``); return it."""
+        prof, self.prof = self.prof, None
+        self.done = True
+        with kineto_quiet():
+            prof.stop()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        raw = path.removesuffix(".gz")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=5) as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)
+        return path
+
+    def abort(self) -> None:
+        """Stop without writing anything (another profiler needs Kineto, or steps were renumbered)."""
+        prof, self.prof = self.prof, None
+        self.done = True
+        if prof is not None:
+            with kineto_quiet():
+                prof.stop()
+
+
+class WindowSkipped(Exception):
+    """The window is skipped on purpose (not a probe error)."""

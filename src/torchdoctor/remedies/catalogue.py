@@ -1,0 +1,178 @@
+"""The remedies `torchdoctor fix` can apply: what each answers, changes, risks and needs.
+
+This module is metadata only (no torch): the wrapper reads it to choose and explain remedies,
+the bootstrap reads it inside the job to validate the ids it was given. The code that applies a
+remedy lives in the ``patch_*`` modules, the permanent code change in ``suggest``.
+
+Safety classes:
+  safe          the job computes bit-for-bit the same losses (the A/B loop checks it);
+  numerics      results change within a tolerance (other rounding or precision);
+  experimental  may change numerics and behaviour; never picked automatically.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Literal
+
+Safety = Literal["safe", "numerics", "experimental"]
+SAFETY_RANK: dict[str, int] = {"safe": 0, "numerics": 1, "experimental": 2}
+ValueKind = Literal["", "int", "float", "dtype"]
+# DDP's own default bucket cap (torch/nn/parallel/distributed.py); the restore value of ddp.bucket_cap.
+DDP_DEFAULT_BUCKET_MB = 25.0
+
+
+@dataclass(frozen=True)
+class Remedy:
+    id: str
+    answers: tuple[str, ...]  # catalogue ids of the findings it fixes
+    changes: str
+    safety: Safety
+    why_safety: str
+    preconditions: str
+    # Constructor whose call site gets a diff ("DataLoader", "DistributedDataParallel", "optimizer");
+    # None: a process-wide setting, suggested as a snippet.
+    target: str | None = None
+    snippet: str = ""
+    value: ValueKind = ""  # what ID=VALUE accepts ("" = no value)
+    value_help: str = ""
+    gpu_only: bool = False
+    # Picked together with this remedy: its own finding can only fire once that one is applied
+    # (DL-6 "workers restarted every epoch" and DL-7 "bursty loader" need workers to be seen).
+    follows: str | None = None
+
+
+_DL_SAME = ("same batches in the same order: the sampler still runs in the main process and "
+            "in_order=True keeps the order (a dataset drawing random numbers in __getitem__ would "
+            "draw other ones in workers: the loss check catches that)")
+
+REMEDIES: tuple[Remedy, ...] = (
+    Remedy("dataloader.workers", ("DL-2", "DL-1", "DL-3"),
+           "DataLoader(num_workers=N): load batches in N worker processes instead of the training "
+           "process (N = CPUs in the affinity mask // local ranks - 1, at least 1)",
+           "safe", _DL_SAME,
+           "N <= CPUs in the affinity mask // local ranks; not for an IterableDataset (every worker "
+           "would replay the whole stream)", target="DataLoader", value="int",
+           value_help="workers per DataLoader"),
+    Remedy("dataloader.pin_memory", ("DL-4",), "DataLoader(pin_memory=True): page-locked batches, "
+           "asynchronous host-to-device copies", "safe", "copies the same bytes",
+           "an accelerator (pinned memory only speeds up copies to a device)", target="DataLoader",
+           gpu_only=True),
+    Remedy("dataloader.persistent_workers", ("DL-6",), "DataLoader(persistent_workers=True): keep "
+           "the workers alive across epochs", "safe", _DL_SAME, "num_workers > 0",
+           target="DataLoader", follows="dataloader.workers"),
+    Remedy("dataloader.prefetch", ("DL-7",), "DataLoader(prefetch_factor=F): a deeper queue of "
+           "batches per worker (F = max(4, 2 x current) unless given)", "safe", _DL_SAME,
+           "num_workers > 0", target="DataLoader", value="int", value_help="batches per worker",
+           follows="dataloader.workers"),
+    Remedy("ddp.find_unused_false", ("DI-7",), "DistributedDataParallel(find_unused_parameters="
+           "False): no traversal of the autograd graph every iteration", "safe",
+           "the same gradients are reduced", "DDP saw no unused parameter (unused_parameter_size == 0); "
+           "with unused parameters DDP would stop with an error", target="DistributedDataParallel"),
+    Remedy("ddp.static_graph", ("DI-8",), "DistributedDataParallel(static_graph=True)", "safe",
+           "the same gradients are reduced", "DDP reported can_set_static_graph (the same parameters "
+           "are used in every iteration)", target="DistributedDataParallel"),
+    Remedy("ddp.grad_as_bucket_view", ("DI-9",), "DistributedDataParallel(gradient_as_bucket_view="
+           "True): gradients are views into the communication buckets (no copy, less memory)", "safe",
+           "the same gradients, without the copy", "the job does not call detach_() on .grad or replace "
+           ".grad tensors", target="DistributedDataParallel"),
+    Remedy("ddp.bucket_cap", ("DI-10",), f"DistributedDataParallel(bucket_cap_mb=MB): fewer, larger "
+           f"all-reduces (MB = DDP's default {DDP_DEFAULT_BUCKET_MB:g} unless given)", "safe",
+           "the same sums; with more than 2 ranks a collective may add in another order, which the "
+           "loss check would show", "DDP (any backend)", target="DistributedDataParallel", value="float",
+           value_help="bucket size in MiB"),
+    Remedy("optim.foreach", ("HO-9",), "optimizer(foreach=True): one multi-tensor kernel per operation "
+           "instead of a Python loop over parameters", "safe",
+           "bit-identical updates (checked for Adam and SGD on torch 2.13 CPU)",
+           "an optimizer that takes foreach; fused not asked for", target="optimizer"),
+    Remedy("optim.fused", ("HO-9",), "optimizer(fused=True): one fused kernel for the whole update",
+           "numerics", "fused kernels round differently (2e-7 on Adam, torch 2.13 CPU)",
+           "an optimizer that takes fused; floating-point parameters on a device with fused kernels",
+           target="optimizer"),
+    Remedy("cudnn.benchmark", ("CG-5",), "torch.backends.cudnn.benchmark = True: cuDNN times its "
+           "convolution algorithms once per shape and keeps the fastest", "numerics",
+           "other algorithms round differently", "an NVIDIA GPU with cuDNN; static input shapes",
+           snippet="torch.backends.cudnn.benchmark = True  # at start-up, static input shapes only",
+           gpu_only=True),
+    Remedy("precision.tf32", ("HW-1",), "torch.set_float32_matmul_precision('high'): TF32 tensor "
+           "cores for float32 matmuls", "numerics", "TF32 keeps 10 mantissa bits in the products",
+           "an NVIDIA GPU (it only changes anything from compute capability 8.0)",
+           snippet="torch.set_float32_matmul_precision('high')  # at start-up", gpu_only=True),
+    Remedy("precision.autocast", ("HW-1",), "torch.autocast(dtype=bfloat16) around the model's "
+           "forward (the loss outside it stays float32)", "numerics", "bfloat16 activations",
+           "a device with bfloat16 support; fp16 is refused (it needs a GradScaler in the loop)",
+           value="dtype", value_help="bf16",
+           snippet="with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):\n    out = model(x)"),
+    Remedy("debug.off", ("HO-8",), "unset CUDA_LAUNCH_BLOCKING and TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+           "turn autograd anomaly detection off", "safe", "debug modes check, they do not compute",
+           "none", snippet="# remove set_detect_anomaly(True) / detect_anomaly() from the training loop\n"
+           "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG"),
+    Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
+           "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
+           "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",
+           "known CPU affinity and local world size", value="int", value_help="threads per rank",
+           snippet="torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // LOCAL_WORLD_SIZE))"),
+    Remedy("compile", ("CG-1", "HO-2"), "torch.compile on the model (Module.compile()); falls back to "
+           "eager when compilation fails", "experimental", "fused kernels round differently",
+           "a compiler toolchain for the device", snippet="model.compile()  # or model = torch.compile(model)"),
+    Remedy("cudagraphs", ("CG-6", "HO-2"), "torch.compile(mode='reduce-overhead'): CUDA graphs replay "
+           "the step's kernels", "experimental", "compiled kernels; static shapes required",
+           "an NVIDIA GPU; static shapes", snippet="model.compile(mode='reduce-overhead')", gpu_only=True),
+)
+BY_ID: dict[str, Remedy] = {r.id: r for r in REMEDIES}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One requested remedy: its id and the optional ``=VALUE``."""
+
+    id: str
+    value: str | None = None
+
+    def __str__(self) -> str:
+        return self.id if self.value is None else f"{self.id}={self.value}"
+
+    @property
+    def remedy(self) -> Remedy:
+        return BY_ID[self.id]
+
+
+def parse(text: str) -> tuple[Spec | None, str]:
+    """``"id"`` or ``"id=value"`` -> (Spec, "") or (None, why it is refused)."""
+    rid, sep, value = text.strip().partition("=")
+    rid, value = rid.strip(), value.strip()
+    remedy = BY_ID.get(rid)
+    if remedy is None:
+        near = difflib.get_close_matches(rid, list(BY_ID), n=2)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        return None, f"unknown remedy id {rid!r}{hint}; known ids: {', '.join(BY_ID)}"
+    if not sep:
+        return Spec(rid), ""
+    if not remedy.value:
+        return None, f"{rid} takes no value (got {value!r})"
+    try:
+        if remedy.value == "int" and int(value) < 1:
+            raise ValueError
+        if remedy.value == "float" and not float(value) > 0:
+            raise ValueError
+    except ValueError:
+        return None, f"{rid}={value}: expected a positive {remedy.value} ({remedy.value_help})"
+    if remedy.value == "dtype" and value not in ("bf16", "bfloat16", "fp16", "float16"):
+        return None, f"{rid}={value}: expected bf16"
+    return Spec(rid, value), ""
+
+
+def parse_all(texts: list[str]) -> tuple[list[Spec], dict[str, str]]:
+    """Parse ids; return the valid specs (first of each id wins) and the refused ones with reasons."""
+    specs: dict[str, Spec] = {}
+    refused: dict[str, str] = {}
+    for text in texts:
+        if not text.strip():
+            continue
+        spec, why = parse(text)
+        if spec is None:
+            refused[text.strip()] = why
+        elif spec.id not in specs:
+            specs[spec.id] = spec
+    return list(specs.values()), refused

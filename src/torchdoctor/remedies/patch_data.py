@@ -1,0 +1,119 @@
+"""DataLoader remedies: workers, persistent workers, prefetch depth, pinned memory.
+
+One wrapper around ``DataLoader.__init__`` changes the arguments of each loader the job creates
+(positional or keyword, also through subclasses calling ``super().__init__``). A loader the
+changed arguments make invalid is built with the user's own arguments instead, and the remedy is
+refused with torch's message.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from . import runtime
+from ._shim import kwargs_shim
+from .runtime import Runtime
+
+IDS = ("dataloader.workers", "dataloader.persistent_workers", "dataloader.prefetch", "dataloader.pin_memory")
+
+
+def default_workers() -> int:
+    """PL's suggested_max_num_workers: CPUs in the affinity mask // local ranks - 1, at least 1."""
+    return max(1, runtime.cpus() // runtime.local_world_size() - 1)
+
+
+def has_accelerator(torch: Any) -> bool:
+    accel = getattr(torch, "accelerator", None)
+    try:
+        if accel is not None:
+            return bool(accel.is_available())
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """New values for the bound arguments ``a`` of one DataLoader, and which remedy set which."""
+    new: dict[str, Any] = {}
+    by: dict[str, str] = {}
+    workers = a.get("num_workers", 0) or 0
+    spec = rt.active("dataloader.workers")
+    if spec is not None:
+        want = int(spec.value) if spec.value else default_workers()
+        if isinstance(a.get("dataset"), torch.utils.data.IterableDataset):
+            rt.skip(spec.id, "the dataset is an IterableDataset: each worker would replay the whole "
+                    "stream unless the dataset shards itself (a code change)")
+        elif want > runtime.cpus():
+            # torch's own limit (check_worker_number_rationality): more workers than CPUs in the
+            # mask "might get DataLoader running slow or even freeze". Fewer may still oversubscribe
+            # the CPUs across local ranks; that is for `fix` to measure (latency-bound loading
+            # gains from it), and without a value the default stays within CPUs // local ranks.
+            rt.refuse(spec.id, f"num_workers={want} is beyond the {runtime.cpus()} CPU(s) in this process's "
+                      f"affinity mask ({runtime.local_world_size()} local rank(s))")
+        elif workers == want or (workers and not spec.value):
+            rt.skip(spec.id, f"the DataLoader already has num_workers={workers}")
+        else:
+            new["num_workers"], by["num_workers"] = want, spec.id
+    workers = new.get("num_workers", workers)
+    spec = rt.active("dataloader.persistent_workers")
+    if spec is not None:
+        if not workers:
+            rt.skip(spec.id, "the DataLoader has no worker processes to keep alive (num_workers=0)")
+        elif a.get("persistent_workers"):
+            rt.skip(spec.id, "the DataLoader already has persistent_workers=True")
+        else:
+            new["persistent_workers"], by["persistent_workers"] = True, spec.id
+    spec = rt.active("dataloader.prefetch")
+    if spec is not None:
+        current = a.get("prefetch_factor") or 2  # torch's default with workers
+        want = int(spec.value) if spec.value else max(4, 2 * current)
+        if not workers:
+            rt.skip(spec.id, "prefetch_factor needs worker processes (num_workers=0)")
+        elif want == a.get("prefetch_factor"):
+            rt.skip(spec.id, f"the DataLoader already has prefetch_factor={want}")
+        else:
+            new["prefetch_factor"], by["prefetch_factor"] = want, spec.id
+    spec = rt.active("dataloader.pin_memory")
+    if spec is not None:
+        if not has_accelerator(torch):
+            rt.refuse(spec.id, "no accelerator: pinned memory only speeds up copies to a device")
+        elif a.get("pin_memory"):
+            rt.skip(spec.id, "the DataLoader already has pin_memory=True")
+        else:
+            new["pin_memory"], by["pin_memory"] = True, spec.id
+    return new, by
+
+
+def install(torch: Any, rt: Runtime) -> None:
+    if not any(rt.active(i) for i in IDS):
+        return
+    from torch.utils.data import dataloader
+
+    cls = dataloader.DataLoader
+    orig = cls.__init__
+    sig = inspect.signature(orig)
+    last: dict[str, Any] = {}
+
+    def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        last.clear()
+        bound = sig.bind(*args, **kwargs)
+        new, by = plan(torch, rt, bound.arguments)
+        if not new:
+            return None
+        plain = (bound.args, bound.kwargs)
+        was = {k: bound.arguments.get(k) for k in new}
+        bound.arguments.update(new)
+        site = runtime.user_site()
+        last.update(new=new, by=by, site=site)
+        for key, value in new.items():
+            rt.did(by[key], "DataLoader", site, {key: value}, {key: was[key]})
+        return (bound.args, bound.kwargs), plain
+
+    def rejected(exc: BaseException) -> None:
+        # torch refused the combination: this loader is built as the user wrote it.
+        for key, rid in last.get("by", {}).items():
+            rt.applied[:] = [e for e in rt.applied if not (e["id"] == rid and e["site"] == last["site"])]
+            rt.refuse(rid, f"DataLoader(..., {key}={last['new'][key]!r}) failed: {type(exc).__name__}: {exc}")
+
+    cls.__init__ = kwargs_shim(orig, adjust, rejected, lambda exc: rt.broken(IDS, exc))

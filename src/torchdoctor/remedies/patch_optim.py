@@ -1,0 +1,118 @@
+"""Optimizer remedies: ``foreach=True`` / ``fused=True`` on torch.optim's optimizers.
+
+Each built-in optimizer class whose constructor takes the argument gets a wrapper (subclasses
+calling ``super().__init__`` go through it too). An explicit choice of the user (``foreach`` or
+``fused`` not None) is left alone. fused kernels check devices and dtypes only at the first
+``step()``, so that check is made here, at construction, where the user's arguments can still be
+used instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from . import runtime
+from ._shim import kwargs_shim
+from .runtime import Runtime
+
+IDS = ("optim.fused", "optim.foreach")
+
+
+def _tensors(params: list[Any]) -> list[Any]:
+    out = []
+    for p in params:
+        if isinstance(p, dict):
+            out.extend(p.get("params", []) if isinstance(p.get("params"), (list, tuple)) else [p.get("params")])
+        elif isinstance(p, tuple) and len(p) == 2:  # named parameters
+            out.append(p[1])
+        else:
+            out.append(p)
+    return out
+
+
+def fused_problem(torch: Any, params: list[Any]) -> str | None:
+    """Why fused kernels cannot take these parameters, or None."""
+    from torch.optim import optimizer
+
+    devices = set(optimizer._get_fused_kernels_supported_devices())
+    for t in _tensors(params):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.device.type not in devices:
+            return f"no fused kernel for parameters on {t.device.type}"
+        if not t.is_floating_point():
+            return f"fused kernels need floating-point parameters, not {t.dtype}"
+    return None
+
+
+def plan(torch: Any, rt: Runtime, cls: type, a: dict[str, Any]) -> dict[str, Any]:
+    names = inspect.signature(cls.__init__).parameters
+    if a.get("foreach") is not None or a.get("fused") is not None or a.get("differentiable"):
+        for rid in IDS:
+            if rt.active(rid):
+                rt.skip(rid, f"{cls.__name__} was given foreach/fused/differentiable explicitly")
+        return {}
+    fused, foreach = rt.active("optim.fused"), rt.active("optim.foreach")
+    if fused is not None:
+        problem = fused_problem(torch, a.get("params", []))
+        if "fused" not in names:
+            rt.skip(fused.id, f"{cls.__name__} has no fused implementation")
+        elif problem:
+            rt.refuse(fused.id, problem)
+        else:
+            return {"fused": True}
+    if foreach is not None:
+        if "foreach" not in names:
+            rt.skip(foreach.id, f"{cls.__name__} has no foreach implementation")
+        else:
+            return {"foreach": True}
+    return {}
+
+
+def _wrap(torch: Any, rt: Runtime, cls: type) -> None:
+    orig = cls.__dict__["__init__"]
+    sig = inspect.signature(orig)
+    last: dict[str, Any] = {}
+
+    def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        last.clear()
+        bound = sig.bind(*args, **kwargs)
+        params = bound.arguments.get("params")
+        listed = params is not None and not isinstance(params, (torch.Tensor, list, tuple))
+        if listed:
+            bound.arguments["params"] = list(params)  # a generator must survive a retry
+        new = plan(torch, rt, cls, bound.arguments)
+        plain = (bound.args, bound.kwargs)
+        if not new:
+            return (plain, plain) if listed else None  # the generator is spent: pass the list on
+        site = last["site"] = runtime.user_site()
+        for key, value in new.items():
+            rid = last["id"] = f"optim.{key}"
+            rt.did(rid, cls.__name__, site, {key: value}, {key: bound.arguments.get(key)})
+        bound.arguments.update(new)
+        return (bound.args, bound.kwargs), plain
+
+    def rejected(exc: BaseException) -> None:
+        # The optimizer did not accept it: it is built as the user wrote it.
+        rid, site = last.get("id"), last.get("site")
+        rt.applied[:] = [e for e in rt.applied if not (e["id"] == rid and e["site"] == site)]
+        if rid:
+            rt.refuse(rid, f"{cls.__name__} refused it: {type(exc).__name__}: {exc}")
+
+    cls.__init__ = kwargs_shim(orig, adjust, rejected, lambda exc: rt.broken(IDS, exc))  # type: ignore[method-assign]
+
+
+def install(torch: Any, rt: Runtime) -> None:
+    if not any(rt.active(i) for i in IDS):
+        return
+    seen: set[int] = set()
+    for obj in vars(torch.optim).values():
+        if not (isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)) or obj is torch.optim.Optimizer:
+            continue
+        if id(obj) in seen or "__init__" not in obj.__dict__:
+            continue
+        seen.add(id(obj))
+        params = inspect.signature(obj.__init__).parameters
+        if "foreach" in params or "fused" in params:
+            _wrap(torch, rt, obj)

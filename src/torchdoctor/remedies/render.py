@@ -1,0 +1,131 @@
+"""What `torchdoctor fix` prints (progress on stderr, verdicts on stdout) and the report it writes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .measure import Arm
+from .suggest import Change
+from .verdict import Outcome
+
+if TYPE_CHECKING:
+    from .select import Choice
+
+
+def _err(text: str) -> None:
+    print(f"torchdoctor: fix: {text}", file=sys.stderr, flush=True)
+
+
+def _rate(x: float | None, unit: str) -> str:
+    return "–" if x is None else f"{x:.3g} {unit}"
+
+
+def progress(arm: Arm) -> None:
+    what = {"baseline": "baseline", "treated": "treated ", "ablated": f"without {arm.without}",
+            "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
+    status = "" if arm.ok else f"  EXIT {arm.exit_code}"
+    _err(f"{arm.label.split('-')[0]:<4} {what:<28} {_rate(arm.steps_per_s, 'steps/s'):>14}  "
+         f"{_rate(arm.samples_per_s, 'samples/s'):>16}  {arm.wall_s:6.1f} s{status}")
+
+
+def failed(what: str, code: int, log: str) -> None:
+    _err(f"{what} failed (exit {code}); its output: {log}")
+
+
+def plan(level: str, choices: list[Choice], refused: dict[str, str], unknown: dict[str, str],
+         diag_dir: str | None, header: bool = True) -> None:
+    if header:
+        src = f"the findings of {diag_dir}" if diag_dir else "the command line"
+        _err(f"remedies to try ({level}, from {src}):" if choices else f"no remedy to try ({level}, from {src})")
+        for c in choices:
+            _err(f"  {c.spec}  <- {c.why}")
+    for rid, why in {**refused, **unknown}.items():
+        _err(f"  refused {rid}: {why}")
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: dict[str, str],
+             changes: list[Change], opts: Any, out: str, diag_dir: str | None) -> dict[str, Any]:
+    base = [a for a in arms if a.kind == "baseline" and a.samples_per_s]
+    treated = [a for a in arms if a.kind == "treated" and a.samples_per_s]
+    return {
+        "apply": opts.apply,
+        "rounds": max((a.round for a in arms), default=0),
+        "order": "A B per round" + (", then the treated job without each remedy" if opts.ablate else ""),
+        "ablation": "leave-one-out: treated steps/s over treated-without-it steps/s" if opts.ablate else None,
+        "steps_limit": opts.steps,
+        "steady_state": "steps after the first max(2, n//10) of each run (1 below 6 steps); slowest rank",
+        "noise": round(outcome.noise, 4),
+        "baseline_samples_per_s": _median([a.samples_per_s for a in base]),
+        "treated_samples_per_s": _median([a.samples_per_s for a in treated]),
+        "loss_check": {"status": outcome.loss.status, "text": outcome.loss.text, "rtol": opts.rtol},
+        "chosen_by": {str(c.spec): c.why for c in choices},
+        "unknown": unknown,
+        "arms": [{"label": a.label, "kind": a.kind, "remedies": a.specs, "exit_code": a.exit_code,
+                  "steps_per_s": a.steps_per_s, "samples_per_s": a.samples_per_s, "steady_steps": a.steady_steps,
+                  "wall_s": round(a.wall_s, 3), "run_dir": a.run_dir, "refused": a.refused} for a in arms],
+        "code_changes": [{"remedies": c.ids, "where": c.where, "language": c.language, "text": c.text}
+                         for c in changes],
+        "out": out,
+        "report_dir": diag_dir or next((a.run_dir for a in arms if a.kind == "baseline"), None),
+    }
+
+
+def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: dict[str, str],
+           changes: list[Change], opts: Any, out: str, diag_dir: str | None) -> None:
+    from ..report.model import ABRemedy
+
+    outcome.details = _details(outcome, arms, choices, unknown, changes, opts, out, diag_dir)
+    outcome.ab.details = outcome.details
+    outcome.ab.remedies.extend(ABRemedy(rid, False, None, f"refused: {why}") for rid, why in unknown.items())
+    if opts.quiet:
+        return
+    ab, d = outcome.ab, outcome.details
+    print(f"\nA/B: {d['rounds']} round(s), {d['order']}; steps/s of the slowest rank over the steady "
+          "state (warm-up steps left out)")
+    if ab.treated_steps_per_s:
+        samples = ""
+        if d["baseline_samples_per_s"] and d["treated_samples_per_s"]:
+            samples = f"; samples/s {d['baseline_samples_per_s']:.4g} -> {d['treated_samples_per_s']:.4g}"
+        print(f"speed-up x{ab.speedup_median:.2f} (min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}; "
+              f"noise {outcome.noise:.0%}): {ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} "
+              f"steps/s{samples}")
+        print(f"learning: {outcome.loss.status}: {outcome.loss.text}")
+    print("verdicts:")
+    for r in ab.remedies:
+        sp = f"x{r.speedup:.2f}" if r.speedup is not None else "–"
+        status, _, why = r.reason.partition(": ")
+        print(f"  {status:<8} {sp:>6}  {r.id:<34} {why}")
+    treated = [a for a in arms if a.kind == "treated"]
+    if treated and len(treated[0].specs) > 1 and not d["ablation"]:
+        print("  (a speed-up measured with the set is the whole set's; --ablate measures each one's own share)")
+    if changes:
+        print("\nto make the kept remedies permanent:")
+        for c in changes:
+            print(f"# {', '.join(c.ids)} ({c.where})")
+            print(c.text.rstrip("\n"))
+    print(f"\nruns: {out}")
+
+
+def write_report(outcome: Outcome, args: argparse.Namespace) -> None:
+    """--json / --html: the diagnosis report of the run the remedies came from, with ``ab`` added."""
+    if not (getattr(args, "json", None) or getattr(args, "html", None) or getattr(args, "verbose", False)):
+        return
+    from ..cli import emit
+    from ..session import build_report, report_from_run_dir
+
+    run_dir = outcome.details.get("report_dir")
+    report = report_from_run_dir(run_dir) if run_dir else build_report([])
+    report.source = "fix"
+    report.ab = outcome.ab
+    quiet = argparse.Namespace(**{**vars(args), "quiet": not getattr(args, "verbose", False), "fail_on": None})
+    with contextlib.redirect_stdout(sys.stderr):
+        emit(report, quiet)

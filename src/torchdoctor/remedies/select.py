@@ -1,0 +1,167 @@
+"""Which remedies to try, and with which values: from a diagnosis, checked on the run's facts (no torch).
+
+``--apply safe`` takes every ``safe`` remedy some finding named (``Finding.remedy``), plus the
+remedies that follow one of them (``Remedy.follows``: persistent workers once there are workers);
+``--apply numerics`` adds the ``numerics`` class; experimental remedies are only applied by id.
+Every candidate then passes the preconditions the facts can decide (an accelerator, unused
+parameters, static graph, CPUs); the job re-checks them itself at run time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from ..facts import RankFacts
+from ..report.model import Finding
+from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
+
+# The loading is latency-bound (storage, network) when the training process was idle for at least
+# this share of its wait for batches: then workers beyond the CPUs per rank still help.
+LATENCY_BOUND_IDLE = 0.5
+
+
+@dataclass
+class Choice:
+    spec: Spec
+    why: str  # what picked it: findings, "asked for", "follows ..."
+
+
+@dataclass
+class JobFacts:
+    """What the preconditions need, from the facts of one run (all ranks)."""
+
+    ranks: list[RankFacts]
+
+    @property
+    def first(self) -> RankFacts | None:
+        return self.ranks[0] if self.ranks else None
+
+    @property
+    def cpus(self) -> int:
+        f = self.first
+        return (len(f.cpu.affinity) or f.cpu.logical_cpus or 1) if f else 1
+
+    @property
+    def local_ranks(self) -> int:
+        f = self.first
+        if f is None:
+            return 1
+        if f.cpu.local_world_size:
+            return f.cpu.local_world_size
+        return max(1, sum(1 for r in self.ranks if r.hostname == f.hostname))
+
+    @property
+    def accelerator(self) -> bool:
+        return any(r.device.kind not in ("cpu", "") for r in self.ranks)
+
+    @property
+    def cuda(self) -> bool:
+        return any(r.device.kind == "cuda" for r in self.ranks)
+
+    def median(self, attr: str) -> float | None:
+        vals = [getattr(s, attr) for r in self.ranks for s in r.steps[2:]]
+        return statistics.median(vals) if vals else None
+
+
+def workers_for(jf: JobFacts) -> tuple[int, str]:
+    """Workers per DataLoader for this job, and why that many.
+
+    CPU-bound loading: PL's formula, CPUs // local ranks - 1 (at least 1). Latency-bound loading
+    (the training process sat idle while it waited for batches): enough workers for a batch to be
+    ready at every step, ceil(wait / rest of the step), up to the CPUs of the affinity mask (torch's
+    own limit, DataLoader.check_worker_number_rationality).
+    """
+    per_rank = max(1, jf.cpus // jf.local_ranks)
+    pl = max(1, per_rank - 1)
+    f, step, wait = jf.first, jf.median("total_ms"), jf.median("dataloader_ms")
+    cpu_pct = f.cpu.main_process_cpu_pct if f else None
+    if not (step and wait and cpu_pct is not None and wait > 0):
+        return pl, f"CPUs // local ranks - 1 = {jf.cpus} // {jf.local_ranks} - 1"
+    idle = max(0.0, step * (1 - cpu_pct / 100.0))  # wall time per step the process used no CPU
+    if idle < LATENCY_BOUND_IDLE * wait:
+        return pl, f"CPU-bound loading: CPUs // local ranks - 1 = {jf.cpus} // {jf.local_ranks} - 1"
+    need = math.ceil(wait / max(step - wait, 1.0))
+    n = max(pl, min(need, jf.cpus))
+    return n, (f"latency-bound loading (the training process used {cpu_pct:.0f}% of a core while it "
+               f"waited {wait:.0f} ms per step for data): ceil(wait / rest of the step) = {need}, "
+               f"at most the {jf.cpus} CPUs of the affinity mask")
+
+
+def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:
+    """Why the facts rule ``spec`` out for this job, or None."""
+    r, f = spec.remedy, jf.first
+    if f is None:
+        return None  # nothing known: the job checks at run time
+    if r.gpu_only and not jf.accelerator:
+        return f"needs an accelerator; this job trains on {f.device.kind}"
+    if r.id == "cudagraphs" and not jf.cuda:
+        return "CUDA graphs need an NVIDIA GPU"
+    loaders = [d for rf in jf.ranks for d in rf.dataloaders]
+    ddps = [d for rf in jf.ranks for d in rf.ddp]
+    if r.target == "DataLoader" and not loaders:
+        return "the job creates no DataLoader it iterates over"
+    if r.target == "DistributedDataParallel" and not ddps:
+        return "the job uses no DistributedDataParallel"
+    if r.target == "optimizer" and not any(rf.optimizers for rf in jf.ranks):
+        return "the job steps no torch.optim optimizer"
+    ids = {s.id for s in specs}
+    if r.id == "dataloader.workers" and spec.value and int(spec.value) > jf.cpus:
+        return (f"num_workers={spec.value} per rank is beyond the {jf.cpus} CPU(s) of the affinity mask "
+                f"({jf.local_ranks} local rank(s)): torch itself warns it may run slow or freeze")
+    if r.id in ("dataloader.persistent_workers", "dataloader.prefetch") and "dataloader.workers" not in ids \
+            and not any(d.num_workers for d in loaders):
+        return "the DataLoader has no worker processes (num_workers=0)"
+    if r.id == "ddp.find_unused_false":
+        unused = max((d.unused_parameter_size or 0 for d in ddps), default=0)
+        if unused:
+            return f"DDP saw {unused} bytes of unused parameters: with find_unused_parameters=False it would fail"
+    if r.id == "ddp.static_graph" and any(d.can_set_static_graph is False for d in ddps):
+        return "DDP reports the graph is not static (can_set_static_graph=False)"
+    return None
+
+
+def choose(findings: list[Finding], level: str) -> list[Choice]:
+    """The remedies of class <= ``level`` that the findings name, with their followers."""
+    fired: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.remedy in BY_ID:
+            fired.setdefault(f.remedy, []).append(f)
+    rank = SAFETY_RANK[level]
+    out: list[Choice] = []
+    for r in REMEDIES:
+        if SAFETY_RANK[r.safety] > rank or r.safety == "experimental":
+            continue
+        if r.id in fired:
+            fs = fired[r.id]
+            out.append(Choice(Spec(r.id), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
+    chosen = {c.spec.id for c in out}
+    for r in REMEDIES:
+        if r.follows in chosen and r.id not in chosen and SAFETY_RANK[r.safety] <= rank:
+            out.append(Choice(Spec(r.id), f"follows {r.follows} ({'/'.join(r.answers)} fires once it is applied)"))
+    return out
+
+
+def finalize(choices: list[Choice], jf: JobFacts) -> tuple[list[Choice], dict[str, str]]:
+    """Fill in values from the facts and drop what the preconditions rule out."""
+    specs = [c.spec for c in choices]
+    kept: list[Choice] = []
+    refused: dict[str, str] = {}
+    for c in choices:
+        why = precondition(c.spec, jf, specs)
+        if why:
+            refused[c.spec.id] = why
+            continue
+        if c.spec.id == "dataloader.workers" and not c.spec.value and jf.first is not None:
+            n, how = workers_for(jf)
+            c = Choice(Spec(c.spec.id, str(n)), f"{c.why}; {n} = {how}")
+        kept.append(c)
+    # Followers of a refused remedy have nothing to follow.
+    ids = {c.spec.id for c in kept}
+    for c in list(kept):
+        follows = c.spec.remedy.follows
+        if follows and follows not in ids and c.why.startswith("follows"):
+            kept.remove(c)
+            refused[c.spec.id] = f"follows {follows}, which is not applied"
+    return kept, refused

@@ -1,0 +1,136 @@
+"""The permanent code change for kept remedies: a unified diff against the user's call site when
+the job recorded it (``file:line`` of the DataLoader / DDP / optimizer constructor call), else a
+snippet. The user's files are only read, never written.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .catalogue import BY_ID
+
+
+@dataclass
+class Change:
+    ids: list[str]
+    where: str  # "file:line" or "start-up"
+    text: str
+    language: str  # diff | python | shell
+
+
+def _offsets(src: bytes) -> list[int]:
+    starts = [0]
+    for i, b in enumerate(src):
+        if b == 10:
+            starts.append(i + 1)
+    return starts
+
+
+def _call_at(tree: ast.AST, line: int) -> ast.Call | None:
+    """The outermost call that starts on ``line`` (the line a frame reports for a call)."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line]
+    return min(calls, key=lambda n: n.col_offset, default=None)
+
+
+def edited_call(src: bytes, call: ast.Call, changes: dict[str, Any]) -> bytes | None:
+    """``src`` with ``changes`` set as keyword arguments of ``call``; None when it cannot say how."""
+    starts = _offsets(src)
+
+    def pos(line: int, col: int) -> int:
+        return starts[line - 1] + col
+
+    edits: list[tuple[int, int, bytes]] = []
+    appended: list[str] = []
+    for key, value in changes.items():
+        kw = next((k for k in call.keywords if k.arg == key), None)
+        if kw is not None:
+            v = kw.value
+            assert v.end_lineno is not None and v.end_col_offset is not None
+            edits.append((pos(v.lineno, v.col_offset), pos(v.end_lineno, v.end_col_offset), repr(value).encode()))
+        elif any(k.arg is None for k in call.keywords):
+            return None  # **kwargs may already carry it
+        else:
+            appended.append(f"{key}={value!r}")
+    if appended:
+        assert call.end_lineno is not None and call.end_col_offset is not None
+        close = pos(call.end_lineno, call.end_col_offset) - 1  # the closing parenthesis
+        i = close - 1
+        while i >= 0 and src[i:i + 1] in (b" ", b"\n", b"\t", b"\r"):
+            i -= 1
+        has_args = bool(call.args or call.keywords)
+        sep = " " if src[i:i + 1] == b"," else (", " if has_args else "")
+        tail = "," if src[i:i + 1] == b"," else ""
+        edits.append((i + 1, i + 1, (sep + ", ".join(appended) + tail).encode()))
+    out = src
+    for start, end, text in sorted(edits, reverse=True):
+        out = out[:start] + text + out[end:]
+    return out
+
+
+def call_site_diff(site: str, changes: dict[str, Any]) -> str | None:
+    path, _, line = site.rpartition(":")
+    if not (path and line.isdigit() and os.path.isfile(path)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            src = f.read()
+        call = _call_at(ast.parse(src), int(line))
+        new = edited_call(src, call, changes) if call is not None else None
+    except (OSError, SyntaxError, ValueError):
+        return None
+    if new is None or new == src:
+        return None
+    rel = os.path.relpath(path)
+    old_name, new_name = (f"a/{rel}", f"b/{rel}") if not rel.startswith("..") else (path, path)
+    diff = difflib.unified_diff(src.decode(errors="replace").splitlines(keepends=True),
+                                new.decode(errors="replace").splitlines(keepends=True), old_name, new_name, n=2)
+    return "".join(diff)
+
+
+def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> list[Change]:
+    """The code changes that make the kept remedies permanent, grouped by call site."""
+    by_site: dict[tuple[str, str], dict[str, Any]] = {}
+    ids_at: dict[tuple[str, str], list[str]] = {}
+    flags: list[Change] = []
+    for rid in kept:
+        remedy = BY_ID[rid]
+        entries = [e for e in applied.get(rid, []) if e.get("site") and remedy.target]
+        for e in entries:
+            key = (e["target"], e["site"])
+            by_site.setdefault(key, {}).update(e["set"])
+            ids_at.setdefault(key, [])
+            if rid not in ids_at[key]:
+                ids_at[key].append(rid)
+        if not entries:
+            flags.append(_snippet(rid, applied.get(rid, [])))
+    out = []
+    for (target, site), kwargs in by_site.items():
+        diff = call_site_diff(site, kwargs)
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        out.append(Change(ids_at[(target, site)], site, diff or f"{target}(..., {args})",
+                          "diff" if diff else "python"))
+    return out + flags
+
+
+def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
+    remedy = BY_ID[rid]
+    if rid == "threads.affinity" and entries:
+        n = entries[0]["set"].get("torch.set_num_threads")
+        if n:
+            return Change([rid], "start-up", f"torch.set_num_threads({n})  # per rank, or OMP_NUM_THREADS={n}",
+                          "python")
+    if rid == "debug.off":
+        names = [k for e in entries if e.get("target") == "environment" for k in e["set"]]
+        lines = [f"unset {' '.join(names)}"] if names else []
+        if any(e.get("target") == "torch.autograd" for e in entries):
+            lines.append("# remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() from the job")
+        return Change([rid], "start-up", "\n".join(lines) or remedy.snippet, "shell")
+    if remedy.target and entries:
+        kwargs = {k: v for e in entries for k, v in e["set"].items()}
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        return Change([rid], "unknown call site", f"{remedy.target}(..., {args})", "python")
+    return Change([rid], "start-up", remedy.snippet or remedy.changes, "python")

@@ -1,0 +1,277 @@
+"""`torchdoctor run [options] -- COMMAND...`: diagnose a live training job without code changes.
+
+The wrapper puts the probe's bootstrap directory first on ``PYTHONPATH`` and exports the run
+directory; every Python process the command starts (``python train.py``, ``python -m pkg``,
+torchrun and its ranks, spawned children) then loads the probe at start-up. The command runs in
+its own process group: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to the wrapper
+are forwarded to that group, and when the wrapper owns the terminal the group gets the terminal
+(Ctrl-C, Ctrl-Z and reading stdin behave as without the wrapper). The job's stdin, stdout and
+stderr are the wrapper's own.
+
+After the job ends the wrapper merges the rank summaries into ``RUN_DIR/run.json`` (schema
+``torchdoctor.run/1``), prints the diagnosis to stderr (the job's stdout stays the job's) and
+exits with the job's exit status: the same code, or the same signal when the job was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchdoctor.probe import config as probe_config
+from torchdoctor.probe import output
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(probe_config.__file__)), "bootstrap")
+FORWARDED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
+
+
+@dataclass
+class JobResult:
+    """How the job ended: ``returncode`` as subprocess reports it (negative: killed by that signal)."""
+
+    returncode: int
+    duration_s: float
+
+
+def default_run_dir(base: str = "td-runs") -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = os.path.join(base, stamp), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(base, f"{stamp}-{n}")
+    return path
+
+
+def job_env(
+    run_dir: str, profile: tuple[int, int] | None, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The job's environment: the caller's plus the bootstrap on PYTHONPATH and the probe settings."""
+    env = dict(os.environ if base is None else base)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    env[probe_config.ENV_RUN_DIR] = os.path.abspath(run_dir)
+    env[probe_config.ENV_PROFILE_STEPS] = f"{profile[0]}:{profile[1]}" if profile else "off"
+    return env
+
+
+class _Terminal:
+    """The controlling terminal, when the wrapper is its foreground process group."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = sys.stdin.fileno()
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                self.fd = fd
+
+    def hand_to(self, pgid: int) -> None:
+        if self.fd is None:
+            return
+        # A background group changing the foreground group gets SIGTTOU unless it ignores it.
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(self.fd, pgid)
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
+
+    def child_setup(self) -> None:
+        """Runs in the child before exec: own process group, and the terminal if we had it."""
+        os.setpgid(0, 0)
+        self.hand_to(os.getpgrp())
+
+
+def run_job(command: Sequence[str], env: dict[str, str]) -> JobResult:
+    """Run ``command`` in its own process group, forwarding signals; return how it ended."""
+    terminal = _Terminal()
+    child: list[int] = []  # pid once started
+    pending: list[int] = []  # signals that arrived while the child was being started
+
+    def forward(signum: int, _frame: object) -> None:
+        if not child:
+            pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child[0], signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(command), env=env, preexec_fn=terminal.child_setup)
+        child.append(proc.pid)
+        for signum in pending:
+            forward(signum, None)
+        returncode = _wait(proc.pid, terminal)
+        proc.returncode = returncode  # reaped by us: keep Popen from waiting again
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        terminal.hand_to(os.getpgrp())
+    return JobResult(returncode, time.monotonic() - start)
+
+
+def _wait(pid: int, terminal: _Terminal) -> int:
+    flags = os.WUNTRACED if terminal.fd is not None else 0
+    while True:
+        _, status = os.waitpid(pid, flags)
+        if os.WIFSTOPPED(status):
+            # Ctrl-Z stopped the job: stop ourselves too, so the shell gets its prompt back; on
+            # `fg` the shell continues us and we continue the job.
+            terminal.hand_to(os.getpgrp())
+            os.kill(os.getpid(), signal.SIGSTOP)
+            terminal.hand_to(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
+            continue
+        return os.waitstatus_to_exitcode(status)
+
+
+def write_manifest(run_dir: str, command: Sequence[str], job: JobResult) -> dict:
+    """Merge the rank summaries into ``run.json``; return the manifest."""
+    manifest: dict = {
+        "schema": output.RUN_SCHEMA,
+        "command": list(command),
+        "exit_code": job.returncode,
+        "duration_s": round(job.duration_s, 3),
+        "ranks": output.read_payloads(run_dir),
+    }
+    if job.returncode < 0:
+        with contextlib.suppress(ValueError):
+            manifest["signal"] = signal.Signals(-job.returncode).name
+    output.write_json(os.path.join(run_dir, "run.json"), manifest)
+    return manifest
+
+
+def exit_like(returncode: int) -> int:
+    """The wrapper's exit code for the job's ``returncode``; a job killed by a signal kills us the same way."""
+    if returncode >= 0:
+        return returncode
+    sig = -returncode
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's crash, not ours: no core file
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return 128 + sig  # the signal did not end us (blocked or ignored): the shell's convention
+
+
+def report_run(run_dir: str, args: argparse.Namespace) -> int | None:
+    """Print the diagnosis of a finished run (stderr) and write --json/--html; return emit's code."""
+    try:
+        from torchdoctor.cli import emit
+        from torchdoctor.session import report_from_run_dir
+    except ImportError as exc:
+        print(f"torchdoctor: no report: {exc}", file=sys.stderr)
+        return None
+    try:
+        report = report_from_run_dir(run_dir)
+        with contextlib.redirect_stdout(sys.stderr):
+            return emit(report, args)
+    except Exception as exc:  # the job's exit status matters more than our report
+        print(f"torchdoctor: could not build the report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def execute(
+    command: Sequence[str], run_dir: str, profile: tuple[int, int] | None, args: argparse.Namespace
+) -> int:
+    """Run, record, report; return the wrapper's exit code (see ``exit_like``)."""
+    output.clear(run_dir)  # a reused --out must not mix two runs
+    os.makedirs(os.path.join(run_dir, output.RANKS_DIR), exist_ok=True)
+    try:
+        job = run_job(command, job_env(run_dir, profile))
+    except (FileNotFoundError, PermissionError) as exc:
+        print(f"torchdoctor: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    manifest = write_manifest(run_dir, command, job)
+    if not manifest["ranks"]:
+        print(
+            "torchdoctor: no rank wrote a summary: the job never trained with torch, or Python ran "
+            "with -I/-S/-E (the probe loads through PYTHONPATH and sitecustomize)",
+            file=sys.stderr,
+        )
+    emitted = report_run(run_dir, args)
+    print(
+        f"torchdoctor: run directory {run_dir} (render again with `torchdoctor analyze {run_dir}`)",
+        file=sys.stderr,
+    )
+    if job.returncode == 0 and emitted == 3:  # --fail-on gate of a job that itself succeeded
+        return 3
+    return exit_like(job.returncode)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print(
+            "torchdoctor: run: give the command after --, e.g. torchdoctor run -- python train.py",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        profile = probe_config.parse_steps(args.profile_steps)
+    except ValueError as exc:
+        print(f"torchdoctor: run: {exc}", file=sys.stderr)
+        return 2
+    return execute(command, args.out or default_run_dir(), profile, args)
+
+
+def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``run`` on the ``torchdoctor`` command line."""
+    p = subparsers.add_parser(
+        "run",
+        help="run a training command under the probe and diagnose it when it ends",
+        description="Run COMMAND (python script, python -m module, torchrun ...) with every Python "
+        "process instrumented; print the diagnosis when it ends. The exit status is the job's.",
+    )
+    p.add_argument("--out", metavar="DIR", help="run directory (default: ./td-runs/<timestamp>)")
+    p.add_argument(
+        "--profile-steps",
+        metavar="A:B|off",
+        default=f"{probe_config.DEFAULT_PROFILE_STEPS[0]}:{probe_config.DEFAULT_PROFILE_STEPS[1]}",
+        help="torch.profiler window: steps A <= s < B (default %(default)s); 'off' disables it",
+    )
+    add_report_options(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.set_defaults(func=cmd_run)
+    return p
+
+
+def add_report_options(p: argparse.ArgumentParser) -> None:
+    """The report options of ``torchdoctor analyze`` (--json, --html, --verbose, ...)."""
+    try:
+        from torchdoctor.cli import add_output_options
+    except ImportError:
+        p.add_argument("--json", metavar="FILE")
+        p.add_argument("--html", metavar="FILE")
+        return
+    add_output_options(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchdoctor.runner -- COMMAND...`` (the same as ``torchdoctor run``)."""
+    parser = argparse.ArgumentParser(prog="python -m torchdoctor.runner")
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    add_run_parser(sub)
+    args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

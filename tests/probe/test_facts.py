@@ -1,0 +1,110 @@
+"""What the probe records about a single-process job: configuration, syncs, timings, the trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from probe.livejob import facts_of, load_run, run_wrapped, script
+
+JOB = """
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset, default_collate
+
+def counting_collate(batch):
+    x, y = default_collate(batch)
+    labels = [int(v.item()) for v in y]  # one host sync per sample
+    return x, y
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(4096, 96)  # 1.5 MiB: reported as a large embedding
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    def forward(self, x):
+        return self.body(x)
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
+train = DataLoader(data, batch_size=8, collate_fn=counting_collate)  # LINE_TRAIN
+net = Net()
+model = torch.compile(net, backend="eager")  # compiles exactly as without the probe
+opt = torch.optim.AdamW(net.parameters(), foreach=False)  # LINE_OPT
+losses = []
+for step, (x, y) in enumerate(train):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    loss = F.cross_entropy(out.float(), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())  # LINE_SYNC
+    if step == 11:
+        break
+side = DataLoader(data, batch_size=32, num_workers=2, persistent_workers=True)  # LINE_SIDE
+for _ in range(2):
+    for batch in side:
+        pass
+print("ok")
+"""
+
+
+def line_of(marker: str) -> int:
+    return next(i for i, line in enumerate(JOB.splitlines(), start=1) if marker in line)
+
+
+def test_single_process_facts(tmp_path):
+    job = script(tmp_path, JOB)
+    result = run_wrapped(tmp_path / "run", job)
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    assert not [line for line in result.stderr.splitlines() if not line.startswith("torchdoctor:")]
+    facts = facts_of(tmp_path / "run")
+    site = f"{job}:"
+    train, side = facts["dataloaders"]
+    assert train["num_workers"] == 0 and train["batch_size"] == 8 and train["dataset_len"] == 256
+    assert train["collate_fn"].endswith("counting_collate") and train["call_site"] == site + str(
+        line_of("LINE_TRAIN")
+    )
+    assert train["collate_syncs_per_batch"] == 8.0 and train["next_ms_mean"] > 0
+    assert side["num_workers"] == 2 and side["persistent_workers"] is True and side["prefetch_factor"] == 2
+    assert side["collate_fn"] == "torch.utils.data._utils.collate.default_collate"
+    (opt,) = facts["optimizers"]
+    assert (opt["cls"], opt["foreach"], opt["num_param_tensors"]) == ("AdamW", False, 5)
+    assert opt["call_site"] == site + str(line_of("LINE_OPT"))
+    # loss.item() once per step, at its line; the collate's syncs are counted on the loader instead.
+    assert 0.9 <= facts["host_syncs_per_step"] <= 1.2
+    # 12 calls, 3 of them while the profiler window ran (not counted: profiling inflates them).
+    assert facts["host_sync_sites"] == {site + str(line_of("LINE_SYNC")): 9}
+    assert facts["backends"]["autocast_used"] is True and facts["backends"]["autocast_dtype"] == "bfloat16"
+    (table,) = facts["embeddings"]
+    assert (table["name"], table["num_embeddings"], table["bytes"]) == ("table", 4096, 4096 * 96 * 4)
+    cpu = facts["cpu"]
+    assert cpu["torch_num_threads"] == 1 and cpu["affinity"] and cpu["main_process_cpu_pct"] > 0
+    assert cpu["dataloader_workers_cpu_pct"] is not None
+    assert facts["env"]["OMP_NUM_THREADS"] == "1" and facts.get("device", {}) in ({}, {"kind": "cpu"})
+    assert "modules_off_device" not in facts and "probe_errors" not in facts
+    # The probe adds no graph, break or recompile (it installs no global module hook).
+    assert facts["compile"] == {
+        "used": True,
+        "graph_breaks": 0,
+        "recompiles": 0,
+        "unique_graphs": 1,
+        "compile_time_s": facts["compile"]["compile_time_s"],
+    }
+    assert all(s["forward_ms"] > 0 for s in facts["steps"][1:])  # roots are hooked after step 0
+    # 12 steps; 5, 6 and 7 ran under the profiler and are left out of the timings.
+    assert facts["step_source"] == "optimizer" and facts["profile_steps"] == [5, 8]
+    assert [s["step"] for s in facts["steps"]] == [0, 1, 2, 3, 4, 8, 9, 10, 11]
+    for step in facts["steps"]:
+        parts = sum(
+            step.get(k, 0.0)
+            for k in ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms")
+        )
+        assert abs(parts - step["total_ms"]) < 0.01 and step["samples"] == 8
+    with gzip.open(tmp_path / "run" / facts["trace_file"]) as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    assert {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"} <= names and "ProfilerStep#8" not in names
+    (entry,) = load_run(tmp_path / "run")["ranks"]
+    # Analysed inside the job (the analysis may still skip a warm-up step of the window).
+    assert entry["analysis"]["window"]["steps"] and set(entry["analysis"]["window"]["steps"]) <= {5, 6, 7}

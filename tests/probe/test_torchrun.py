@@ -1,0 +1,55 @@
+"""A 2-rank torchrun job (gloo, CPU) under `torchdoctor run`: every rank recorded and gathered."""
+
+from __future__ import annotations
+
+from probe.livejob import PY, load_run, run, script, wrapper_cmd
+
+DDP_JOB = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,)))
+loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
+net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+ddp = DistributedDataParallel(net, bucket_cap_mb=1)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for step, (x, y) in enumerate(loader):
+    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 11:
+        break
+print(f"rank {rank} done", flush=True)
+del ddp, opt
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_two_rank_torchrun(tmp_path):
+    job = script(tmp_path, DDP_JOB)
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(job)]
+    result = run(wrapper_cmd(tmp_path / "run", torchrun))
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["rank 0 done", "rank 1 done"]
+    manifest = load_run(tmp_path / "run")
+    ranks = [entry["facts"] for entry in manifest["ranks"]]
+    assert [f.get("rank", 0) for f in ranks] == [0, 1]  # the torchrun launcher wrote nothing
+    for facts, entry in zip(ranks, manifest["ranks"], strict=True):
+        assert facts["world_size"] == 2 and facts["distributed_backend"] == "gloo"
+        assert facts["local_rank"] == facts.get("rank", 0) and facts["cpu"]["local_world_size"] == 2
+        (ddp,) = facts["ddp"]
+        assert ddp["bucket_cap_mb"] == 1.0 and ddp["backend_name"] == "gloo"
+        assert ddp.get("find_unused_parameters") is False and ddp["total_parameter_bytes"] == 2372 * 4
+        assert len(facts["steps"]) == 9 and any(s.get("comm_ms", 0) > 0 for s in facts["steps"])
+        assert entry["analysis"] is not None and "probe_errors" not in facts
+    run_dir = tmp_path / "run"
+    # Rank 0 received both summaries over the job's own process group.
+    assert sorted(p.name for p in (run_dir / "ranks" / "gathered").iterdir()) == ["rank0.json", "rank1.json"]
+    assert sorted(p.name for p in (run_dir / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]

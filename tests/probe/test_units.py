@@ -1,0 +1,180 @@
+"""Probe building blocks without a training job: clock, run-directory layout, shims, hooks, bootstrap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from torchdoctor.probe import imphook, output, shims
+from torchdoctor.probe.clock import Phase, Source, StepClock
+from torchdoctor.runner import BOOTSTRAP_DIR
+
+
+def test_clock_optimizer_steps_and_skipped_window():
+    clock = StepClock(skip=lambda step: step == 1)
+    clock.begin(0.0)
+    for i in range(3):
+        clock.add(Phase.FORWARD, 0.010)
+        clock.add(Phase.BACKWARD, 0.020)
+        assert clock.boundary(Source.OPTIMIZER, 0.1 * (i + 1)) == i
+        clock.resume(0.1 * (i + 1))
+    assert [s.step for s in clock.steps] == [0, 2]
+    step = clock.steps[0]
+    assert (step.total_ms, step.forward_ms, step.backward_ms, step.other_ms) == (100.0, 10.0, 20.0, 70.0)
+    clock.attribute_comm(2, 0.005)
+    assert (clock.steps[1].comm_ms, clock.steps[1].backward_ms) == (5.0, 15.0)
+
+
+def test_clock_folds_micro_batches_into_the_first_optimizer_step():
+    clock = StepClock()
+    clock.begin(0.0)
+    for i in range(4):  # gradient accumulation: four backward calls, then one optimizer step
+        clock.add(Phase.BACKWARD, 0.01)
+        clock.boundary(Source.BACKWARD, 0.1 * (i + 1))
+        clock.resume(0.1 * (i + 1))
+        assert clock.boundary(Source.DATALOADER, 0.1 * (i + 1)) is None  # weaker source: ignored
+    assert clock.boundary(Source.OPTIMIZER, 0.5) == 0
+    (step,) = clock.steps
+    assert (step.step, step.total_ms, step.backward_ms) == (0, 500.0, 40.0)
+    clock.resume(0.5)
+    clock.add(Phase.BACKWARD, 0.01)
+    assert clock.boundary(Source.BACKWARD, 0.6) is None  # backward no longer marks steps
+    assert clock.boundary(Source.OPTIMIZER, 0.7) == 1
+
+
+def test_clock_dataloader_fallback():
+    clock = StepClock()
+    assert clock.boundary(Source.DATALOADER, 1.0) is None  # the first batch request opens step 0
+    clock.add(Phase.DATALOADER, 0.25)
+    assert clock.boundary(Source.DATALOADER, 2.0) == 0
+    assert clock.steps[0].dataloader_ms == 250.0 and clock.source == Source.DATALOADER
+
+
+def payload(rank, pid, steps):
+    return {"facts": {"rank": rank, "pid": pid, "steps": steps}, "analysis": None}
+
+
+def test_run_directory_merge_prefers_own_files(tmp_path):
+    run = str(tmp_path)
+    output.write_json(output.own_path(run, 0, 11), payload(0, 11, [1, 2, 3]))
+    output.write_gathered(run, [payload(0, 11, [1]), payload(1, 12, [1])])
+    merged = output.read_payloads(run)
+    assert [(p["facts"]["rank"], len(p["facts"]["steps"])) for p in merged] == [(0, 3), (1, 1)]
+    # A second process claiming rank 0 (no process group) gets its own file.
+    assert output.own_path(run, 0, 99).endswith("rank0.pid99.json")
+    assert output.own_path(run, 0, 11).endswith("rank0.json")
+    (tmp_path / "notes.txt").write_text("mine")
+    output.clear(run)
+    assert output.read_payloads(run) == [] and (tmp_path / "notes.txt").exists()
+
+
+def _raiser():
+    raise ValueError("boom")
+
+
+def _warner():
+    warnings.warn("from inside", UserWarning, stacklevel=2)
+
+
+def test_shims_are_transparent():
+    seen = []
+    shim = shims.around(_raiser, lambda args: "token", lambda t, a, r: seen.append((t, r)), seen.append)
+    with pytest.raises(ValueError) as info:
+        shim()
+    assert seen == [("token", shims.FAILED)]
+    shims.strip_exception(info.value)
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert shims.SHIM_FILENAME not in frames and frames[-1] == __file__
+    # A failing probe callback never stops the original call.
+    failing = shims.before_only(lambda x: x * 2, lambda args: 1 / 0, seen.append)
+    assert failing(21) == 42 and isinstance(seen[-1], ZeroDivisionError)
+    # stacklevel=2 warnings name the caller, not the shim.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shims.around(_warner, lambda a: None, lambda t, a, r: None, seen.append)()
+    assert caught[0].filename == __file__
+
+
+def test_post_import_hook(tmp_path, monkeypatch):
+    (tmp_path / "td_fresh_module.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    got = []
+    imphook.when_imported("td_fresh_module", lambda m: got.append(m.VALUE))
+    import td_fresh_module  # noqa: F401
+
+    assert got == [7]
+    assert not any(isinstance(f, imphook._PostImportFinder) for f in sys.meta_path)
+    imphook.when_imported("td_fresh_module", lambda m: got.append(-m.VALUE))  # already imported: at once
+    assert got == [7, -7]
+
+
+PROBE_STATE = (
+    "import json, os, sys; print(json.dumps({'torch': 'torch' in sys.modules, "
+    "'td': 'torchdoctor.probe.bootstrap' in sys.modules, 'marker': os.environ.get('USER_SITE_RAN'), "
+    "'site': getattr(sys.modules.get('sitecustomize'), '__file__', None), "
+    "'bootstrap_on_path': any(os.path.abspath(p) == %r for p in sys.path)}))"
+)
+
+
+def _start(tmp_path, run_dir, user_site):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, str(user_site)])
+    if run_dir:
+        env["TORCHDOCTOR_RUN_DIR"] = str(run_dir)
+    code = PROBE_STATE % BOOTSTRAP_DIR
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_bootstrap_chain_loads_the_users_sitecustomize(tmp_path):
+    user_site = tmp_path / "site"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    active = json.loads(_start(tmp_path, tmp_path / "run", user_site).stdout)
+    assert active == {
+        "torch": False,
+        "td": True,
+        "marker": "yes",
+        "site": str(user_site / "sitecustomize.py"),
+        "bootstrap_on_path": False,
+    }
+    idle = json.loads(_start(tmp_path, None, user_site).stdout)
+    assert idle["td"] is False and idle["marker"] == "yes"
+
+
+def test_broken_user_sitecustomize_reports_as_usual(tmp_path):
+    user_site = tmp_path / "site"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("raise RuntimeError('user site broke')\n")
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    plain_env["PYTHONPATH"] = str(user_site)
+    plain = subprocess.run([sys.executable, "-c", "print(1)"], env=plain_env, capture_output=True, text=True)
+    wrapped = _start(tmp_path, tmp_path / "run", user_site)
+    assert "Error in sitecustomize" in plain.stderr and plain.stderr == wrapped.stderr
+
+
+def test_a_failing_boundary_still_closes_the_step(tmp_path):
+    import torch
+
+    from torchdoctor.probe.config import ProbeConfig
+    from torchdoctor.probe.core import Probe
+    from torchdoctor.probe.errors import ERRORS, set_fault
+
+    probe = Probe(torch, ProbeConfig(run_dir=str(tmp_path), profile=None))  # not installed: torch untouched
+    set_fault("boundary")
+    try:
+        probe.activity(1.0)
+        probe.boundary(Source.OPTIMIZER, 2.0)
+        assert [s.step for s in probe.clock.steps] == [0] and probe.clock.running
+        assert any(m.startswith("boundary: RuntimeError") for m in ERRORS.messages)
+    finally:
+        set_fault(None)
+        ERRORS.reset()

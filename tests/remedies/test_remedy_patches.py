@@ -1,0 +1,233 @@
+"""Remedies applied in-process on real torch objects (each test restores what it patched)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.nn.modules import module as nn_module  # noqa: E402
+from torch.nn.parallel import distributed  # noqa: E402
+from torch.optim import optimizer as optim_mod  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset, dataloader  # noqa: E402
+
+from torchdoctor.remedies import patch_data, patch_ddp, patch_flags, patch_model, patch_optim, recorder  # noqa: E402
+from torchdoctor.remedies.catalogue import parse  # noqa: E402
+from torchdoctor.remedies.runtime import ENV_SAID, ENV_STEPS, Runtime  # noqa: E402
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((3,), float(i))
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch):
+    """A fresh Runtime; every torch attribute a remedy may replace is restored afterwards."""
+    monkeypatch.setattr(dataloader.DataLoader, "__init__", dataloader.DataLoader.__init__)
+    monkeypatch.setattr(distributed.DistributedDataParallel, "__init__", distributed.DistributedDataParallel.__init__)
+    for obj in vars(torch.optim).values():
+        if isinstance(obj, type) and "__init__" in obj.__dict__:
+            monkeypatch.setattr(obj, "__init__", obj.__dict__["__init__"])
+    monkeypatch.setattr(torch, "set_anomaly_enabled", torch.set_anomaly_enabled)
+    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)
+    monkeypatch.setattr(torch.distributed, "init_process_group", torch.distributed.init_process_group)
+    c10d = torch.distributed.distributed_c10d
+    monkeypatch.setattr(c10d, "init_process_group", c10d.init_process_group)
+    monkeypatch.setenv(ENV_SAID, "")
+    hooks = [optim_mod._global_optimizer_pre_hooks, optim_mod._global_optimizer_post_hooks,
+             nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks]
+    before = [dict(h) for h in hooks]
+    threads = torch.get_num_threads()
+    yield Runtime()
+    for h, saved in zip(hooks, before, strict=True):
+        h.clear()
+        h.update(saved)
+    torch.set_num_threads(threads)
+    torch.set_anomaly_enabled(False)
+
+
+def want(rt: Runtime, *texts: str) -> Runtime:
+    for text in texts:
+        spec, why = parse(text)
+        assert spec is not None, why
+        rt.specs[spec.id] = spec
+        rt.requested.append(text)
+    return rt
+
+
+def batches(loader: DataLoader) -> list[torch.Tensor]:
+    return [b.clone() for b in loader]
+
+
+def test_dataloader_workers_persistent_prefetch(runtime: Runtime) -> None:
+    want(runtime, "dataloader.workers=1", "dataloader.persistent_workers", "dataloader.prefetch")
+    plain = batches(DataLoader(Squares(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    patch_data.install(torch, runtime)
+    loader = DataLoader(Squares(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (1, True, 4)
+    # The same batches in the same order: the sampler stays in the main process.
+    assert all(torch.equal(a, b) for a, b in zip(plain, batches(loader), strict=True))
+    sites = {e["site"] for e in runtime.applied}
+    assert sites == {f"{__file__}:{test_dataloader_workers_persistent_prefetch.__code__.co_firstlineno + 4}"}
+    assert {e["id"] for e in runtime.applied} == {"dataloader.workers", "dataloader.persistent_workers",
+                                                   "dataloader.prefetch"}
+
+
+def test_positional_num_workers_is_found(runtime: Runtime) -> None:
+    patch_data.install(torch, want(runtime, "dataloader.workers=1"))
+    loader = DataLoader(Squares(), 8, False, None, None, 0)
+    assert loader.num_workers == 1
+
+
+def test_workers_beyond_the_cpus_are_refused_and_the_loader_still_works(runtime: Runtime,
+                                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    patch_data.install(torch, want(runtime, "dataloader.workers=64"))
+    loader = DataLoader(Squares(), batch_size=8)
+    assert loader.num_workers == 0 and len(batches(loader)) == 8
+    assert "num_workers=64 is beyond the" in runtime.refused["dataloader.workers"]
+    assert "remedy dataloader.workers refused" in capfd.readouterr().err
+
+
+class InProcessOnly(DataLoader):
+    """A loader class that rejects workers while DataLoader.__init__ runs (like a custom loader
+    whose dataset handle cannot cross processes)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "num_workers" and value:
+            raise ValueError("this loader must stay in the training process")
+        super().__setattr__(name, value)
+
+
+def test_a_loader_that_rejects_the_change_is_built_as_written(runtime: Runtime) -> None:
+    patch_data.install(torch, want(runtime, "dataloader.workers=1"))
+    loader = InProcessOnly(Squares(), batch_size=8)
+    assert loader.num_workers == 0 and len(batches(loader)) == 8
+    assert "must stay in the training process" in runtime.refused["dataloader.workers"]
+    assert not runtime.applied
+
+
+def test_iterable_dataset_and_missing_accelerator(runtime: Runtime) -> None:
+    patch_data.install(torch, want(runtime, "dataloader.workers=1", "dataloader.pin_memory"))
+    loader = DataLoader(Stream(), batch_size=2)
+    assert loader.num_workers == 0
+    assert "IterableDataset" in runtime.skipped["dataloader.workers"]
+    if not patch_data.has_accelerator(torch):
+        assert not loader.pin_memory
+        assert "no accelerator" in runtime.refused["dataloader.pin_memory"]
+
+
+def train(opt_cls: type, steps: int = 6, **kw: object) -> tuple[list[float], torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = opt_cls(model.parameters(), lr=1e-2, **kw)
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out, opt
+
+
+def test_foreach_is_bit_identical_and_explicit_choices_stay(runtime: Runtime) -> None:
+    plain, _ = train(torch.optim.Adam)
+    patch_optim.install(torch, want(runtime, "optim.foreach"))
+    losses, opt = train(torch.optim.Adam)
+    assert opt.defaults["foreach"] is True
+    assert losses == plain  # the catalogue's claim for `safe`
+    _, mine = train(torch.optim.SGD, foreach=False)
+    assert mine.defaults["foreach"] is False
+
+
+def test_fused_checks_the_parameters_first(runtime: Runtime) -> None:
+    patch_optim.install(torch, want(runtime, "optim.fused"))
+    _, opt = train(torch.optim.AdamW)
+    assert opt.defaults["fused"] is True
+    counts = torch.zeros(3, dtype=torch.int64)  # fused kernels take floating point only
+    opt = torch.optim.SGD([counts], lr=0.1)
+    assert not opt.defaults["fused"]
+    assert "floating-point" in runtime.refused["optim.fused"]
+
+
+def test_ddp_arguments(runtime: Runtime) -> None:
+    dist = torch.distributed
+    # One rank over an in-memory store: nothing to connect to, and a bounded wait if anything hangs.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        want(runtime, "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap")
+        patch_ddp.install(torch, runtime)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        ddp = distributed.DistributedDataParallel(model, find_unused_parameters=True, bucket_cap_mb=0.001)
+        assert ddp.find_unused_parameters is False and ddp.static_graph and ddp.gradient_as_bucket_view
+        assert ddp.bucket_bytes_cap == 25 * 1024 * 1024
+        for _ in range(3):
+            ddp(torch.randn(2, 4)).sum().backward()
+        assert {e["id"] for e in runtime.applied} == {"ddp.find_unused_false", "ddp.static_graph",
+                                                       "ddp.grad_as_bucket_view", "ddp.bucket_cap"}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_debug_switches_off(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    want(runtime, "debug.off")
+    patch_flags.debug_env_off(runtime)
+    patch_flags.install(torch, runtime)
+    assert "CUDA_LAUNCH_BLOCKING" not in os.environ and "TORCH_DISTRIBUTED_DEBUG" not in os.environ
+    torch.autograd.set_detect_anomaly(True)
+    assert not torch.is_anomaly_enabled()
+    with pytest.warns(UserWarning, match="Anomaly Detection"), torch.autograd.detect_anomaly():
+        assert not torch.is_anomaly_enabled()
+
+
+def test_threads_and_gpu_only_flags(runtime: Runtime) -> None:
+    patch_flags.install(torch, want(runtime, "threads.affinity=1", "cudnn.benchmark", "precision.tf32"))
+    assert torch.get_num_threads() == 1
+    if not torch.cuda.is_available():
+        assert "cuDNN" in runtime.refused["cudnn.benchmark"]
+        assert "TF32" in runtime.refused["precision.tf32"]
+        assert not torch.backends.cudnn.benchmark and torch.get_float32_matmul_precision() == "highest"
+
+
+def test_autocast_around_the_model_only(runtime: Runtime) -> None:
+    patch_model.install(torch, want(runtime, "precision.autocast", "cudagraphs"))
+    if not torch.cuda.is_available():
+        assert "CUDA graphs" in runtime.refused["cudagraphs"]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    loss_fn = torch.nn.MSELoss()
+    with torch.no_grad():  # not a training forward: left alone
+        assert model(torch.randn(2, 4)).dtype == torch.float32
+    for _ in range(2):
+        out = model(torch.randn(2, 4))
+        assert out.dtype == torch.bfloat16
+        loss = loss_fn(out.float(), torch.zeros(2, 2))
+        assert loss.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        loss.backward()
+    assert runtime.applied[0]["set"] == {"autocast": "cpu/bfloat16"}
+
+
+def test_recorder_keeps_losses_and_stops_after_n_steps(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_STEPS, "3")
+    monkeypatch.delenv("TORCHDOCTOR_RUN_DIR", raising=False)
+    plain, _ = train(torch.optim.SGD, steps=3)
+    recorder.install(torch, runtime)
+    with pytest.raises(SystemExit) as stop:
+        train(torch.optim.SGD, steps=10)
+    assert stop.value.code == 0 and runtime.steps == 3
+    record = runtime.record()
+    assert record is not None and record["losses"] == plain

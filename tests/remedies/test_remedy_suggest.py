@@ -1,0 +1,77 @@
+"""Permanent code changes: unified diffs against the recorded call site, snippets otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchdoctor.remedies.suggest import call_site_diff, changes_for
+
+TRAIN = '''import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(ds, batch_size=32, num_workers=0)
+model = torch.nn.parallel.DistributedDataParallel(
+    net,
+    find_unused_parameters=True,
+)
+opt = torch.optim.Adam(model.parameters())
+odd = make(**options)
+'''
+
+
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+def apply_diff(original: str, diff: str) -> str:
+    """Tiny patch applier for one-hunk diffs (enough to check the result compiles and says the right thing)."""
+    lines = diff.splitlines(keepends=True)[3:]
+    old = "".join(x[1:] for x in lines if x[:1] in (" ", "-"))
+    new = "".join(x[1:] for x in lines if x[:1] in (" ", "+"))
+    assert old in original
+    return original.replace(old, new)
+
+
+def test_keyword_replaced_and_appended(tmp_path: Path) -> None:
+    path = script(tmp_path)
+    diff = call_site_diff(f"{path}:4", {"num_workers": 2, "persistent_workers": True})
+    assert diff is not None
+    result = apply_diff(TRAIN, diff)
+    assert "DataLoader(ds, batch_size=32, num_workers=2, persistent_workers=True)" in result
+    compile(result, "train.py", "exec")
+
+
+def test_multiline_call_with_trailing_comma(tmp_path: Path) -> None:
+    path = script(tmp_path)
+    diff = call_site_diff(f"{path}:5", {"find_unused_parameters": False, "gradient_as_bucket_view": True})
+    assert diff is not None
+    result = apply_diff(TRAIN, diff)
+    assert "find_unused_parameters=False, gradient_as_bucket_view=True," in result
+    compile(result, "train.py", "exec")
+    diff = call_site_diff(f"{path}:9", {"foreach": True})
+    assert diff is not None and "torch.optim.Adam(model.parameters(), foreach=True)" in diff
+
+
+def test_no_diff_when_it_cannot_tell(tmp_path: Path) -> None:
+    path = script(tmp_path)
+    assert call_site_diff(f"{path}:10", {"num_workers": 2}) is None  # **options may set it
+    assert call_site_diff(f"{tmp_path}/missing.py:1", {"num_workers": 2}) is None
+    assert path.read_text() == TRAIN  # never written
+
+
+def test_changes_group_by_site_and_fall_back_to_snippets(tmp_path: Path) -> None:
+    path = script(tmp_path)
+    applied = {
+        "dataloader.workers": [{"id": "dataloader.workers", "target": "DataLoader", "site": f"{path}:4",
+                                "set": {"num_workers": 2}, "was": {"num_workers": 0}}],
+        "dataloader.persistent_workers": [{"id": "dataloader.persistent_workers", "target": "DataLoader",
+                                           "site": f"{path}:4", "set": {"persistent_workers": True}, "was": {}}],
+        "debug.off": [{"id": "debug.off", "target": "environment", "site": None,
+                       "set": {"CUDA_LAUNCH_BLOCKING": None}, "was": {"CUDA_LAUNCH_BLOCKING": "1"}}],
+    }
+    changes = changes_for(["dataloader.workers", "dataloader.persistent_workers", "debug.off"], applied)
+    assert [c.language for c in changes] == ["diff", "shell"]
+    assert changes[0].ids == ["dataloader.workers", "dataloader.persistent_workers"]
+    assert changes[1].text == "unset CUDA_LAUNCH_BLOCKING"

@@ -1,0 +1,221 @@
+"""`torchdoctor fix` end to end on a tiny synthetic training job (real torch, real processes).
+
+Each test runs the job a few times (a few seconds each); together well under 3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+JOB = r'''"""Tiny synthetic training job for the fix tests (written to a temp dir by the tests)."""
+import argparse
+import os
+import socket
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--sleep-ms", type=float, default=0.0)
+p.add_argument("--ranks", type=int, default=1)
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--bucket-cap", type=float, default=None)
+p.add_argument("--random-aug", action="store_true")
+args = p.parse_args()
+WIDTH = 32
+
+
+class Data(Dataset):
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        if args.sleep_ms:
+            time.sleep(args.sleep_ms / 1000)  # simulated storage latency
+        x = torch.randn(WIDTH, generator=torch.Generator().manual_seed(i))
+        if args.random_aug:  # draws from the process's global RNG: differs inside workers
+            x = x + 0.5 * torch.randn(WIDTH)
+        return x, i % 10
+
+
+def main(rank=0):
+    if args.ranks > 1:
+        # Ranks come from mp.spawn, whose children default to spawning: fork the loader's workers.
+        torch.multiprocessing.set_start_method("fork", force=True)
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()) for _ in range(args.layers)]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+    if args.ranks > 1:
+        kw = {} if args.bucket_cap is None else {"bucket_cap_mb": args.bucket_cap}
+        model = torch.nn.parallel.DistributedDataParallel(model, **kw)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = Data()
+    sampler = torch.utils.data.distributed.DistributedSampler(data, args.ranks, rank, seed=0) if args.ranks > 1 else None
+    loader = DataLoader(data, batch_size=16, shuffle=sampler is None, sampler=sampler,
+                        generator=torch.Generator().manual_seed(0))
+    step = 0
+    while step < args.steps:
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            if step == args.steps:
+                break
+    if rank == 0:
+        print(f"job done: {step} steps", flush=True)
+
+
+if __name__ == "__main__":
+    if args.ranks > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.multiprocessing.spawn(main, nprocs=args.ranks)
+    else:
+        main()
+'''
+
+
+def job(tmp_path: Path) -> Path:
+    path = tmp_path / "job.py"
+    path.write_text(JOB)
+    return path
+
+
+def torchdoctor(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    full.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "torchdoctor.cli", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+def report(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def verdicts(rep: dict) -> dict[str, tuple[bool, str]]:
+    return {r["id"]: (r["kept"], r["reason"]) for r in rep["ab"]["remedies"]}
+
+
+def test_impossible_remedies_are_refused_at_run_time_and_the_job_runs(tmp_path: Path) -> None:
+    """Straight through the bootstrap (TORCHDOCTOR_REMEDIES), no fix loop: the job decides itself."""
+    script = job(tmp_path)
+    asked = "dataloader.workers=64,dataloader.pin_memory,cudagraphs,no.such.remedy,optim.foreach"
+    res = torchdoctor("run", "--out", "run", "--profile-steps", "off", "-q", "--", sys.executable, str(script),
+                      "--steps", "6", cwd=tmp_path, env={"TORCHDOCTOR_REMEDIES": asked})
+    assert res.returncode == 0, res.stderr
+    assert "job done: 6 steps" in res.stdout  # the job's own output passes through
+    assert "remedy no.such.remedy refused: unknown remedy id" in res.stderr
+    assert "remedy dataloader.workers refused: num_workers=64 is beyond the" in res.stderr
+    records = [json.loads(p.read_text()) for p in (tmp_path / "run" / "remedies").glob("pid*.json")]
+    refused = {r["id"]: r["reason"] for rec in records for r in rec["refused"]}
+    applied = {a["id"] for rec in records for a in rec["applied"]}
+    assert {"dataloader.workers", "no.such.remedy"} <= set(refused) and applied == {"optim.foreach"}
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "no accelerator" in refused["dataloader.pin_memory"]
+        assert "CUDA graphs" in refused["cudagraphs"]
+
+
+def test_fix_safe_picks_workers_from_the_diagnosis_and_proves_them(tmp_path: Path) -> None:
+    script = job(tmp_path)
+    res = torchdoctor("fix", "--apply", "safe", "--repeats", "1", "--steps", "14", "--out", "fx", "--json",
+                      "fix.json", "--", sys.executable, str(script), "--sleep-ms", "3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rep = report(tmp_path / "fix.json")
+    assert rep["source"] == "fix" and any(f["id"] == "DL-2" for f in rep["findings"])
+    ab = rep["ab"]
+    v = verdicts(rep)
+    workers = next(k for k in v if k.startswith("dataloader.workers="))
+    assert v[workers][0] and v["dataloader.persistent_workers"][0] and v["dataloader.prefetch"][0], v
+    assert ab["speedup_median"] > 1.5 and ab["treated_steps_per_s"] > ab["baseline_steps_per_s"]
+    assert ab["details"]["loss_check"]["status"] == "identical"
+    change = ab["details"]["code_changes"][0]
+    added = [line for line in change["text"].splitlines() if line.startswith("+ ")]
+    assert change["language"] == "diff"
+    assert re.search(r"num_workers=\d+, persistent_workers=True, prefetch_factor=4\)$", added[0]), added
+    assert "speed-up x" in res.stdout and "to make the kept remedies permanent" in res.stdout
+    assert (script.read_text()) == JOB  # the user's file is never edited
+
+
+def test_a_remedy_that_slows_the_job_is_rejected(tmp_path: Path) -> None:
+    """2 DDP ranks; a tiny bucket cap makes one all-reduce per parameter tensor. (Each remedy's
+    own share, --ablate, is judged the same way: tests/remedies/test_remedy_verdict.py.)"""
+    script = job(tmp_path)
+    res = torchdoctor("fix", "--apply", "ddp.bucket_cap=0.0001", "--repeats", "1", "--steps", "16", "--out", "fx",
+                      "--json", "fix.json", "--", sys.executable, str(script), "--ranks", "2", "--layers", "24",
+                      cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rep = report(tmp_path / "fix.json")
+    kept, why = verdicts(rep)["ddp.bucket_cap=0.0001"]
+    assert not kept and "the job is slower" in why, why
+    assert rep["ab"]["speedup_max"] < 0.8
+
+
+def test_a_safe_remedy_that_changes_the_losses_is_rejected(tmp_path: Path) -> None:
+    """The dataset draws from the global RNG in __getitem__: in a worker it draws other numbers."""
+    script = job(tmp_path)
+    res = torchdoctor("fix", "--apply", "dataloader.workers=1", "--repeats", "1", "--steps", "8", "--out", "fx",
+                      "--json", "fix.json", "--", sys.executable, str(script), "--random-aug", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rep = report(tmp_path / "fix.json")
+    kept, why = verdicts(rep)["dataloader.workers=1"]
+    assert not kept and "learns differently" in why
+    assert rep["ab"]["details"]["loss_check"]["status"] == "changed"
+
+
+def test_impossible_requests_to_fix_are_refused_and_the_job_still_runs(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusals of a CPU-only machine")
+    script = job(tmp_path)
+    res = torchdoctor("fix", "--apply", "dataloader.workers=64,cudagraphs,dataloader.pin_memory,bogus",
+                      "--steps", "4", "--out", "fx", "--json", "fix.json", "--", sys.executable, str(script),
+                      cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "fx" / "A1" / "job.log").exists()  # it ran; its output went to its log
+    v = verdicts(report(tmp_path / "fix.json"))
+    assert not any(kept for kept, _ in v.values())
+    assert f"beyond the {len(os.sched_getaffinity(0))} CPU(s)" in v["dataloader.workers=64"][1]
+    assert "needs an accelerator" in v["cudagraphs"][1] and "needs an accelerator" in v["dataloader.pin_memory"][1]
+    assert "unknown remedy id 'bogus'" in v["bogus"][1]
+    assert sorted(p.name for p in (tmp_path / "fx").iterdir()) == ["A1"]  # ran once, as it is
+
+
+def test_numerics_remedy_within_tolerance(tmp_path: Path) -> None:
+    script = job(tmp_path)
+    res = torchdoctor("fix", "--apply", "precision.autocast", "--repeats", "1", "--steps", "8", "--out", "fx",
+                      "--json", "fix.json", "--", sys.executable, str(script), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rep = report(tmp_path / "fix.json")
+    assert rep["ab"]["details"]["loss_check"]["status"] in ("within tolerance", "changed")
+    kept, why = verdicts(rep)["precision.autocast"]
+    assert kept or "slower" in why or "learns differently" in why
+
+
+def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchdoctor.cli import build_parser, main
+
+    assert main(["fix", "--apply", "safe"]) == 2
+    assert "give the command after --" in capsys.readouterr().err
+    args = build_parser().parse_args(["demo", "--fix", "--apply", "numerics", "-k", "3", "--ablate", "--steps", "20"])
+    assert (args.fix, args.apply, args.repeats, args.ablate, args.steps) == (True, "numerics", 3, True, 20)
+    args = build_parser().parse_args(["fix", "--steps", "5", "--", "python", "train.py", "--steps", "9"])
+    assert args.fix_steps == 5 and args.command == ["--", "python", "train.py", "--steps", "9"]

@@ -1,0 +1,75 @@
+"""`torchdoctor demo`: each pathology observable on a CPU shows in the recorded facts and timings."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from probe.livejob import PY, load_run, run
+
+STEPS = "16"  # the profiler window is 10:13 and the gather at 13
+
+
+def demo(run_dir, *flags):
+    result = run(
+        [PY, "-m", "torchdoctor.workloads.cli", "--quiet", "--steps", STEPS, "--out", str(run_dir), *flags]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [entry["facts"] for entry in load_run(run_dir)["ranks"]]
+    assert [f.get("rank", 0) for f in ranks] == [0, 1]
+    return result, ranks
+
+
+def wait_share(facts):
+    """Median share of the step spent waiting for the DataLoader."""
+    return statistics.median(s.get("dataloader_ms", 0.0) / s["total_ms"] for s in facts["steps"])
+
+
+@pytest.fixture(scope="module")
+def sick(tmp_path_factory):
+    return demo(tmp_path_factory.mktemp("demo") / "sick")
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    return demo(tmp_path_factory.mktemp("demo") / "healthy", "--healthy")
+
+
+def test_pathologies_are_recorded(sick):
+    result, ranks = sick
+    assert "torchdoctor demo (pathological): 16 steps on 2 ranks" in result.stdout
+    for facts in ranks:
+        (loader,) = facts["dataloaders"]
+        # DataLoader in the training process, no pinned memory, a collate_fn syncing every sample.
+        assert loader["num_workers"] == 0 and loader["pin_memory"] is False
+        assert loader["collate_fn"] == "torchdoctor.workloads.demo.syncing_collate"
+        assert loader["collate_syncs_per_batch"] == 128.0  # .numpy() and .item() per sample, 64 samples
+        assert loader["call_site"].split("/")[-1].startswith("demo.py:")
+        # loss.item() every step.
+        assert 0.9 <= facts["host_syncs_per_step"] <= 1.1
+        ((site, _),) = facts["host_sync_sites"].items()
+        assert site.split("/")[-1].startswith("demo.py:")
+        # find_unused_parameters=True with nothing unused; tiny buckets.
+        (ddp,) = facts["ddp"]
+        assert ddp["find_unused_parameters"] is True and ddp["unused_parameter_size"] == 0
+        assert ddp["bucket_cap_mb"] == 0.001 and ddp["num_buckets"] >= 4
+        # Slow decoding in the training process dominates the step.
+        assert wait_share(facts) > 0.3
+        # GPU-only pathologies are not injected on a CPU, and nothing is invented for the device.
+        assert facts.get("device", {}) in ({}, {"kind": "cpu"}) and "modules_off_device" not in facts
+        assert facts["trace_file"] and facts["profile_steps"] == [10, 13]
+
+
+def test_healthy_version_is_fixed(healthy, sick):
+    result, ranks = healthy
+    assert "torchdoctor demo (healthy): 16 steps on 2 ranks" in result.stdout
+    for facts, sick_facts in zip(ranks, sick[1], strict=True):
+        (loader,) = facts["dataloaders"]
+        assert loader["num_workers"] >= 1 and loader["persistent_workers"] is True
+        assert loader["collate_fn"] == "torch.utils.data._utils.collate.default_collate"
+        assert facts.get("host_syncs_per_step", 0.0) < 0.1  # one read of the summed loss at the end
+        (ddp,) = facts["ddp"]
+        assert ddp["find_unused_parameters"] is False and ddp["bucket_cap_mb"] == 25.0
+        assert ddp["gradient_as_bucket_view"] is True
+        assert wait_share(facts) < wait_share(sick_facts) / 2
