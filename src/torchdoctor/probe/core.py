@@ -208,7 +208,7 @@ class Probe:
         except ImportError:
             return None  # the wrapper analyses the trace later
         try:
-            return msgspec.to_builtins(analyze_rank_file(path))
+            return msgspec.to_builtins(analyze_rank_file(path, steps="all"))  # the probe chose a steady-state window
         except Exception as exc:
             ERRORS.record("analysis", exc)
             return None
