@@ -428,10 +428,10 @@ def judge(line: Line) -> None:
     if line.hta_err is not None:
         if em.e0 is None:
             line.status = "HTA crashed"
-            idle = "no idle % (no device events)" if td.idle_pct is None else f"idle {td.idle_pct:.2f}%"
+            idle = "no device events, so no idle %" if td.idle_pct is None else f"idle {td.idle_pct:.2f}%"
             line.explanation = (
-                f"HTA 0.5 crashes ({line.hta_err.split(':')[0]}): the trace has no device events; "
-                f"torchdoctor analyses it ({idle}, rc={td.rc})"
+                f"HTA 0.5 crashes ({line.hta_err.split(':')[0]}) on a trace without device events; "
+                f"torchdoctor analyses it without error (rc={td.rc}, {idle})"
             )
         else:
             line.status = "HTA crashed"

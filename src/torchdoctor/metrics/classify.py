@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
+from functools import lru_cache
 
 
 class KernelKind(IntEnum):
@@ -53,6 +54,7 @@ _ELEMENTWISE = re.compile(
 )
 
 
+@lru_cache(maxsize=65536)
 def kernel_kind(name: str) -> KernelKind:
     """Classify a device kernel by name (memcpy/memset are classified by category, not here)."""
     for pattern, kind in (
