@@ -82,9 +82,9 @@ def stream_idle(ctx: Context) -> list[StreamIdle]:
     launch = lookup(corr_sorted, launch_ts_sorted, tr.correlation[idx])
     same = np.zeros(idx.size, bool)
     same[1:] = stream[1:] == stream[:-1]
+    # End of the latest work before each entry on its stream (running max guards overlapping
+    # entries); it restarts at each stream's first entry, whose gap `same` masks out.
     prev_end = np.zeros(idx.size, np.int64)
-    prev_end[1:] = np.maximum.accumulate(end)[:-1]  # running max guards overlapping entries
-    # The running max must restart per stream: recompute within each stream segment.
     starts = np.flatnonzero(~same)
     for a, b in zip(starts, np.append(starts[1:], idx.size), strict=True):
         if b - a > 1:
