@@ -26,6 +26,12 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     call_site: str | None = None
     # Host syncs (.item() / .numpy() / .tolist() on tensors) seen inside collate_fn per batch.
     collate_syncs_per_batch: float | None = None
+    # Mean time in collate_fn per batch, ms (num_workers=0 only: workers collate out of sight).
+    collate_ms_mean: float | None = None
+    # Workers only: share of batches already produced when the step asked for them, and the mean
+    # wait for those (the handoff cost a ready batch still pays), ms.
+    ready_share: float | None = None
+    ready_wait_ms_mean: float | None = None
     dataset_len: int | None = None
     # Mean wall time per batch spent in __next__ (ms), measured by the probe.
     next_ms_mean: float | None = None
@@ -157,6 +163,10 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     comm_ms: float = 0.0
     other_ms: float = 0.0
     samples: int | None = None
+    # Part of dataloader_ms spent on batches that workers had not produced yet when the step asked
+    # (all of it with num_workers=0 or when readiness is unknown). The rest is the handoff of ready
+    # batches (queue, unpickling, shared memory), which more workers do not shorten.
+    dataloader_unready_ms: float | None = None
 
 
 class RankFacts(msgspec.Struct, omit_defaults=True):

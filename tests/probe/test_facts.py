@@ -8,6 +8,7 @@ import json
 from probe.livejob import facts_of, load_run, run_wrapped, script
 
 JOB = """
+import time
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, default_collate
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 def counting_collate(batch):
     x, y = default_collate(batch)
     labels = [int(v.item()) for v in y]  # one host sync per sample
+    time.sleep(0.003)  # a slow collate: the probe times it
     return x, y
 
 class Net(torch.nn.Module):
@@ -67,6 +69,9 @@ def test_single_process_facts(tmp_path):
         line_of("LINE_TRAIN")
     )
     assert train["collate_syncs_per_batch"] == 8.0 and train["next_ms_mean"] > 0
+    # Time inside collate_fn per batch: at least the 3 ms sleep, and part of the wait in __next__.
+    assert 3.0 <= train["collate_ms_mean"] <= train["next_ms_mean"]
+    assert "collate_ms_mean" not in side  # workers collate out of sight
     assert side["num_workers"] == 2 and side["persistent_workers"] is True and side["prefetch_factor"] == 2
     assert side["collate_fn"] == "torch.utils.data._utils.collate.default_collate"
     (opt,) = facts["optimizers"]
@@ -108,3 +113,57 @@ def test_single_process_facts(tmp_path):
     (entry,) = load_run(tmp_path / "run")["ranks"]
     # Analysed inside the job (the analysis may still skip a warm-up step of the window).
     assert entry["analysis"]["window"]["steps"] and set(entry["analysis"]["window"]["steps"]) <= {5, 6, 7}
+
+
+READINESS_JOB = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Sleepy(Dataset):
+    def __init__(self, ms):
+        self.s = ms / 1e3
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        time.sleep(self.s)
+        return torch.zeros(4), i % 2
+
+slow = sys.argv[1] == "slow"
+# fast: workers produce a batch in ~0 ms while each step computes 30 ms -> batches wait ready.
+# slow: one worker needs 4 x 25 ms per batch while a step computes ~0 ms -> the step waits on it.
+loader = DataLoader(Sleepy(25 if slow else 0), batch_size=4, num_workers=1 if slow else 2, prefetch_factor=2)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x, y) in enumerate(loader):
+    if not slow:
+        end = time.perf_counter() + 0.03
+        while time.perf_counter() < end:
+            pass
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if step == 19:
+        break
+print("ok")
+"""
+
+
+def test_ready_batches_are_told_apart_from_starved_ones(tmp_path):
+    job = script(tmp_path, READINESS_JOB)
+    for kind in ("fast", "slow"):
+        result = run_wrapped(tmp_path / kind, job, kind, options=("--profile-steps", "off"))
+        assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+        facts = facts_of(tmp_path / kind)
+        (dl,) = facts["dataloaders"]
+        steady = facts["steps"][3:]
+        waited = sum(s["dataloader_ms"] for s in steady)
+        unready = sum(s["dataloader_unready_ms"] for s in steady)
+        assert 0 <= unready <= waited + 1e-6
+        if kind == "fast":
+            # Every steady batch was waiting in the queue: the wait is the handoff alone.
+            assert dl["ready_share"] >= 0.8 and dl["ready_wait_ms_mean"] > 0
+            assert unready <= 0.2 * waited
+        else:
+            # ~100 ms per batch from one worker: nearly every batch was still being produced.
+            assert dl["ready_share"] <= 0.2 and waited / len(steady) >= 50
+            assert unready >= 0.8 * waited

@@ -56,6 +56,17 @@ def test_di3_cpu_gloo_collectives():
     assert abs(got.recoverable_ms - 25.0) < 1e-6  # only what could run under backward
 
 
+def test_di3_host_only_comm_without_a_gain_is_info():
+    # A CPU job's host trace: 16% of the step inside gloo all-reduce, one gradient bucket, so nothing
+    # can run under backward. Transfer and waits for descheduled peers are not told apart: info.
+    r = cpu_result(comm_pct=16.0, comm_exposed_pct=16.0)
+    r.backend = "gloo"
+    r.host.phases_ms = {"comm": 16.0, "forward": 30.0, "backward": 50.0, "optimizer": 4.0, "data": 0.0}
+    f = cpu_facts(ddp=[DDPFacts(num_buckets=1, bucket_sizes=[100_000])])
+    got = only(run("DI-3", (r, f)), "DI-3")
+    assert got.severity == "info" and got.recoverable_pct == 0.0 and got.confidence == "low"
+
+
 def test_di3_silent_on_little_comm():
     assert run("DI-3", (comm_bound(exposed=1.0, overlap=95.0), None)) == []
 

@@ -82,6 +82,17 @@ def test_ho3_collate_fn_conversions():
     assert "collate_fn" in got.title and got.severity == "warning" and got.recoverable_pct == 0.0
 
 
+def test_ho3_collate_time_is_claimed_and_the_loader_rules_split_the_rest():
+    # 100 ms steps waiting 30 ms for data, 8 ms of which the probe timed inside collate_fn.
+    dl = DataLoaderFacts(num_workers=0, collate_fn="train.collate", collate_syncs_per_batch=64, collate_ms_mean=8.0)
+    f = cpu_facts(dataloaders=[dl], cpu=CpuFacts(affinity=[0, 1], local_world_size=2))
+    found = run_all((cpu_result(dataloader_pct=30.0, dataloader_exposed_pct=30.0), f))
+    collate = next(x for x in found if x.id == "HO-3" and "collate_fn" in x.title)
+    assert abs(collate.recoverable_pct - 8.0) < 0.1 and "8.0 ms per batch" in collate.evidence[0].text
+    loader = sum(x.recoverable_pct for x in found if x.id in ("DL-1", "DL-2"))
+    assert abs(loader + collate.recoverable_pct - 30.0) < 0.1  # the wait is claimed once, in full
+
+
 def test_ho4_sync_memcpy_api():
     got = only(run("HO-4", (with_sync([site(api="cudaMemcpy", op="aten::copy_")]), None)), "HO-4")
     assert abs(got.recoverable_pct - 10.0) < 0.1

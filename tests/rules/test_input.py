@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from msgspec.structs import replace as msgspec_replace
+
 from torchdoctor.facts import CpuFacts, DataLoaderFacts, StepTiming
 from torchdoctor.metrics.model import CopySite, MemcpyRow
 
@@ -93,6 +95,27 @@ def test_dl3_too_many_workers():
     assert got.severity == "warning" and got.recoverable_pct == 0.0
 
 
+def test_dl2_advises_more_workers_for_latency_bound_loading():
+    # 2 CPUs, 2 ranks: PL's formula says 1 worker. But the training process used 40% of a core while
+    # it waited 60 of 100 ms for data: loading waits on storage, so 2 workers (60 / 40, rounded up).
+    steps = [StepTiming(step=i, total_ms=100.0, dataloader_ms=60.0) for i in range(12)]
+    cpu = CpuFacts(affinity=[0, 1], local_world_size=2, main_process_cpu_pct=40.0)
+    f = cpu_facts(dataloaders=[loader(num_workers=0)], cpu=cpu, steps=steps)
+    got = only(run("DL-2", (None, f)), "DL-2")
+    assert "num_workers=2" in got.fix.snippet and "latency-bound" in got.fix.text
+    busy = msgspec_replace(cpu, main_process_cpu_pct=95.0)  # CPU-bound loading: the formula holds
+    got = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=busy, steps=steps))), "DL-2")
+    assert "num_workers=1" in got.fix.snippet
+
+
+def test_dl3_silent_when_workers_wait_on_io():
+    # 2 workers x 2 ranks on 2 CPUs, but the rank's workers use 30% of a core together.
+    cpu = CpuFacts(affinity=[0, 1], local_world_size=2, dataloader_workers_cpu_pct=30.0)
+    assert run("DL-3", (None, cpu_facts(dataloaders=[loader(num_workers=2)], cpu=cpu))) == []
+    busy = CpuFacts(affinity=[0, 1], local_world_size=2, dataloader_workers_cpu_pct=190.0)
+    assert only(run("DL-3", (None, cpu_facts(dataloaders=[loader(num_workers=2)], cpu=busy))), "DL-3").severity == "info"
+
+
 def test_dl3_silent_within_cpus():
     f = cpu_facts(dataloaders=[loader(num_workers=2)], cpu=CpuFacts(affinity=list(range(8))))
     assert run("DL-3", (None, f)) == []
@@ -140,3 +163,25 @@ def test_dl6_workers_restarted_each_epoch():
 def test_dl6_silent_with_persistent_workers():
     f = gpu_facts(dataloaders=[loader(num_workers=4, persistent_workers=True)])
     assert run("DL-6", (None, f)) == []
+
+
+def workers_facts(wait: float, unready: float, ready_share: float) -> object:
+    steps = [StepTiming(step=i, total_ms=100.0, dataloader_ms=wait, dataloader_unready_ms=unready) for i in range(12)]
+    dl = loader(num_workers=2, prefetch_factor=4, ready_share=ready_share, ready_wait_ms_mean=wait)
+    return cpu_facts(dataloaders=[dl], steps=steps, cpu=CpuFacts(affinity=[0, 1], local_world_size=2))
+
+
+def test_dl1_tells_the_handoff_of_ready_batches_from_a_slow_loader():
+    # Every batch was ready: the 8 ms per step is the handoff, which more workers do not remove.
+    found = run_all((None, workers_facts(8.0, 0.0, 1.0)))
+    dl1 = only(found, "DL-1")
+    assert dl1.severity == "info" and dl1.recoverable_pct == 0.0 and "100% of batches were ready" in dl1.title
+    assert dl1.evidence[0].values["handoff_ms"] == 8.0
+    assert not [f for f in found if f.id == "DL-7"]
+    # Same wait, but no batch was ready: the loader cannot keep up.
+    dl1 = only(run_all((None, workers_facts(8.0, 8.0, 0.0))), "DL-1")
+    assert dl1.severity == "warning" and abs(dl1.recoverable_pct - 8.0) < 0.1 and "cannot keep up" in dl1.title
+
+
+def test_dl1_handoff_below_five_percent_is_not_reported():
+    assert [f for f in run_all((None, workers_facts(3.0, 0.0, 1.0))) if f.id == "DL-1"] == []

@@ -34,6 +34,9 @@ class Phase(enum.IntEnum):
     BACKWARD = 2
     OPTIMIZER = 3
     COMM = 4
+    # Part of the DATALOADER wait spent on batches that were not ready when asked for (all of it
+    # when readiness is unknown). Not a phase of its own: left out of the split of the step.
+    DATA_UNREADY = 5
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -131,8 +134,9 @@ class StepClock:
                     backward_ms=ms[Phase.BACKWARD],
                     optimizer_ms=ms[Phase.OPTIMIZER],
                     comm_ms=ms[Phase.COMM],
-                    other_ms=round(max(0.0, total_ms - sum(ms)), 3),
+                    other_ms=round(max(0.0, total_ms - sum(ms[: Phase.DATA_UNREADY])), 3),
                     samples=samples or None,
+                    dataloader_unready_ms=ms[Phase.DATA_UNREADY],
                 )
             )
         return out

@@ -113,6 +113,8 @@ def _dataloader(probe: Probe) -> None:
             probe.loaders.append(record)
         probe.loader_by_iter[it] = record
         probe.last_iter = None  # the next batch looks the iterator up again
+        if record.collate_code is not None:
+            _time_collate(probe, it, record)
         for worker in getattr(it, "_workers", None) or ():
             if getattr(worker, "pid", None):
                 record.worker_pids.add(worker.pid)
@@ -124,10 +126,11 @@ def _dataloader(probe: Probe) -> None:
         loader_cls.__iter__, iter_before, iter_after, _failed("dataloader.iter")
     )
 
-    def next_before(args: tuple[Any, ...]) -> float | None:
+    def next_before(args: tuple[Any, ...]) -> tuple[float, bool | None] | None:
         if "dataloader.next" in BROKEN or threading.get_ident() != probe.main_thread:
             return None
         fault_point("dataloader.next")
+        ready = None
         if probe.next_depth == 0:
             now = perf_counter()
             probe.activity(now)
@@ -136,24 +139,81 @@ def _dataloader(probe: Probe) -> None:
             if it is not probe.last_iter:  # a weak-dict lookup only when the iterator changes
                 probe.last_iter, probe.last_iter_record = it, probe.loader_by_iter.get(it)
             probe.current_loader = probe.last_iter_record
+            if probe.current_loader is not None and probe.current_loader.facts.num_workers:
+                ready = batch_ready(it)
         probe.next_depth += 1
-        return perf_counter()
+        return perf_counter(), ready
 
-    def next_after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
-        if t0 is None:
+    def next_after(t: tuple[float, bool | None] | None, args: tuple[Any, ...], result: Any) -> None:
+        if t is None:
             return
         probe.next_depth -= 1
         if probe.next_depth:
             return
+        t0, ready = t
         seconds = perf_counter() - t0
         probe.clock.add(Phase.DATALOADER, seconds)
+        if ready is not True:
+            probe.clock.add(Phase.DATA_UNREADY, seconds)
         record, probe.current_loader = probe.current_loader, None
         if record is not None and result is not shims.FAILED and not probe.window_active:
             record.batches += 1
             record.next_s += seconds
+            if ready is not None:
+                record.polled_batches += 1
+                if ready:
+                    record.ready_batches += 1
+                    record.ready_s += seconds
             probe.clock.samples += record.facts.batch_size or 0
 
     base_iter.__next__ = shims.around(base_iter.__next__, next_before, next_after, _failed("dataloader.next"))
+
+
+def batch_ready(it: Any) -> bool | None:
+    """Whether the next batch of a worker iterator is already produced (None: cannot tell).
+
+    Reads torch's private iterator state (torch.utils.data.dataloader
+    _MultiProcessingDataLoaderIter): a batch that arrived out of order waits in ``_task_info``;
+    otherwise something is ready when the data queue holds an item (a ``queue.Queue`` fed by the
+    pin-memory thread, or the workers' multiprocessing pipe, polled without blocking).
+    Feature-detected: any other shape of the iterator gives None.
+    """
+    try:
+        info = it._task_info.get(it._rcvd_idx)
+        if info is not None and len(info) == 2:
+            return True
+        queue = it._data_queue
+        reader = getattr(queue, "_reader", None)
+        if reader is not None:
+            return bool(reader.poll())
+        return queue.qsize() > 0
+    except Exception:
+        return None
+
+
+def _time_collate(probe: Probe, it: Any, record: LoaderRecord) -> None:
+    """Time the collate_fn of an in-process iterator (num_workers=0): the ``collate_ms`` fact.
+
+    The iterator's fetcher calls ``self.collate_fn(data)`` (torch.utils.data._utils.fetch); we
+    replace that attribute on this iterator's fetcher only, never the user's function, so the
+    DataLoader and its workers are untouched. Feature-detected: without a fetcher, no timing.
+    """
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    collate = getattr(fetcher, "collate_fn", None)
+    if collate is None or getattr(collate, "_torchdoctor_timed", False):
+        return
+    fault_point("dataloader.collate")
+
+    def timed_collate(data: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            return collate(data)
+        finally:
+            if not probe.window_active:
+                record.collate_s += perf_counter() - t0
+
+    timed_collate._torchdoctor_timed = True  # type: ignore[attr-defined]
+    fetcher.collate_fn = timed_collate
 
 
 def _optimizer(probe: Probe) -> None:

@@ -34,6 +34,10 @@ class LoaderRecord:
     batches: int = 0
     next_s: float = 0.0
     collate_syncs: int = 0
+    collate_s: float = 0.0
+    ready_batches: int = 0  # batches already produced by workers when asked for
+    ready_s: float = 0.0
+    polled_batches: int = 0  # batches whose readiness could be read
     worker_pids: set[int] = field(default_factory=set)
 
     def summary(self) -> DataLoaderFacts:
@@ -43,6 +47,12 @@ class LoaderRecord:
             # Only the main process's collation is visible; workers collate out of sight.
             if facts.num_workers == 0 and self.collate_code is not None:
                 facts.collate_syncs_per_batch = round(self.collate_syncs / self.batches, 3)
+                if self.collate_s:
+                    facts.collate_ms_mean = round(1e3 * self.collate_s / self.batches, 3)
+            if self.polled_batches:
+                facts.ready_share = round(self.ready_batches / self.polled_batches, 3)
+                if self.ready_batches:
+                    facts.ready_wait_ms_mean = round(1e3 * self.ready_s / self.ready_batches, 3)
         return facts
 
 

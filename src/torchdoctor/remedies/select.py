@@ -9,17 +9,13 @@ parameters, static graph, CPUs); the job re-checks them itself at run time.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
+from ..advice.workers import advise_workers
 from ..facts import RankFacts
 from ..report.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
-
-# The loading is latency-bound (storage, network) when the training process was idle for at least
-# this share of its wait for batches: then workers beyond the CPUs per rank still help.
-LATENCY_BOUND_IDLE = 0.5
 
 
 @dataclass
@@ -66,27 +62,10 @@ class JobFacts:
 
 
 def workers_for(jf: JobFacts) -> tuple[int, str]:
-    """Workers per DataLoader for this job, and why that many.
-
-    CPU-bound loading: PL's formula, CPUs // local ranks - 1 (at least 1). Latency-bound loading
-    (the training process sat idle while it waited for batches): enough workers for a batch to be
-    ready at every step, ceil(wait / rest of the step), up to the CPUs of the affinity mask (torch's
-    own limit, DataLoader.check_worker_number_rationality).
-    """
-    per_rank = max(1, jf.cpus // jf.local_ranks)
-    pl = max(1, per_rank - 1)
-    f, step, wait = jf.first, jf.median("total_ms"), jf.median("dataloader_ms")
-    cpu_pct = f.cpu.main_process_cpu_pct if f else None
-    if not (step and wait and cpu_pct is not None and wait > 0):
-        return pl, f"CPUs // local ranks - 1 = {jf.cpus} // {jf.local_ranks} - 1"
-    idle = max(0.0, step * (1 - cpu_pct / 100.0))  # wall time per step the process used no CPU
-    if idle < LATENCY_BOUND_IDLE * wait:
-        return pl, f"CPU-bound loading: CPUs // local ranks - 1 = {jf.cpus} // {jf.local_ranks} - 1"
-    need = math.ceil(wait / max(step - wait, 1.0))
-    n = max(pl, min(need, jf.cpus))
-    return n, (f"latency-bound loading (the training process used {cpu_pct:.0f}% of a core while it "
-               f"waited {wait:.0f} ms per step for data): ceil(wait / rest of the step) = {need}, "
-               f"at most the {jf.cpus} CPUs of the affinity mask")
+    """Workers per DataLoader for this job, and why that many (advice.workers.advise_workers)."""
+    f = jf.first
+    return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"),
+                          f.cpu.main_process_cpu_pct if f else None)
 
 
 def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:

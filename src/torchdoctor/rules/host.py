@@ -255,17 +255,22 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
         if not dls:
             return None
         d = dls[0]
-        from .input import data_wait_ms  # the collate cost is inside the DataLoader wait
+        from .input import collate_claim, data_wait_ms  # the collate cost is inside the DataLoader wait
         wait = data_wait_ms(v)
+        gain = collate_claim(v, wait)
+        cost = (f"it takes {fmt_ms(d.collate_ms_mean)} per batch of the {fmt_ms(wait)} the step waits for data"
+                if d.collate_ms_mean else f"the batch wait is {fmt_ms(wait)} per step (claimed by the DataLoader findings)")
         return finding(
             v, "HO-3", "host",
             f"collate_fn {d.collate_fn or ''} converts tensors element by element (.item()/.numpy()/.tolist(), "
             f"{d.collate_syncs_per_batch:.0f} per batch): slow Python on the data path"
             + (", and a device sync for tensors on the accelerator." if v.accel else "."),
-            0.0, sev="warning" if v.pct(wait) >= 5 else "info",
-            evidence=[Evidence(f"Conversions per batch inside collate_fn; the batch wait is {fmt_ms(wait)} per step "
-                               "(claimed by the DataLoader findings).",
-                               {"collate_syncs_per_batch": d.collate_syncs_per_batch, "data_wait_ms": round(wait, 3)})],
+            gain, sev="warning" if v.pct(wait) >= 5 else "info",
+            evidence=[Evidence(f"Conversions per batch inside collate_fn; {cost}"
+                               + (" (timed by the probe; the gain assumes a collate of whole-tensor ops costs "
+                                  "little next to it)." if gain else "."),
+                               {"collate_syncs_per_batch": d.collate_syncs_per_batch, "data_wait_ms": round(wait, 3),
+                                "collate_ms": d.collate_ms_mean})],
             fix=Fix("Collate with tensor ops (torch.stack / torch.as_tensor on whole arrays) instead of "
                     "per-sample .item()/.numpy(); keep collate free of device tensors.",
                     "def collate(batch):\n    xs, ys = zip(*batch)\n    return torch.stack(xs), torch.as_tensor(ys)"),

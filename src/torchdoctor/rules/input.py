@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..advice.workers import advise_workers, workers_wait_on_io
 from ..report.model import Evidence, Finding, Fix
 from ._common import View, at, finding, fmt_ms, pageable_h2d_idle_ms, per_rank, tops_text, ts_item
 from .engine import RuleInputs, rule
@@ -51,13 +52,29 @@ def step_waits(v: View) -> tuple[list[float], list[float]]:
     """(data wait, step time) per step, ms, from whichever source saw more steps.
 
     The profiler window holds a few steps; the probe times every other step of a live run, which
-    is what a distribution (bursts, p95) needs.
+    is what a distribution (bursts, p95) needs. The probe's wait counts only batches that were not
+    ready yet (``dataloader_unready_ms``) when it knows: a ready batch's handoff is no burst.
     """
     rows = v.r.steps if v.r is not None else []
     timed = v.timed
     if len(timed) > len(rows):
-        return [s.dataloader_ms for s in timed], [s.total_ms for s in timed]
+        return ([s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms for s in timed],
+                [s.total_ms for s in timed])
     return [s.dataloader_exposed_ms for s in rows], [s.dur_ms for s in rows]
+
+
+def handoff_share(v: View) -> float:
+    """Share of the data wait spent receiving batches that were already produced (probe only).
+
+    Workers present: the probe checks the iterator's queue before each ``__next__``; the wait for a
+    ready batch is the handoff (queue, unpickling, shared-memory mapping), which more workers or a
+    deeper prefetch do not shorten. 0 without that knowledge (then all the wait counts as starved).
+    """
+    known = [s for s in v.timed if s.dataloader_unready_ms is not None]
+    waited = sum(s.dataloader_ms for s in known)
+    if not waited:
+        return 0.0
+    return max(0.0, 1.0 - sum(s.dataloader_unready_ms or 0.0 for s in known) / waited)
 
 
 def num_workers(v: View) -> int | None:
@@ -72,17 +89,24 @@ def num_workers(v: View) -> int | None:
     return None
 
 
-def suggested_workers(v: View) -> int:
-    """PL's formula (fabric/utilities/data.py::suggested_max_num_workers): cpus // local ranks - 1.
+def advised_workers(v: View) -> tuple[int, str]:
+    """Workers to suggest for this rank, and why (advice.workers.advise_workers, as the remedy).
 
     Without live facts the job's CPUs are unknown (this machine's count says nothing about the
     job's): assume DEFAULT_WORKERS, the smallest suggestion on any host with 3+ CPUs per rank.
     """
     cpus = cpu_count(v)
     if cpus is None:
-        return DEFAULT_WORKERS
+        return DEFAULT_WORKERS, f"a default of {DEFAULT_WORKERS}: the job's CPUs are not known from a trace"
     lws = (v.f.cpu.local_world_size if v.f is not None else None) or 1
-    return max(1, cpus // max(lws, 1) - 1)
+    timed = v.timed[2:] or v.timed
+    step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
+    wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
+    return advise_workers(cpus, lws, step, wait, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
+
+
+def suggested_workers(v: View) -> int:
+    return advised_workers(v)[0]
 
 
 def cpu_count(v: View) -> int | None:
@@ -150,11 +174,27 @@ def dl7_claim(v: View) -> float:
 
 # --- rules ---------------------------------------------------------------------------------------
 
+def collate_claim(v: View, wait: float) -> float:
+    """HO-3's share of the data wait: the measured time in a converting collate_fn (num_workers=0).
+
+    Only the probe sees it (``collate_ms_mean``, one batch per step); capped by the wait. The gain
+    assumes a collate built from whole-tensor ops (torch.stack) costs little next to per-sample
+    conversions. DL-2 and DL-1 split the rest of the wait.
+    """
+    if v.f is None:
+        return 0.0
+    ms = [d.collate_ms_mean for d in v.f.dataloaders
+          if d.num_workers == 0 and d.collate_syncs_per_batch and d.collate_ms_mean]
+    return min(ms[0], wait) if ms else 0.0
+
+
 def dl2_claim(v: View, wait: float) -> float:
-    """What workers can hide: wait - max(0, load/N - compute), load = the main process's wait."""
+    """What workers can hide: wait - max(0, load/N - compute), load = the main process's wait
+    less the collate time HO-3 claims."""
     n = suggested_workers(v)
     compute = max(0.0, (v.step_ms or 0.0) - wait)
-    return max(0.0, wait - max(0.0, wait / n - compute))
+    load = wait - collate_claim(v, wait)
+    return max(0.0, load - max(0.0, load / n - compute))
 
 
 @rule("DL-2")
@@ -163,14 +203,15 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
 
     Threshold: TBP recommends workers when the DataLoader takes > 5% of the step (data.py), TML
     turns critical at 20%; TT's SynchronizedDataLoaderPattern fires on presence. The gain is the
-    wait that N = PL's suggested workers can hide behind compute: wait - max(0, wait/N - compute).
+    wait that N workers (advised_workers: PL's formula, more for latency-bound loading) can hide
+    behind compute: wait - max(0, wait/N - compute).
     """
     def one(v: View) -> Finding | None:
         if num_workers(v) != 0:
             return None
         wait = data_wait_ms(v)
         gain = dl2_claim(v, wait)
-        n = suggested_workers(v)
+        n, how = advised_workers(v)
         src = ("facts: num_workers=0" if v.f is not None and v.f.dataloaders
                else "trace: _SingleProcessDataLoaderIter")
         if v.pct(wait) < 0.5:
@@ -180,8 +221,7 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
             f"The DataLoader runs in the training process (num_workers=0): each step waits "
             f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.",
             gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).")],
-            fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} "
-                    f"(CPUs in the affinity mask // local ranks - 1), then tune.",
+            fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} ({how}), then tune.",
                     f"DataLoader(dataset, batch_size=..., num_workers={n}, pin_memory=True,\n"
                     f"           persistent_workers=True, prefetch_factor=2)"),
             confidence="high" if v.f is not None else "medium",
@@ -202,11 +242,14 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         wait = data_wait_ms(v)
         nw = num_workers(v)
         if nw == 0:
-            rest = wait - dl2_claim(v, wait)
+            rest = wait - collate_claim(v, wait) - dl2_claim(v, wait)
             why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
         else:
-            rest = wait - dl7_claim(v)
+            handoff = (wait - dl7_claim(v)) * handoff_share(v)
+            rest = wait - dl7_claim(v) - handoff
             why = "the loader cannot keep up on average"
+            if v.pct(rest) < 0.5:
+                return _handoff(v, handoff, wait)
         if v.pct(rest) < 0.5:
             return None
         known = nw is not None
@@ -227,6 +270,33 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             remedy=None if nw == 0 else "dataloader.workers",
             source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%")
     return per_rank(inputs, one)
+
+
+def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
+    """The workers keep up, yet receiving each ready batch costs time: info, nothing claimed.
+
+    More workers or a deeper prefetch queue do not shorten the handoff (pickling, the queue,
+    mapping shared memory), so no gain is claimed; reported when it reaches TBP's 5% DataLoader
+    ratio, where it would otherwise read as an input-bound step.
+    """
+    if v.pct(handoff) < 5.0:
+        return None
+    ready = next((d.ready_share for d in v.f.dataloaders if d.ready_share is not None), None) if v.f else None
+    per_batch = next((d.ready_wait_ms_mean for d in v.f.dataloaders if d.ready_wait_ms_mean), None) if v.f else None
+    return finding(
+        v, "DL-1", "input",
+        f"The workers keep up ({ready:.0%} of batches were ready when asked for), but receiving a ready batch "
+        f"costs {fmt_ms(per_batch or handoff)}: {fmt_ms(handoff)} per step ({v.pct(handoff):.0f}%) more workers "
+        "would not remove.", 0.0, sev="info",
+        evidence=[Evidence(f"Of the {fmt_ms(wait)} data wait per step, {fmt_ms(handoff)} went to batches the "
+                           "workers had already produced (checked on the iterator's queue before each batch).",
+                           {"data_wait_ms": round(wait, 3), "handoff_ms": round(handoff, 3),
+                            "ready_share": ready, "ready_wait_ms_mean": per_batch})],
+        fix=Fix("Send compact batches from the workers (uint8 images, scaled on the device), fewer and larger "
+                "tensors per batch; on a GPU, pin_memory=True moves the copy to a background thread.",
+                "return torch.from_numpy(pixels_uint8), label   # in Dataset.__getitem__\n"
+                "images = images.to(device, non_blocking=True).float().div_(255)"),
+        confidence="medium", source="TBP DataLoader > 5% of step (the part workers cannot hide)")
 
 
 @rule("DL-7")
@@ -267,8 +337,9 @@ def too_many_workers(inputs: RuleInputs) -> list[Finding]:
 
     PT's check_worker_number_rationality warns when num_workers > CPUs available (warning here);
     SMD's Dataloader rule flags loader processes above 200% of cores. Summed over local ranks
-    (num_workers x local ranks > CPUs) we report at info level. The time lost is not measurable
-    from these facts, so no gain is claimed.
+    (num_workers x local ranks > CPUs) we report at info level, unless the workers mostly wait
+    on I/O (under half a core each: latency-bound loading, where extra workers are the cure). The
+    time lost is not measurable from these facts, so no gain is claimed.
     """
     def one(v: View) -> Finding | None:
         nw = num_workers(v)
@@ -279,7 +350,7 @@ def too_many_workers(inputs: RuleInputs) -> list[Finding]:
             return None
         lws = v.f.cpu.local_world_size or 1
         total = nw * lws
-        if total <= cpus:
+        if total <= cpus or workers_wait_on_io(nw, v.f.cpu.dataloader_workers_cpu_pct):
             return None
         sev = "warning" if nw > cpus else "info"
         return finding(

@@ -17,8 +17,8 @@ Pathologies (all on by default; ``--healthy`` turns all off):
 ======================== ======================================================================
 main_process_loader      DataLoader(num_workers=0): fetch + decode inside the training step
 no_pin_memory            pin_memory=False (only matters with a GPU)
-syncing_collate          collate_fn round-trips every sample through ``.numpy()``/Python lists
-                         and reads every label with ``.item()``
+syncing_collate          collate_fn converts every sample with ``.numpy()`` and reads per-sample
+                         values with ``.item()``
 loss_item_every_step     ``loss.item()`` every step (a host sync on a GPU)
 find_unused_parameters   DDP(find_unused_parameters=True) with no unused parameter
 small_buckets            DDP(bucket_cap_mb=0.001): one all-reduce per layer
@@ -49,7 +49,7 @@ from torchdoctor.workloads.pathologies import GPU_ONLY, PATHOLOGIES
 
 IMAGE = (3, 32, 32)
 CLASSES = 10
-FETCH_MS = 1.0  # per sample: the simulated storage latency
+FETCH_MS = 1.5  # per sample: the simulated storage latency
 DECODE_ROUNDS = 1  # per sample: numpy filter passes (CPU work)
 BATCH = 64
 SMALL_BUCKET_MB = 0.001
@@ -79,19 +79,26 @@ class SlowDecodeDataset(Dataset):
                 + img[:, 1:-1, 2:]
                 + img[:, 1:-1, 1:-1]
             ) / 5.0
-        return torch.from_numpy(img), (index * 7 + int(raw[0, 0, 0])) % CLASSES
+        # Decoded pixels travel as uint8 (a quarter of float32's bytes through the worker queue);
+        # the training step scales them to [0, 1].
+        pixels = torch.from_numpy((img * 255.0).astype(np.uint8))
+        return pixels, (index * 7 + int(raw[0, 0, 0])) % CLASSES
 
 
 def syncing_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collate that goes through host-side Python objects sample by sample (the pathology).
+    """Collate that handles the batch sample by sample through host-side values (the pathology).
 
-    Each image makes a round trip tensor -> numpy -> Python lists -> tensor, and each label is
-    read back with ``.item()`` for a class histogram: per-sample host work on the data path.
+    Each image goes through ``.numpy()`` for a per-sample brightness statistic read back with
+    ``.item()``, and each label through ``.item()`` for a class histogram: host conversions on the
+    data path (on a GPU, each one on a device tensor would be a sync). The work itself is kept
+    small so that moving loading into workers, a runtime remedy, recovers nearly all of the step;
+    the per-sample conversions stay visible to the probe.
     """
-    images = torch.stack([torch.tensor(img.numpy().tolist()) for img, _ in batch])
+    images = torch.stack([torch.from_numpy(img.numpy().copy()) for img, _ in batch])
+    brightness = [img.sum().item() / img.numel() for img in images]
     labels = torch.tensor([label for _, label in batch])
     histogram = np.bincount([int(label.item()) for label in labels], minlength=CLASSES)
-    assert histogram.sum() == len(batch)
+    assert histogram.sum() == len(batch) and len(brightness) == len(batch)
     return images, labels
 
 
@@ -224,7 +231,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for images, labels in loader:
             if step == args.warmup:
                 t_start = time.perf_counter()
-            images = images.to(device, non_blocking=non_blocking)
+            images = images.to(device, non_blocking=non_blocking).float().div_(255.0)
             labels = labels.to(device, non_blocking=non_blocking)
             loss = F.cross_entropy(ddp(images), labels)
             opt.zero_grad(set_to_none=True)
