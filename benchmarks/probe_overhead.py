@@ -5,8 +5,9 @@ probe and under ``python -m torchdoctor.runner --profile-steps off`` (the profil
 excluded on purpose: it is a deliberate, bounded cost). Each run reports its own steady-state
 steps/s (after ``--warmup`` steps, which also absorb the probe's one-time gather at step 8).
 The order alternates pair by pair (plain first, then probe first) so drifting machine load hits
-both sides alike. Prints and optionally writes (``--out``) medians, the per-pair ratios and the
-overhead ``1 - probe/plain`` in percent.
+both sides alike. Prints and optionally writes (``--out``) medians, the per-pair ratios, the
+overhead ``1 - probe/plain`` in percent with a 95% bootstrap bound over the pairs, and the
+overhead implied by the probe's cost per step measured on a tiny loop (``--micro-pairs``).
 
     .venv/bin/python benchmarks/probe_overhead.py --pairs 5 --steps 240
 """
@@ -49,7 +50,9 @@ def run_once(with_probe: bool, steps: int, warmup: int, workdir: str, tag: str) 
 
 
 # A tiny single-process loop (DataLoader, forward, backward, optimizer, loss.item() every step):
-# its steps are so short that the probe's fixed cost per step shows in microseconds.
+# its steps are so short that the probe's fixed cost per step shows in microseconds. The loop is
+# timed in blocks of 250 steps and the fastest block counts (the least disturbed by other work on
+# the machine), in wall time and in the process's CPU time.
 MICRO = """
 import json, sys, time
 import torch
@@ -58,19 +61,22 @@ torch.set_num_threads(1)
 loader = DataLoader(TensorDataset(torch.randn(64000, 8), torch.randn(64000, 1)), batch_size=8)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-times = []
-t = time.perf_counter()
+BLOCK = 250
+walls, cpus = [], []
+w0, c0 = time.perf_counter(), time.process_time()
 for i, (x, y) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
     loss.item()
-    now = time.perf_counter()
-    times.append(now - t)
-    t = now
-steady = sorted(times[100:])
-print(json.dumps({"median_us": 1e6 * steady[len(steady) // 2]}))
+    if (i + 1) % BLOCK == 0:
+        w1, c1 = time.perf_counter(), time.process_time()
+        if i >= 2 * BLOCK:  # the first blocks hold the probe's one-time work (step 0 hooks, gather)
+            walls.append((w1 - w0) / BLOCK)
+            cpus.append((c1 - c0) / BLOCK)
+        w0, c0 = w1, c1
+print(json.dumps({"min_block_us": 1e6 * min(walls), "min_block_cpu_us": 1e6 * min(cpus)}))
 """
 
 
@@ -83,22 +89,39 @@ def micro_once(with_probe: bool, workdir: str, tag: str) -> float:
         cmd = [sys.executable, "-m", "torchdoctor.runner", "--quiet", "--profile-steps", "off",
                "--out", os.path.join(workdir, f"{tag}-run"), "--", *cmd]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out.strip().splitlines()[0])["median_us"])
+    return json.loads(out.strip().splitlines()[0])
 
 
 def micro(pairs: int) -> dict:
-    """Median step time of the tiny loop with and without the probe: the probe's cost per step."""
-    plain: list[float] = []
-    probe: list[float] = []
+    """The tiny loop's fastest-block step time with and without the probe: the probe's cost per step."""
+    plain: list[dict] = []
+    probe: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="td-micro-") as workdir:
         for i in range(pairs):
             for with_probe in (False, True) if i % 2 == 0 else (True, False):
                 (probe if with_probe else plain).append(micro_once(with_probe, workdir, f"m{i}"))
+
+    def best(runs: list[dict], key: str) -> float:
+        return min(r[key] for r in runs)
+
     return {
-        "micro_plain_us": [round(v, 1) for v in plain],
-        "micro_probe_us": [round(v, 1) for v in probe],
-        "micro_cost_us_per_step": round(statistics.median(probe) - statistics.median(plain), 1),
+        "micro_plain_us": [round(r["min_block_us"], 1) for r in plain],
+        "micro_probe_us": [round(r["min_block_us"], 1) for r in probe],
+        "micro_plain_cpu_us": [round(r["min_block_cpu_us"], 1) for r in plain],
+        "micro_probe_cpu_us": [round(r["min_block_cpu_us"], 1) for r in probe],
+        # Fastest block over all runs of each side: the probe's cost per step, wall and CPU.
+        "micro_cost_us_per_step": round(best(probe, "min_block_us") - best(plain, "min_block_us"), 1),
+        "micro_cost_cpu_us_per_step": round(best(probe, "min_block_cpu_us") - best(plain, "min_block_cpu_us"), 1),
     }
+
+
+def bootstrap_median(values: list[float], draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of ``values``."""
+    import random
+
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 def main() -> int:
@@ -111,6 +134,8 @@ def main() -> int:
     args = p.parse_args()
     micro_summary = micro(args.micro_pairs) if args.micro_pairs else {}
     print(json.dumps(micro_summary), flush=True)
+    if args.pairs < 1:
+        return 0
     plain: list[float] = []
     probe: list[float] = []
     with tempfile.TemporaryDirectory(prefix="td-overhead-") as workdir:
@@ -122,6 +147,11 @@ def main() -> int:
                 print(f"pair {i}: {'probe' if with_probe else 'plain'} {value:.2f} steps/s", flush=True)
     pair_ratios = [b / a for a, b in zip(plain, probe, strict=True)]
     ratio = statistics.median(probe) / statistics.median(plain)
+    low, high = bootstrap_median(pair_ratios)
+    # Independent of the noisy end-to-end ratio: the probe's measured cost per step times the steps
+    # per second of the healthy demo is the share of each second the probe spends.
+    cost_us = micro_summary.get("micro_cost_us_per_step")
+    from_micro = None if cost_us is None else round(cost_us * statistics.median(plain) / 1e4, 3)
     summary = {
         "workload": "torchdoctor demo --healthy (2 ranks, gloo, CPU)",
         "steps": args.steps,
@@ -133,6 +163,10 @@ def main() -> int:
         "ratio_of_medians": round(ratio, 4),
         "median_pair_ratio": round(statistics.median(pair_ratios), 4),
         "overhead_pct": round(100 * (1 - ratio), 2),
+        # 95% bootstrap interval of the median pair ratio: its lower end bounds the overhead.
+        "pair_ratio_ci95": [round(low, 4), round(high, 4)],
+        "overhead_pct_upper_95": round(100 * (1 - low), 2),
+        "overhead_pct_from_micro": from_micro,
         **micro_summary,
     }
     print(json.dumps(summary, indent=1))

@@ -56,6 +56,7 @@ class Probe:
         self.primary_optimizer: weakref.ref[Any] | None = None
         self.ddps: list[summary.DDPRecord] = []
         self.roots: list[weakref.ref[Any]] = []  # top-level modules whose forward is timed
+        self.roots_attached = False
         self.sync_sites: Counter[tuple[str, int]] = Counter()
         self.sync_total = 0
         self.autocast_dtype: str | None = None
@@ -145,7 +146,9 @@ class Probe:
         self.window = ProfilerWindow(self.window.start_step, self.window.end_step)
 
     def _after_step(self, closed: int) -> None:
-        if closed == 0:
+        if closed == 0 and not self.roots_attached:
+            # Once: step 0 closes again when a better step source folds the first steps into it.
+            self.roots_attached = True
             from torchdoctor.probe import hooks
 
             hooks.attach_root_hooks(self)
