@@ -26,10 +26,29 @@ class TraceBuilder:
     _corr: int = 1000
 
     # --- host ---------------------------------------------------------------------------
-    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID, cat: str = "cpu_op") -> TraceBuilder:
+    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID, cat: str = "cpu_op",
+           dims: list | None = None, types: list[str] | None = None) -> TraceBuilder:
+        """A host op; `dims`/`types` are its `Input Dims` / `Input type` (record_shapes=True)."""
+        args: dict[str, Any] = {"External id": len(self.events)}
+        if dims is not None:
+            args["Input Dims"] = dims
+        if types is not None:
+            args["Input type"] = types
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
-                            "args": {"External id": len(self.events)}})
+                            "args": args})
         return self
+
+    def gemm(self, name: str, ts: float, dur: float, dims: list, dtype: str = "c10::BFloat16",
+             kernel: str = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", kernel_at: float | None = None,
+             kernel_dur: float | None = None, tid: int = MAIN_TID, stream: int = 7) -> int:
+        """A GEMM op with shapes that launches one kernel (Kineto's nesting: op > launch > kernel)."""
+        n_tensors = len(dims) - 2 if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm") else len(dims)
+        types = [dtype] * n_tensors + ["Scalar"] * (len(dims) - n_tensors)
+        self.op(name, ts, dur, tid=tid, dims=dims, types=types)
+        corr = self.runtime("cudaLaunchKernel", ts + dur / 4, dur / 2, tid=tid)
+        at = ts + dur if kernel_at is None else kernel_at
+        self.kernel(kernel, at, dur if kernel_dur is None else kernel_dur, stream=stream, corr=corr)
+        return corr
 
     def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> TraceBuilder:
         return self.op(name, ts, dur, tid, cat="user_annotation")
@@ -50,9 +69,14 @@ class TraceBuilder:
 
     # --- device -------------------------------------------------------------------------
     def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_at: float | None = None,
-               launch_dur: float = 5.0, cat: str = "kernel", nbytes: int | None = None) -> int:
-        """A device event; with `launch_at`, also the host launch call that queued it."""
-        corr = -1
+               launch_dur: float = 5.0, cat: str = "kernel", nbytes: int | None = None, corr: int = -1,
+               blocks_per_sm: float | None = None, warps_per_sm: float | None = None,
+               occupancy: float | None = None) -> int:
+        """A device event; with `launch_at`, also the host launch call that queued it (else `corr`).
+
+        `blocks_per_sm`, `warps_per_sm`, `occupancy` are Kineto's launch-shape kernel args
+        (`blocks per SM`, `warps per SM`, `est. achieved occupancy %`), left out when None.
+        """
         if launch_at is not None:
             api = {"kernel": "cudaLaunchKernel", "gpu_memcpy": "cudaMemcpyAsync",
                    "gpu_memset": "cudaMemsetAsync"}[cat]
@@ -60,6 +84,10 @@ class TraceBuilder:
         args: dict[str, Any] = {"device": 0, "stream": stream, "correlation": corr}
         if nbytes is not None:
             args["bytes"] = nbytes
+        for key, v in (("blocks per SM", blocks_per_sm), ("warps per SM", warps_per_sm),
+                       ("est. achieved occupancy %", occupancy)):
+            if v is not None:
+                args[key] = v
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": DEVICE_PID, "tid": stream, "ts": ts,
                             "dur": dur, "args": args})
         return corr

@@ -167,3 +167,30 @@ def test_ready_batches_are_told_apart_from_starved_ones(tmp_path):
             # ~100 ms per batch from one worker: nearly every batch was still being produced.
             assert dl["ready_share"] <= 0.2 and waited / len(steady) >= 50
             assert unready >= 0.8 * waited
+
+
+WORKERS_JOB = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def collate(batch):
+    import torchdoctor.probe.core as core
+    quiet = core._probe is None or core._probe.main_thread == -1
+    xs, ys = zip(*batch)
+    labels = [int(y.item()) for y in ys]  # would run through the probe's sync hook
+    return torch.stack(xs), torch.tensor([quiet] * len(labels))
+
+if __name__ == "__main__":
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    for ctx in ("fork", "spawn"):
+        dl = DataLoader(data, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context=ctx)
+        print(ctx, all(bool(q.all()) for _, q in dl))
+"""
+
+
+def test_dataloader_workers_keep_the_probe_quiet(tmp_path):
+    # Forked workers inherit the patched Tensor.item: their probe must not act as the training loop.
+    # Spawned workers unpickle the wrapped worker entry point by reference: it must still work.
+    job = script(tmp_path, WORKERS_JOB)
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "fork True\nspawn True\n", result.stderr

@@ -1,9 +1,13 @@
-"""Hardware-layer rules (HW-1, HW-3, HW-5, HW-6, HW-7, HW-11)."""
+"""Hardware-layer rules (HW-1..HW-7, HW-11)."""
 
 from __future__ import annotations
 
+import pytest
+
+from kineto_builder import TraceBuilder
 from torchdoctor.facts import BackendFacts, DeviceFacts
-from torchdoctor.metrics.model import MemcpyRow
+from torchdoctor.metrics.model import KindTime, MemcpyRow, SmFill
+from torchdoctor.session import analyze_paths
 
 from .conftest import MS, gpu_facts, gpu_result, idle, only, run
 
@@ -94,3 +98,110 @@ def test_hw11_device_to_device_copies():
 
 def test_hw11_silent_without_copies():
     assert run("HW-11", (gpu_result(), None)) == []
+
+
+# --- HW-2 / HW-4 on code-built traces (decode -> metrics -> signals -> rule) --------------------------
+
+BF16 = "c10::BFloat16"
+TC_GEMM = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
+
+
+def lm_head_trace(tmp_path, dtype: str = BF16, vocab: int = 50257) -> str:
+    """3 steps of 1 ms: linear -> addmm [64, 1000] x [1000, vocab] (600 µs kernel), an aligned mm (200 µs)."""
+    b = TraceBuilder()
+    for n in range(3):
+        t0 = n * 1000.0
+        b.step(n, t0, 1000.0)
+        b.op("aten::linear", t0 + 10, 60.0, dims=[[64, 1000], [vocab, 1000], [vocab]], types=[dtype] * 3)
+        b.gemm("aten::addmm", t0 + 20, 40.0, [[vocab], [64, 1000], [1000, vocab], [], []], dtype=dtype,
+               kernel_at=t0 + 100, kernel_dur=600.0)
+        b.gemm("aten::mm", t0 + 80, 20.0, [[64, 1024], [1024, 1024]], dtype=dtype, kernel_at=t0 + 750,
+               kernel_dur=200.0)
+    return str(b.write(tmp_path / "lm.json"))
+
+
+def findings(path: str, fid: str):
+    rep = analyze_paths([path])
+    assert not rep.errors and not [w for w in rep.warnings if "rule" in w.message]
+    return [f for f in rep.findings if f.id == fid]
+
+
+def test_hw2_bf16_matmul_with_odd_vocab_fires(tmp_path):
+    (f,) = findings(lm_head_trace(tmp_path), "HW-2")
+    # 600 µs per step of misaligned GEMM kernels x 1/4 x busy share 0.8 = 120 µs of a 1 ms step.
+    assert f.recoverable_ms == pytest.approx(0.12)
+    assert f.severity == "warning" and f.confidence == "medium"
+    assert "1 fp16/bf16 matmul per step has N not a multiple of 8" in f.title
+    ev = f.evidence[0]
+    assert ev.values["count"] == 3 and ev.values["half_gemms"] == 6 and ev.values["time_source"] == "device"
+    (site,) = ev.items
+    assert site["name"] == "aten::addmm [[50257],[64,1000],[1000,50257],[],[]]"
+    assert site["count"] == 3 and site["ms_per_step"] == 0.6 and site["misaligned"] == ["N"]
+    assert site["ts_ns"] == 20_000  # the first step's addmm
+    assert "50264" in f.fix.snippet
+
+
+@pytest.mark.parametrize(("dtype", "vocab"), [("float", 50257), (BF16, 50264)])
+def test_hw2_silent_on_fp32_or_aligned_matmuls(tmp_path, dtype, vocab):
+    assert findings(lm_head_trace(tmp_path, dtype, vocab), "HW-2") == []
+
+
+def small_kernel_trace(tmp_path, blocks_per_sm: float) -> str:
+    """3 steps of 1 ms, each one 800 µs tensor-core GEMM launched with `blocks_per_sm` blocks per SM."""
+    b = TraceBuilder()
+    for n in range(3):
+        t0 = n * 1000.0
+        b.step(n, t0, 1000.0)
+        b.op("aten::mm", t0 + 10, 30.0)
+        b.kernel(TC_GEMM, t0 + 100, 800.0, launch_at=t0 + 15, blocks_per_sm=blocks_per_sm,
+                 warps_per_sm=4 * blocks_per_sm, occupancy=6)
+    return str(b.write(tmp_path / f"k{blocks_per_sm}.json"))
+
+
+def test_hw4_kernels_with_fewer_blocks_than_sms_fire(tmp_path):
+    (f,) = findings(small_kernel_trace(tmp_path, 0.2), "HW-4")
+    # 800 µs x (1 - 0.2) = 640 µs of empty SM-time per step; 1/4 of it x busy share 0.8 = 128 µs.
+    assert f.recoverable_ms == pytest.approx(0.128)
+    assert f.severity == "warning" and "est. SM efficiency 20%" in f.title
+    ev = f.evidence[0]
+    assert ev.values["empty_sm_ms"] == pytest.approx(0.64) and ev.values["empty_sm_pct_of_busy"] == 80.0
+    assert ev.values["occupancy_pct"] == 6.0
+    (k,) = ev.items
+    assert (k["name"], k["count"], k["blocks_per_sm"], k["kind"]) == (TC_GEMM, 3, 0.2, "gemm")
+
+
+def test_hw4_silent_when_kernels_fill_the_device(tmp_path):
+    assert findings(small_kernel_trace(tmp_path, 2.0), "HW-4") == []
+
+
+def sm_fill_result(by_kind: dict[str, float], simt_ms: float = 0.0, fusable_per_step: int = 500):
+    """A busy rank whose compute kernels leave `by_kind` ms per step of SM-time empty."""
+    r = gpu_result(busy=100.0)
+    n = len(r.window.steps)
+    r.signals.sm_fill = SmFill(kernel_ns=int(80 * n * MS), underfilled_ns=int(40 * n * MS),
+                               sm_idle_ns=int(sum(by_kind.values()) * n * MS), sm_efficiency_pct=75.0,
+                               idle_by_kind={k: int(v * n * MS) for k, v in by_kind.items()},
+                               idle_fp32_simt_ns=int(simt_ms * n * MS))
+    r.kernels.by_kind = [KindTime("elementwise", int(30 * n * MS), fusable_per_step * n, 30.0)]
+    return r
+
+
+def test_hw4_leaves_fused_pointwise_kernels_to_cg1():
+    # Eager, 500 pointwise kernels per step: CG-1 prices them, HW-4 only the GEMMs' 10 ms.
+    r = sm_fill_result({"elementwise": 20.0, "gemm": 10.0})
+    cg1 = only(run("CG-1", (r, None)), "CG-1")
+    hw4 = only(run("HW-4", (r, None)), "HW-4")
+    assert hw4.recoverable_ms == pytest.approx(10.0 * 0.25)
+    assert cg1.recoverable_ms == pytest.approx(30.0 / 3)
+    # Compiled: nothing left for CG-1, HW-4 prices all 30 ms.
+    r.compile_regions = {"0/0": 5}
+    assert run("CG-1", (r, None)) == []
+    assert only(run("HW-4", (r, None)), "HW-4").recoverable_ms == pytest.approx(30.0 * 0.25)
+
+
+def test_hw4_leaves_fp32_gemms_to_hw1_and_stays_quiet_below_its_threshold():
+    r = sm_fill_result({"gemm": 10.0}, simt_ms=6.0)
+    r.signals.fp32_simt_ns = int(20 * 5 * MS)
+    assert only(run("HW-4", (r, None)), "HW-4").recoverable_ms == pytest.approx(4.0 * 0.25)
+    # 4 ms of empty SM-time in a 100 ms busy step is under 5% of busy time.
+    assert run("HW-4", (sm_fill_result({"gemm": 4.0}), None)) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from torchdoctor.facts import BackendFacts, CpuFacts, DataLoaderFacts, ModuleDeviceFacts, OptimizerFacts
 from torchdoctor.metrics.model import CopySite, LaunchStats, SyncSite, SyncStats
 
@@ -91,6 +93,12 @@ def test_ho3_collate_time_is_claimed_and_the_loader_rules_split_the_rest():
     assert abs(collate.recoverable_pct - 8.0) < 0.1 and "8.0 ms per batch" in collate.evidence[0].text
     loader = sum(x.recoverable_pct for x in found if x.id in ("DL-1", "DL-2"))
     assert abs(loader + collate.recoverable_pct - 30.0) < 0.1  # the wait is claimed once, in full
+    assert collate.severity == "warning"
+    # A converting collate that costs little (0.3 ms of a 100 ms step) is reported, not warned about.
+    cheap = msgspec.structs.replace(dl, collate_ms_mean=0.3)
+    found = run_all((cpu_result(dataloader_pct=30.0, dataloader_exposed_pct=30.0), msgspec.structs.replace(f, dataloaders=[cheap])))
+    collate = next(x for x in found if x.id == "HO-3" and "collate_fn" in x.title)
+    assert collate.severity == "info" and abs(collate.recoverable_pct - 0.3) < 0.01
 
 
 def test_ho4_sync_memcpy_api():

@@ -238,3 +238,138 @@ def test_exact_path_even_when_every_float_looks_integral(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(text)
     assert load_trace(str(path)).ts.tolist() == [1712195495519689047]
+
+
+# --- kernel launch args and GEMM shapes ------------------------------------------------------------
+
+MM_DIMS = [[1024, 1705], [1705, 512]]
+
+
+def launch_args_sample() -> TraceBuilder:
+    b = TraceBuilder()
+    b.step(1, 0.0, 1000.0)
+    b.op("aten::mm", 10.0, 20.0, dims=MM_DIMS, types=["c10::BFloat16", "c10::BFloat16"])
+    b.op("aten::mm", 40.0, 20.0, dims=MM_DIMS, types=["c10::BFloat16", "c10::BFloat16"])  # same shape: one entry
+    b.op("aten::addmm", 70.0, 20.0, dims=[[512], [64, 100], [100, 512], [], []],
+         types=["float", "float", "float", "Scalar", "Scalar"])
+    b.op("aten::add", 100.0, 5.0, dims=[[64, 64], [64, 64], []], types=["float", "float", "Scalar"])  # not a GEMM
+    b.op("aten::mm", 110.0, 5.0)  # a GEMM recorded without shapes
+    b.kernel("k_full", 200.0, 10.0, launch_at=190.0, blocks_per_sm=0.5, warps_per_sm=8, occupancy=12)
+    b.kernel("k_absent", 220.0, 10.0, launch_at=211.0)
+    b.kernel("k_unknown_sms", 240.0, 10.0, launch_at=231.0, blocks_per_sm=-1.0, warps_per_sm=-1.0, occupancy=0)
+    b.kernel("Memcpy HtoD (Pinned -> Device)", 260.0, 5.0, cat="gpu_memcpy", launch_at=251.0, nbytes=64)
+    return b
+
+
+def launch_columns(tr) -> dict[str, list]:
+    """Per event name: [blocks, warps, occupancy (NaN as None), shape texts or None] in time order."""
+    out: dict[str, list] = {}
+    for i in np.argsort(tr.ts, kind="stable"):
+        f = [None if np.isnan(x) else float(x) for x in (tr.blocks_per_sm[i], tr.warps_per_sm[i], tr.occupancy[i])]
+        shape = tr.shapes[tr.shape[i]] if tr.shape[i] >= 0 else None
+        out.setdefault(tr.names[tr.name[i]], []).append((*f, shape))
+    return out
+
+
+EXPECTED_LAUNCH = {
+    "k_full": [(0.5, 8.0, 12.0, None)],
+    "k_absent": [(None, None, None, None)],
+    # Kineto writes -1 without the device's SM count: absent. A 0% occupancy is a real value.
+    "k_unknown_sms": [(None, None, 0.0, None)],
+    "Memcpy HtoD (Pinned -> Device)": [(None, None, None, None)],
+    "aten::mm": [(None, None, None, (b"[[1024,1705],[1705,512]]", b'["c10::BFloat16","c10::BFloat16"]'))] * 2
+    + [(None, None, None, None)],
+    "aten::addmm": [(None, None, None, (b"[[512],[64,100],[100,512],[],[]]",
+                                        b'["float","float","float","Scalar","Scalar"]'))],
+    "aten::add": [(None, None, None, None)],
+}
+
+
+def test_launch_args_and_gemm_shapes_become_columns(tmp_path):
+    tr = load_trace(str(launch_args_sample().write(tmp_path / "t.json")))
+    got = launch_columns(tr)
+    for name, want in EXPECTED_LAUNCH.items():
+        assert got[name] == want, name
+    assert tr.blocks_per_sm.dtype == np.float32 and tr.shape.dtype == np.int32
+    assert len(tr.shapes) == 2  # interned: the two identical aten::mm shapes share one entry
+    # Events without args at all (the step annotation, runtime calls) have every column absent.
+    assert all(v == (None, None, None, None) for v in got["ProfilerStep#1"] + got["cudaLaunchKernel"])
+
+
+def test_launch_args_same_on_every_decode_path(tmp_path, monkeypatch):
+    from torchdoctor.trace import parallel
+
+    doc = launch_args_sample().document()
+    compact = json.dumps(doc, separators=(",", ":"))
+    ref = launch_columns(load_trace(str(launch_args_sample().write(tmp_path / "ref.json"))))
+    # Small blocks (cut between events), the parallel byte ranges, a list at the top level.
+    path = tmp_path / "c.json"
+    path.write_text(compact)
+    monkeypatch.setattr(decode, "BLOCK_BYTES", 300)
+    assert launch_columns(load_trace(str(path))) == ref
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(parallel, "PROBE_BYTES", 512)
+    assert launch_columns(load_trace(str(path), jobs=2)) == ref
+    listed = tmp_path / "l.json"
+    listed.write_text(json.dumps(doc["traceEvents"]))
+    assert launch_columns(load_trace(str(listed))) == ref
+    # The exact-timestamp decoder (epoch-scale µs with ns decimals).
+    exact = tmp_path / "e.json"
+    exact.write_text(json.dumps(doc).replace('"ts": 0.0,', '"ts": 1712195495519689.047,', 1))
+    got = launch_columns(load_trace(str(exact)))
+    assert {k: v for k, v in got.items() if k != "ProfilerStep#1"} == {k: v for k, v in ref.items()
+                                                                        if k != "ProfilerStep#1"}
+
+
+def test_launch_args_survive_the_lenient_path(tmp_path):
+    # One wrongly typed field sends the piece through the event-by-event decoder; the other
+    # events keep their args, a bad value becomes absent.
+    doc = launch_args_sample().document()
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k_bad", "pid": 0, "tid": 7, "ts": 300, "dur": 1,
+                               "args": {"stream": 7, "blocks per SM": "many", "est. achieved occupancy %": 50,
+                                        "correlation": "x"}})
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::bmm", "pid": 1, "tid": 1, "ts": 310,
+                               "dur": "1", "args": {"Input Dims": [[2, 3, 4], [2, 4, 5]], "Input type": ["c10::Half"] * 2,
+                                                  "External id": "bad"}})
+    # Dropped events (no ts) before the kept ones: the sparse rows are renumbered, a dropped
+    # kernel's launch args go with it.
+    doc["traceEvents"][1:1] = [
+        {"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "dur": 3},
+        {"ph": "X", "cat": "kernel", "name": "k_no_ts", "pid": 0, "tid": 7, "dur": 3,
+         "args": {"stream": 7, "blocks per SM": 3.0}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    tr = load_trace(str(path))
+    got = launch_columns(tr)
+    for name, want in EXPECTED_LAUNCH.items():
+        assert got[name] == want, name
+    assert got["k_bad"] == [(None, None, 50.0, None)]
+    assert "no_ts" not in got and "k_no_ts" not in got
+    assert "2 events dropped: missing or non-numeric ts/dur" in tr.warnings
+    assert got["aten::bmm"] == [(None, None, None, (b"[[2,3,4],[2,4,5]]", b'["c10::Half","c10::Half"]'))]
+
+
+def test_event_and_args_structs_sit_in_different_allocator_size_classes():
+    # pymalloc rounds object sizes up to 16 bytes; two struct types in one class interleave in
+    # memory and every pass over the decoded events slows down (see decode.Event's padding).
+    def size_class(obj) -> int:
+        return (obj.__sizeof__() + 15) // 16
+
+    assert size_class(decode.Args()) != size_class(decode.Event())
+    assert size_class(decode.Args()) != size_class(decode.ExactEvent())
+
+
+def test_sparse_launch_and_shape_lookups(tmp_path):
+    tr = load_trace(str(launch_args_sample().write(tmp_path / "t.json")))
+    by_name = {n: np.flatnonzero(tr.name == tr.names.index(n)) for n in ("k_full", "k_absent", "aten::mm", "aten::add")}
+    idx = np.concatenate([by_name["k_full"], by_name["k_absent"], by_name["aten::add"]])
+    blocks, warps, occ = tr.launch_of(idx)
+    assert blocks.tolist()[0] == 0.5 and warps.tolist()[0] == 8.0 and occ.tolist()[0] == 12.0
+    assert np.isnan(blocks[1:]).all() and np.isnan(occ[1:]).all()
+    assert tr.launch_idx.tolist() == sorted(tr.launch_idx.tolist())  # sorted event indices
+    mm = tr.shape_of(by_name["aten::mm"])
+    assert mm.tolist()[:2] == [0, 0] and mm.tolist()[2] == -1 and tr.shape_of(by_name["aten::add"]).tolist() == [-1]
+    # The dense views agree with the lookups.
+    assert np.array_equal(tr.blocks_per_sm[idx], blocks, equal_nan=True)
+    assert tr.shape[by_name["aten::mm"]].tolist() == mm.tolist()

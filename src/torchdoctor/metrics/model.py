@@ -224,6 +224,65 @@ class CommLayout(msgspec.Struct):
     kernels_per_step: float = 0.0
 
 
+class GemmSite(msgspec.Struct):
+    """fp16/bf16 GEMM ops of one op name, dtype and shape whose GEMM dims are not multiples of 8."""
+
+    op: str  # aten::mm | aten::bmm | aten::addmm | ...
+    dtype: str  # Kineto's `Input type` of the matrices ("c10::Half", "c10::BFloat16")
+    shapes: str  # the op's `Input Dims` as recorded
+    dims: dict[str, int]  # GEMM dims {"M": .., "K": .., "N": ..}
+    misaligned: list[str]  # which of M, K, N are not multiples of 8
+    count: int
+    device_ns: int  # kernels these ops launched (by correlation)
+    host_ns: int  # the ops' own host duration
+    first_ts_ns: int  # start of the longest occurrence
+
+
+class MisalignedGemms(msgspec.Struct):
+    """fp16/bf16 GEMMs whose M, K or N are not multiples of 8 (metrics/gemm.py)."""
+
+    count: int = 0
+    device_ns: int = 0
+    host_ns: int = 0
+    # "device" when the kernels were joined by correlation, "host" when only the op time is known.
+    time_source: str = "device"
+    # fp16/bf16 GEMM ops with recorded shapes in the window (aligned or not).
+    half_gemms: int = 0
+    sites: list[GemmSite] = []
+
+
+class KernelFill(msgspec.Struct):
+    """One compute kernel name's launch shape (duration-weighted means over its invocations)."""
+
+    name: str
+    kind: str
+    count: int
+    ns: int
+    blocks_per_sm: float
+    occupancy_pct: float | None
+    idle_ns: int  # ns x (1 - min(blocks per SM, 1)), summed: SM-time its launches left empty
+    first_ts_ns: int  # start of its longest invocation
+
+
+class SmFill(msgspec.Struct):
+    """How well compute kernels fill the SMs (metrics/occupancy.py)."""
+
+    # Compute kernel time (non-communication, `blocks per SM` known), clipped to the window.
+    kernel_ns: int = 0
+    # Part of it in kernels with fewer blocks than SMs (blocks per SM < 1).
+    underfilled_ns: int = 0
+    # SM-time left empty while compute kernels ran: integral of 1 - min(sum of concurrent
+    # blocks per SM, 1) over compute-kernel time (TBP's "est. SM efficiency" complement).
+    sm_idle_ns: int = 0
+    sm_efficiency_pct: float | None = None
+    occupancy_pct: float | None = None  # duration-weighted est. achieved occupancy
+    # sm_idle_ns split by kernel kind (elementwise, reduction, gemm, ...), and the part in plain
+    # FP32 (SIMT) GEMM/conv kernels, so rules that price those kernels are not counted twice.
+    idle_by_kind: dict[str, int] = {}
+    idle_fp32_simt_ns: int = 0
+    top: list[KernelFill] = []
+
+
 class RuleSignals(msgspec.Struct):
     """Narrow numbers for the diagnosis rules that the headline metrics do not carry."""
 
@@ -260,3 +319,7 @@ class RuleSignals(msgspec.Struct):
     # Time inside DistributedDataParallel.forward not covered by any op it calls: DDP's own work
     # (with find_unused_parameters=True, mostly the autograd-graph search).
     ddp_forward_self_ns: int = 0
+    # HW-2: fp16/bf16 GEMMs with dims that are not multiples of 8 (needs record_shapes).
+    misaligned_gemms: MisalignedGemms | None = None
+    # HW-4: SM fill of compute kernels (needs Kineto's `blocks per SM` kernel args).
+    sm_fill: SmFill | None = None

@@ -15,8 +15,10 @@ from . import intervals as iv
 from .classify import KernelKind, memcpy_kind
 from .context import Context
 from .device import lookup, top_by_name
+from .gemm import misaligned_gemms
 from .host import enclosing_ops
 from .model import CommLayout, CopySite, NamedTime, RuleSignals
+from .occupancy import sm_fill
 
 COPY_APIS = frozenset({
     "cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "cudaMemcpy2D", "cuMemcpyAsync",
@@ -63,7 +65,9 @@ def rule_signals(ctx: Context, cause_sets: dict[str, iv.Intervals]) -> RuleSigna
     if ctx.has_device:
         out.blocking_copies = blocking_copies(ctx, cause_sets.get("host_ops", iv.EMPTY))
         out.comm = comm_layout(ctx)
-        matmul_paths(ctx, out)
+        simt = matmul_paths(ctx, out)
+        out.sm_fill = sm_fill(ctx, simt)
+    out.misaligned_gemms = misaligned_gemms(ctx)
     alloc = ctx.tr.mask(Cat.RUNTIME, Cat.DRIVER) & tr.name_mask(ALLOC_APIS.__contains__) & ctx.in_window
     out.alloc_calls = int(alloc.sum())
     out.alloc_ns = int((tr.end[alloc] - tr.ts[alloc]).sum())
@@ -177,8 +181,10 @@ def comm_layout(ctx: Context) -> CommLayout | None:
     )
 
 
-def matmul_paths(ctx: Context, out: RuleSignals) -> None:
-    """GEMM/conv device time on tensor cores vs plain FP32 kernels, and layout conversions."""
+def matmul_paths(ctx: Context, out: RuleSignals) -> np.ndarray:
+    """GEMM/conv device time on tensor cores vs plain FP32 kernels, and layout conversions.
+
+    Returns the mask of the plain FP32 (SIMT) GEMM/conv kernels in the window."""
     tr = ctx.tr
     kern = tr.mask(Cat.KERNEL) & ctx.in_window
     mm = kern & np.isin(ctx.kind, [KernelKind.GEMM, KernelKind.CONV])
@@ -194,6 +200,7 @@ def matmul_paths(ctx: Context, out: RuleSignals) -> None:
     out.layout_transpose_ns = iv.total(ctx.clipped_union(layout))
     out.layout_transpose_count = int(layout.sum())
     out.conv_ns = iv.total(ctx.clipped_union(kern & (ctx.kind == KernelKind.CONV)))
+    return simt
 
 
 def optimizer_internals(ctx: Context, out: RuleSignals) -> None:

@@ -94,6 +94,7 @@ def _dataloader(probe: Probe) -> None:
     from torch.utils.data import dataloader as dl
 
     loader_cls, base_iter = dl.DataLoader, dl._BaseDataLoaderIter
+    _quiet_workers(probe)
     before, after = _site_recorder(probe, "dataloader.init")
     loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
 
@@ -167,6 +168,33 @@ def _dataloader(probe: Probe) -> None:
             probe.clock.samples += record.facts.batch_size or 0
 
     base_iter.__next__ = shims.around(base_iter.__next__, next_before, next_after, _failed("dataloader.next"))
+
+
+def _quiet_workers(probe: Probe) -> None:
+    """Silence the probe's hot hooks in forked DataLoader workers.
+
+    A forked worker inherits the patched ``Tensor.item``/``numpy``/``tolist`` and the probe,
+    with the same thread id: its collate's conversions would run through the probe and be
+    recorded for nothing (workers collate out of sight). The worker entry point is wrapped so that
+    a worker marks its probe as not the training loop. A spawned worker unpickles the entry point
+    by reference (the wrapper keeps ``_worker_loop``'s module and name), i.e. its own
+    interpreter's wrapper and probe. Feature-detected.
+    """
+    import functools
+
+    from torch.utils.data._utils import worker
+
+    loop = getattr(worker, "_worker_loop", None)
+    if loop is None or getattr(loop, "_torchdoctor_quiet", False):
+        return
+
+    @functools.wraps(loop)
+    def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+        probe.main_thread = -1  # no thread has this id: every main-thread hook is a no-op
+        return loop(*args, **kwargs)
+
+    _worker_loop._torchdoctor_quiet = True  # type: ignore[attr-defined]
+    worker._worker_loop = _worker_loop
 
 
 def batch_ready(it: Any) -> bool | None:

@@ -1,13 +1,26 @@
-"""Hardware layer: precision, layouts, memory and copies (HW-1..HW-7, HW-11).
+"""Hardware layer: precision, shapes, SM fill, layouts, memory and copies (HW-1..HW-7, HW-11).
 
 Gains on kernel time are scaled by the busy share (`device_bound`): faster kernels do not
-shorten a host-bound step.
+shorten a host-bound step. They claim busy time only, never the idle budget the host/input
+rules share (see _common).
 """
 
 from __future__ import annotations
 
 from ..report.model import Evidence, Finding, Fix
-from ._common import View, alloc_idle_ms, device_bound, finding, fmt_ms, per_rank, tops_text, ts_item
+from ._common import (
+    WARN_PCT,
+    View,
+    alloc_idle_ms,
+    at,
+    device_bound,
+    finding,
+    fmt_ms,
+    per_rank,
+    tops_text,
+    ts_item,
+)
+from .compile import FUSABLE_KINDS, fusion_claim
 from .engine import RuleInputs, rule
 
 # Tensor-core math is several times faster than FP32 SIMT (A100: 156 TF32 vs 19.5 FP32 TFLOP/s;
@@ -19,6 +32,18 @@ MEMORY_FULL = 0.90
 MEMORY_ROOM = 0.70
 # Device-to-device copies that layout fixes or fusion remove: assume half (assumption).
 DTOD_GAIN = 0.5
+# fp16/bf16 GEMMs with dims off a multiple of 8: cuBLAS >= 11 still runs them on tensor cores,
+# but with narrower (unvectorised) loads and partly empty tiles; cuBLAS < 11 falls back to
+# non-tensor-core kernels (several times slower). We assume padding saves a quarter of their
+# device time (assumption, not measured: it depends on the library version and the shape).
+ALIGN_GAIN = 0.25
+# HW-4: the SM-time compute kernels leave empty must reach this share of device busy time
+# (proposed; the 5% a cause needs before TBP flags it, applied to busy time).
+SM_IDLE_MIN_PCT = WARN_PCT
+# Filling the SMs (more work per launch: larger micro-batch, fusion) gives back part of the
+# empty SM-time only: small kernels are latency-bound (a few µs whatever their size), so more
+# work per launch buys throughput per sample, not a shorter kernel. Assume a quarter (assumption).
+UNDERFILL_GAIN = 0.25
 
 
 def capability(v: View) -> float | None:
@@ -31,6 +56,14 @@ def capability(v: View) -> float | None:
         return float(cc) if cc else None
     except ValueError:
         return None
+
+
+def fp32_simt_priced(v: View) -> bool:
+    """HW-1 prices this rank's plain FP32 GEMM/conv kernel time (from its trace)."""
+    if not v.accel or v.r is None or v.r.device_kind == "rocm" or not v.has_device_trace or v.r.signals is None:
+        return False
+    simt = v.ms(v.r.signals.fp32_simt_ns)
+    return v.pct(simt) >= 0.5 and v.pct(simt * TENSOR_CORE_GAIN * device_bound(v)) >= 0.1
 
 
 @rule("HW-1")
@@ -53,7 +86,7 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
         tf32_off = b is not None and (b.cuda_matmul_allow_tf32 is False or b.float32_matmul_precision == "highest")
         amp_off = b is not None and b.autocast_used is False
         traced = v.has_device_trace
-        if traced and (v.pct(simt) < 0.5 or v.pct(simt * TENSOR_CORE_GAIN * device_bound(v)) < 0.1):
+        if traced and not fp32_simt_priced(v):
             return None
         if not traced and not (tf32_off and amp_off and cc and cc >= 8):
             return None
@@ -90,6 +123,126 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
             confidence="medium" if traced else "low",
             confirm="" if traced else "the profiler window of `torchdoctor run` measures the FP32 kernel time",
             remedy=remedy, source="TBP AMP rule; TT FP32MatMulPattern; PL matmul precision; TTG up to 3x")
+    return per_rank(inputs, one)
+
+
+@rule("HW-2")
+def misaligned_gemms(inputs: RuleInputs) -> list[Finding]:
+    """fp16/bf16 GEMMs whose dims are not multiples of 8 (tensor-core-unfriendly shapes).
+
+    TT MatMulDimInFP16Pattern: aten::mm/bmm/addmm in fp16/bf16 whose last two dims are not
+    multiples of 8; NVIDIA/TTG: "set sizes to multiples of 8". Trace (record_shapes=True): the
+    innermost GEMM op of each call (aten::linear -> aten::addmm counts once), its matrices' M, K,
+    N (metrics/gemm.py). Gain: ALIGN_GAIN of the device time of the kernels those ops launched
+    (their host time when the trace cannot join them), scaled by the busy share; fires from 0.5%
+    of the step. Capped at warning: the share padding gives back is assumed. fp32 GEMMs are HW-1's.
+    """
+    def one(v: View) -> Finding | None:
+        s = v.r.signals if v.r is not None else None
+        g = s.misaligned_gemms if s is not None else None
+        if g is None or not g.count or not v.accel:
+            return None
+        on_device = g.time_source == "device"
+        t = v.ms(g.device_ns if on_device else g.host_ns)
+        gain = t * ALIGN_GAIN * device_bound(v)
+        if v.pct(gain) < 0.5:
+            return None
+        dims = sorted({d for site in g.sites for d in site.misaligned}, key="MKN".index)
+        per_step = round(g.count / max(v.n_steps, 1))
+        items = [ts_item(f"{x.op} {x.shapes}", x.device_ns if on_device else x.host_ns, x.count, x.first_ts_ns,
+                         v.n_steps, dtype=x.dtype, dims=x.dims, misaligned=x.misaligned) for x in g.sites[:5]]
+        where = "; ".join(
+            f"{x.op} {x.shapes} {x.dtype} ({', '.join(f'{d}={x.dims[d]}' for d in x.misaligned)}; {x.count}x, "
+            f"{fmt_ms(v.ms(x.device_ns if on_device else x.host_ns))}/step, longest {at(v, x.first_ts_ns)})"
+            for x in g.sites[:3])
+        time_text = ("of device time in the kernels they launch" if on_device
+                     else "of host time in these ops (the trace does not join them to kernels)")
+        return finding(
+            v, "HW-2", "hardware",
+            f"{per_step:.0f} fp16/bf16 matmul{'' if per_step == 1 else 's'} per step ha{'s' if per_step == 1 else 've'} "
+            f"{'/'.join(dims)} not a multiple of 8 ({fmt_ms(t)} per step); padding the shapes could save about "
+            f"{fmt_ms(gain)}.", gain,
+            evidence=[Evidence(
+                f"{g.count} of {g.half_gemms} fp16/bf16 GEMM calls in the window have a dimension that is not a "
+                f"multiple of 8: {fmt_ms(t)} per step {time_text}. Top: {where}.",
+                {"count": g.count, "half_gemms": g.half_gemms, "ms_per_step": round(t, 3),
+                 "time_source": g.time_source, "busy_share": round(device_bound(v), 3)}, items)],
+            fix=Fix("Pad the dimensions that feed matmuls to multiples of 8 (vocabulary, hidden and "
+                    "feed-forward sizes, attention head dims; batch x sequence where you choose them).",
+                    "vocab_size = (vocab_size + 7) // 8 * 8   # e.g. 50257 -> 50264: the padded rows are never used\n"
+                    "hidden = (hidden + 7) // 8 * 8\n"
+                    "model = GPT(vocab_size=vocab_size, n_embd=hidden)"),
+            confidence="medium" if on_device else "low", crit=float("inf"),
+            confirm="" if on_device else "a trace with the kernels' correlation ids gives their device time",
+            source="TT MatMulDimInFP16Pattern; TTG/NVIDIA: sizes in multiples of 8; assumed 1/4 saved")
+    return per_rank(inputs, one)
+
+
+@rule("HW-4")
+def underfilled_kernels(inputs: RuleInputs) -> list[Finding]:
+    """Compute kernels too small for the device: fewer blocks than SMs leave SMs empty.
+
+    TBP: `blocks per SM` < 1 means the SMs are not fully used; its est. SM efficiency is
+    min(blocks per SM, 1) over kernel time. Trace: SM-time left empty by compute kernels (not
+    communication), concurrent kernels counted together (metrics/occupancy.py). Fires when that
+    empty SM-time is >= SM_IDLE_MIN_PCT of device busy time (proposed). Gain: UNDERFILL_GAIN of
+    it, scaled by the busy share, without the parts other rules price: pointwise/reduction
+    kernels when CG-1 prices their fusion, and plain FP32 GEMMs (HW-1); from 0.5% of the step.
+    Busy time only: the launch overhead around small kernels is idle time, HO-2's. Capped at
+    warning (assumed gain). Low occupancy alone does not fire: tuned GEMMs often run at low
+    occupancy by design.
+    """
+    def one(v: View) -> Finding | None:
+        s = v.r.signals if v.r is not None else None
+        f = s.sm_fill if s is not None else None
+        if f is None or v.r is None or not v.has_device_trace or not f.sm_idle_ns:
+            return None
+        busy = v.window_ms(v.r.metrics.busy_pct)
+        idle = v.ms(f.sm_idle_ns)
+        share = 100.0 * idle / busy if busy else 0.0
+        if share < SM_IDLE_MIN_PCT:
+            return None
+        others = []
+        elsewhere = 0
+        if fusion_claim(v) is not None:
+            elsewhere += sum(f.idle_by_kind.get(k, 0) for k in FUSABLE_KINDS)
+            others.append("pointwise/reduction kernels are CG-1's (fusion)")
+        if fp32_simt_priced(v):
+            elsewhere += f.idle_fp32_simt_ns
+            others.append("plain FP32 GEMMs are HW-1's")
+        mine = v.ms(max(0, f.sm_idle_ns - elsewhere))
+        gain = mine * UNDERFILL_GAIN * device_bound(v)
+        if v.pct(gain) < 0.5:
+            return None
+        under = v.ms(f.underfilled_ns)
+        items = [ts_item(k.name[:120], k.ns, k.count, k.first_ts_ns, v.n_steps, kind=k.kind,
+                         blocks_per_sm=k.blocks_per_sm, occupancy_pct=k.occupancy_pct,
+                         empty_sm_ms_per_step=round(v.ms(k.idle_ns), 3)) for k in f.top]
+        top = "; ".join(
+            f"{(k.name[:59] + '…') if len(k.name) > 60 else k.name} ({k.blocks_per_sm:.2f} blocks/SM, occupancy "
+            f"{'?' if k.occupancy_pct is None else f'{k.occupancy_pct:.0f}%'}, {k.count}x, {fmt_ms(v.ms(k.ns))}/step)"
+            for k in f.top[:3])
+        split = ", ".join(f"{k} {fmt_ms(v.ms(x))}" for k, x in sorted(f.idle_by_kind.items(), key=lambda kv: -kv[1]))
+        return finding(
+            v, "HW-4", "hardware",
+            f"Kernels too small for the device: compute kernels leave {share:.0f}% of the busy time's SM capacity "
+            f"empty ({fmt_ms(idle)} per step; est. SM efficiency {f.sm_efficiency_pct:.0f}%).", gain,
+            evidence=[Evidence(
+                f"{fmt_ms(under)} per step of compute kernels launch fewer blocks than the device has SMs; "
+                f"empty SM-time {fmt_ms(idle)} per step ({share:.1f}% of {fmt_ms(busy)} busy; by kind: {split}). "
+                f"Duration-weighted est. achieved occupancy {f.occupancy_pct if f.occupancy_pct is not None else '?'}%. "
+                f"Top: {top}. Priced here: {fmt_ms(mine)} per step of it"
+                + (f" ({'; '.join(others)})." if others else "."),
+                {"underfilled_ms": round(under, 3), "empty_sm_ms": round(idle, 3), "empty_sm_pct_of_busy": round(share, 2),
+                 "sm_efficiency_pct": f.sm_efficiency_pct, "occupancy_pct": f.occupancy_pct,
+                 "priced_ms": round(mine, 3), "busy_share": round(device_bound(v), 3)}, items)],
+            fix=Fix("Give each launch more work: a larger micro-batch (fewer accumulation steps), fuse small "
+                    "kernels with torch.compile, and capture launch-bound sequences in CUDA graphs.",
+                    "model = torch.compile(model, mode='max-autotune')  # fuses small kernels, CUDA graphs\n"
+                    "# or: raise the per-device batch and cut gradient-accumulation steps to match"),
+            confidence="low", crit=float("inf"),
+            confirm="Nsight Compute's launch statistics (grid size vs SM count) for the kernels listed",
+            source="TBP blocks per SM < 1 / est. SM efficiency; proposed 5% of busy; assumed 1/4 recoverable")
     return per_rank(inputs, one)
 
 

@@ -21,14 +21,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from itertools import repeat
-from operator import attrgetter
+from itertools import filterfalse, islice, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from .model import CATEGORY_NAMES, IGNORED_CATEGORIES, Cat
+from .model import CATEGORY_NAMES, IGNORED_CATEGORIES, SHAPE_OPS, Cat
 
 BLOCK_BYTES = 16 << 20
 # Timestamps beyond this (µs) are corrupt: 2^53 ns is ~104 days past 1970 in µs terms, Kineto
@@ -42,14 +42,34 @@ class TraceFormatError(Exception):
     """The file is not a readable Kineto trace; the message names the problem (not the file)."""
 
 
+_NO_RAW = msgspec.Raw()
+
+
 class Args(msgspec.Struct, frozen=True, gc=False):
     # -1 stands for "absent" so that columns build without per-value None checks.
     stream: int = -1
     correlation: int = -1
     bytes: int = -1
+    # Kernel launch figures (Kineto computes them from grid, block and the device's SM count);
+    # NaN when absent.
+    blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
+    warps_per_sm: float = msgspec.field(default=math.nan, name="warps per SM")
+    occupancy_pct: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
+    # record_shapes=True: kept as raw JSON text (no list is built) and read only for SHAPE_OPS.
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
 
 
 NO_ARGS = Args()
+
+
+# Padding, not data, for Event and ExactEvent: 7 slots make an event as big as an Args (both in
+# pymalloc's 80-byte size class), so the two would share pools, interleaved in memory, and every
+# pass over the decoded events would run 1.5-3x slower. Two unused slots move events to the
+# 96-byte class. They pad the event rather than Args: an unknown key costs a scan over all
+# fields, and args carry many unknown keys, events none. The key never occurs in a trace.
+_PAD = msgspec.field(default=None, name="~torchdoctor padding")
+_PAD2 = msgspec.field(default=None, name="~torchdoctor padding 2")
 
 
 class Event(msgspec.Struct, tag_field="ph", tag="X", gc=False):
@@ -62,6 +82,8 @@ class Event(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     pid: int | str = 0
     tid: int | str = 0
     args: Args = NO_ARGS
+    pad1_: None = _PAD
+    pad2_: None = _PAD2
 
 
 class ExactEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
@@ -78,6 +100,8 @@ class ExactEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     pid: int | str = 0
     tid: int | str = 0
     args: Args = NO_ARGS
+    pad1_: None = _PAD
+    pad2_: None = _PAD2
 
 
 def _skipped(ph: str) -> type:
@@ -144,13 +168,21 @@ class Columns:
 
     names: dict[str, int] = field(default_factory=dict)
     cats: dict[str, int] = field(default_factory=dict)
-    parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    # Per piece: 9 dense columns, then the sparse rows (launch args, shapes; see `finish`).
+    parts: list[tuple] = field(default_factory=list)
+    # (Input Dims, Input type) compact JSON texts of SHAPE_OPS events, interned; the shape rows
+    # hold ids into it.
+    shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
+    _shape_ids: dict[bytes, dict[bytes, int]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     instants: int = 0
     unknown_cats: dict[str, int] = field(default_factory=dict)
     dec: Decoders = FAST
     # Set when float timestamps were too large for ns precision: the file is decoded again exactly.
     needs_exact: bool = False
+    # Per interned category / name id: is it a kernel category / a SHAPE_OPS name (grown lazily).
+    _kernel_cats: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    _shape_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def drop(self, why: str, n: int = 1) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + n
@@ -161,13 +193,13 @@ class Columns:
         etype = self.dec.event_type
         xs = list(filter(etype.__instancecheck__, events))
         if len(xs) != len(events):
-            kinds = Counter(map(type, events))
+            kinds = Counter(map(type, filterfalse(etype.__instancecheck__, events)))
             self.instants += sum(kinds[t] for t in _INSTANT_TYPES)
         n = len(xs)
         if not n:
             return
-        name = np.array(_intern(self.names, list(map(_get_name, xs))), np.int32)
-        cat = np.array(_intern(self.cats, list(map(_get_cat, xs))), np.int16)
+        name = _intern_ids(self.names, xs, _get_name, np.int32)
+        cat = _intern_ids(self.cats, xs, _get_cat, np.int16)
         if etype is ExactEvent:
             ts_ns_exact = np.fromiter(map(_raw_to_ns, map(_get_ts, xs)), np.int64, n)
             ts_us = np.where(ts_ns_exact == _MISSING_NS, math.nan, ts_ns_exact / 1000.0)
@@ -183,6 +215,8 @@ class Columns:
         stream = _arg_column(args, _get_stream)
         corr = _arg_column(args, _get_corr)
         nbytes = _arg_column(args, _get_bytes)
+        launch = self._launch_rows(cat, args)
+        shape = self._shape_rows(name, args)
 
         keep = np.isfinite(ts_us) & np.isfinite(dur_us)
         self.drop("missing or non-numeric ts/dur", int((~keep).sum()))
@@ -199,13 +233,56 @@ class Columns:
         ts_all = ts_ns_exact if etype is ExactEvent else _us_to_ns(np.where(keep, ts_us, 0.0))
         if keep.all():
             end = ts_all + np.rint(dur_us * 1000.0).astype(np.int64)
-            self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes))
+            self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes, launch, shape))
             return
         ts = ts_all[keep]
         end = ts + np.rint(dur_us[keep] * 1000.0).astype(np.int64)
-        self.parts.append(
-            (cat[keep], name[keep], ts, end, pid[keep], tid[keep], stream[keep], corr[keep], nbytes[keep])
-        )
+        self.parts.append((cat[keep], name[keep], ts, end, pid[keep], tid[keep], stream[keep], corr[keep],
+                           nbytes[keep], _keep_rows(launch, keep), _keep_rows(shape, keep)))
+
+    def _launch_rows(self, cat: np.ndarray, args: list[Args]) -> tuple[np.ndarray, ...]:
+        """(positions, blocks per SM, warps per SM, est. achieved occupancy %) of the piece's kernels.
+
+        Sparse: only kernels carry these args, so only their rows are kept (float32, NaN for an
+        absent value); the other events are not looked at (C-level gathers, no per-event Python).
+        Blocks/warps <= 0 (Kineto writes -1 without the device's SM count) and a negative occupancy
+        count as absent; an occupancy of 0 is real (Kineto rounds it to whole percent).
+        """
+        is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
+        k = np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
+        if not k.size:
+            return (k, *(np.zeros(0, np.float32) for _ in range(3)))
+        picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
+        b, w, o = (np.fromiter(map(get, picked), np.float64, k.size) for get in (_get_blocks, _get_warps, _get_occ))
+        b = np.where(b > 0, b, np.nan).astype(np.float32)
+        w = np.where(w > 0, w, np.nan).astype(np.float32)
+        o = np.where(o >= 0, o, np.nan).astype(np.float32)
+        some = np.isfinite(b) | np.isfinite(w) | np.isfinite(o)
+        return k[some], b[some], w[some], o[some]
+
+    def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, ids into `shapes`) of the piece's SHAPE_OPS events that have Input Dims."""
+        wanted = self._shape_names = _grow_flags(self._shape_names, self.names, SHAPE_OPS.__contains__)
+        pos: list[int] = []
+        ids: list[int] = []
+        if wanted.any():
+            for i in np.flatnonzero(wanted[name]).tolist():
+                a = args[i]
+                dims = bytes(a.input_dims)
+                if dims:
+                    pos.append(i)
+                    ids.append(self.shape_id(dims, bytes(a.input_type)))
+        return np.array(pos, np.int64), np.array(ids, np.int32)
+
+    def shape_id(self, dims: bytes, types: bytes) -> int:
+        # Two-level lookup: no tuple per event (tuples are GC-tracked and would trigger collections
+        # that walk the whole decoded block).
+        by_type = self._shape_ids.setdefault(dims, {})
+        got = by_type.get(types)
+        if got is None:
+            got = by_type[types] = len(self.shapes)
+            self.shapes.append((_compact_json(dims), _compact_json(types)))
+        return got
 
     def _ids(self, vals: list) -> np.ndarray:
         try:
@@ -227,15 +304,25 @@ class Columns:
         # Named pseudo-threads ("Spans", "PyTorch Profiler") become negative ids.
         return -1 - self.names.setdefault(v, len(self.names))
 
-    def finish(self) -> tuple[list[str], list[np.ndarray]]:
-        """Concatenate the parts, map category strings to `Cat` codes, sort by start time."""
+    def finish(self) -> tuple[list[str], list[np.ndarray], Sparse]:
+        """Concatenate the parts, map category strings to `Cat` codes, sort by start time.
+
+        Columns: cat, name, ts, end, pid, tid, stream, correlation, nbytes; then the sparse ones
+        (`Sparse`: kernel launch args and GEMM shapes) with their event positions after the sort.
+        """
         names = [""] * len(self.names)
         for s, i in self.names.items():
             names[i] = s
         if not self.parts:
             dtypes = (np.int8, np.int32) + (np.int64,) * 7
-            return names, [np.zeros(0, dtype=d) for d in dtypes]
-        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+            return names, [np.zeros(0, dtype=d) for d in dtypes], Sparse.empty()
+        sizes = [p[0].size for p in self.parts]
+        offsets = np.cumsum([0, *sizes[:-1]])
+        launch = [np.concatenate([p[9][0] + off for p, off in zip(self.parts, offsets, strict=True)])]
+        launch += [np.concatenate([p[9][j] for p in self.parts]) for j in (1, 2, 3)]
+        shape_pos = np.concatenate([p[10][0] + off for p, off in zip(self.parts, offsets, strict=True)])
+        shape_ids = np.concatenate([p[10][1] for p in self.parts])
+        cols = [np.concatenate(c) for c in zip(*(p[:9] for p in self.parts), strict=True)]
         self.parts.clear()
         code_of = np.zeros(max(len(self.cats), 1), dtype=np.int8)
         for c, i in self.cats.items():
@@ -246,10 +333,64 @@ class Columns:
                 self.unknown_cats[c] = int(counts[i])
         cols[0] = code_of[cols[0]]
         order = np.argsort(cols[2], kind="stable")
-        return names, [c[order] for c in cols]
+        # Sparse rows follow their events through the sort: new position = rank of the old one.
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size)
+        lo = np.argsort(rank[launch[0]], kind="stable")
+        so = np.argsort(rank[shape_pos], kind="stable")
+        sparse = Sparse(rank[launch[0]][lo], launch[1][lo], launch[2][lo], launch[3][lo], rank[shape_pos][so],
+                        shape_ids[so])
+        return names, [c[order] for c in cols], sparse
+
+
+@dataclass
+class Sparse:
+    """Columns only a few events carry, as (sorted event positions, values) (see `RankTrace`)."""
+
+    launch_idx: np.ndarray  # kernels with any of the launch args below
+    blocks_per_sm: np.ndarray  # float32, NaN when absent
+    warps_per_sm: np.ndarray
+    occupancy: np.ndarray
+    shape_idx: np.ndarray  # SHAPE_OPS events with recorded shapes
+    shape_ids: np.ndarray  # int32 ids into Columns.shapes
+
+    @staticmethod
+    def empty() -> Sparse:
+        f = np.zeros(0, np.float32)
+        return Sparse(np.zeros(0, np.int64), f, f, f, np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+
+def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sparse rows of a piece after dropping events: positions renumbered, dropped events' rows gone."""
+    pos = rows[0]
+    if not pos.size:
+        return rows
+    new_pos = np.cumsum(keep) - 1
+    sel = keep[pos]
+    return (new_pos[pos[sel]], *(r[sel] for r in rows[1:]))
 
 
 _MISSING_NS = np.iinfo(np.int64).min
+
+
+def _compact_json(text: bytes) -> bytes:
+    """JSON text without whitespace (each distinct shape is seen once: the cost is per shape, not per event)."""
+    try:
+        return msgspec.json.encode(_any.decode(text))
+    except msgspec.DecodeError:
+        return text
+
+
+def _grow_flags(flags: np.ndarray, table: dict[str, int], test) -> np.ndarray:
+    """`test` of every string of an interning table, by id; only strings added since the last call are tested."""
+    if flags.size == len(table):
+        return flags
+    new = np.fromiter(map(test, islice(table, flags.size, None)), bool, len(table) - flags.size)
+    return np.concatenate([flags, new])
+
+
+def _is_kernel_cat(c: str) -> bool:
+    return CATEGORY_NAMES.get(c.lower()) == Cat.KERNEL
 
 
 def _is_int64(v: object) -> bool:
@@ -266,6 +407,15 @@ def _intern(table: dict[str, int], values: list[str]) -> list[int]:
                 table[v] = len(table)
         ids = list(map(get, values))
     return ids
+
+
+def _intern_ids(table: dict[str, int], events: list, attr: attrgetter, dtype: type) -> np.ndarray:
+    """`_intern` of each event's `attr` straight into an array (one C-level pass when no string is new)."""
+    get, n = table.get, len(events)
+    try:
+        return np.fromiter(map(get, map(attr, events)), dtype, n)
+    except TypeError:  # an unseen string: get() gave None
+        return np.array(_intern(table, list(map(attr, events))), dtype)
 
 
 def _us_to_ns(ts_us: np.ndarray) -> np.ndarray:
@@ -301,6 +451,9 @@ _get_args = attrgetter("args")
 _get_stream = attrgetter("stream")
 _get_corr = attrgetter("correlation")
 _get_bytes = attrgetter("bytes")
+_get_blocks = attrgetter("blocks_per_sm")
+_get_warps = attrgetter("warps_per_sm")
+_get_occ = attrgetter("occupancy_pct")
 
 
 def _arg_column(args: list[Args], get: attrgetter) -> np.ndarray:
@@ -378,6 +531,14 @@ def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
         v = a.get(k)
         return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else -1
 
+    def farg(k: str) -> float:
+        v = a.get(k)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+    def rawarg(k: str) -> msgspec.Raw:
+        v = a.get(k)
+        return msgspec.Raw(msgspec.json.encode(v)) if isinstance(v, list) else _NO_RAW
+
     ts = num(obj.get("ts"))
     if etype is ExactEvent:
         ts = msgspec.Raw(msgspec.json.encode(ts) if math.isfinite(ts) else b"")
@@ -388,7 +549,8 @@ def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
         dur=num(obj["dur"]) if "dur" in obj else 0.0,
         pid=ident(obj.get("pid")),
         tid=ident(obj.get("tid")),
-        args=Args(iarg("stream"), iarg("correlation"), iarg("bytes")),
+        args=Args(iarg("stream"), iarg("correlation"), iarg("bytes"), farg("blocks per SM"), farg("warps per SM"),
+                  farg("est. achieved occupancy %"), rawarg("Input Dims"), rawarg("Input type")),
     )
 
 

@@ -70,7 +70,7 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
         header, cols = decode_file(path, jobs)
     except OSError as e:
         raise TraceFormatError(f"cannot read: {e.strerror or e}") from None
-    names, (cat, name, ts, end, pid, tid, stream, corr, nbytes) = cols.finish()
+    names, (cat, name, ts, end, pid, tid, stream, corr, nbytes), sparse = cols.finish()
     if ts.size == 0 and not cols.instants:
         raise TraceFormatError("traceEvents holds no complete ('X') events")
     info = header.distributedInfo or {}
@@ -89,7 +89,9 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
     backend = info.get("backend")
     return RankTrace(
         path=path, names=names, cat=cat, name=name, ts=ts, end=end, pid=pid, tid=tid, stream=stream,
-        correlation=corr, nbytes=nbytes, rank=rank, rank_source=source,
+        correlation=corr, nbytes=nbytes, launch_idx=sparse.launch_idx, launch_blocks=sparse.blocks_per_sm,
+        launch_warps=sparse.warps_per_sm, launch_occupancy=sparse.occupancy, shape_idx=sparse.shape_idx,
+        shape_ids=sparse.shape_ids, shapes=cols.shapes, rank=rank, rank_source=source,
         world_size=ws if isinstance(ws, int) else None,
         backend=backend if isinstance(backend, str) else None,
         device_name=_device_name(props), device_properties=props, warnings=warnings,

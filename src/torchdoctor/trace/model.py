@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -52,6 +53,11 @@ CATEGORY_NAMES: dict[str, Cat] = {
 IGNORED_CATEGORIES = frozenset({"Trace", "torchdoctor", "ac2g", "fwdbwd", "async_cpu_to_gpu",
                                 "cpu_instant_event", "overhead", "cuda_profiler_range"})
 
+# Host ops whose `Input Dims` / `Input type` (record_shapes=True) the decoder keeps: the GEMMs.
+# Other ops' shapes are skipped unparsed (they are most of a trace's args by volume).
+SHAPE_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm",
+                       "aten::matmul", "aten::linear"})
+
 # Categories that occupy the device (HTA's "GPU events" minus cuda_sync, which is a wait, not work).
 DEVICE_WORK = (Cat.KERNEL, Cat.MEMCPY, Cat.MEMSET)
 HOST_CATS = (Cat.CPU_OP, Cat.USER_ANNOTATION, Cat.RUNTIME, Cat.DRIVER, Cat.PYTHON)
@@ -64,6 +70,14 @@ class RankTrace:
     Columns (all the same length): `cat` (Cat codes), `name` (ids into `names`), `ts`/`end` (ns),
     `pid`/`tid` (ints; string ids such as "Spans" map to negative numbers), `stream`,
     `correlation`, `nbytes` (-1 when absent).
+
+    Sparse columns, for the few events that carry them (sorted event indices + values):
+    `launch_idx` with `launch_blocks` / `launch_warps` / `launch_occupancy`, Kineto's kernel args
+    `blocks per SM`, `warps per SM`, `est. achieved occupancy %` (float32, NaN when that one is
+    absent); `shape_idx` with `shape_ids`, for SHAPE_OPS events recorded with record_shapes, ids
+    into `shapes` = (Input Dims, Input type) as compact JSON text. `launch_of` / `shape_of` look
+    them up for given events; `blocks_per_sm`, `warps_per_sm`, `occupancy` (NaN when absent) and
+    `shape` (-1 when absent) are the dense columns, built on first use.
     """
 
     path: str
@@ -77,6 +91,13 @@ class RankTrace:
     stream: np.ndarray
     correlation: np.ndarray
     nbytes: np.ndarray
+    launch_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    launch_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    launch_warps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    launch_occupancy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    shape_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    shape_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
     rank: int | None = None
     rank_source: str = "order"
     world_size: int | None = None
@@ -108,3 +129,51 @@ class RankTrace:
     @property
     def has_device_events(self) -> bool:
         return bool(self.mask(*DEVICE_WORK).any())
+
+    def launch_of(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(blocks per SM, warps per SM, est. achieved occupancy %) of events `idx` (float32, NaN if absent)."""
+        at, hit = _find(self.launch_idx, idx)
+
+        def pick(col: np.ndarray) -> np.ndarray:
+            if not col.size:
+                return np.full(at.size, np.nan, np.float32)
+            return np.where(hit, col[at], np.nan).astype(np.float32)
+
+        return pick(self.launch_blocks), pick(self.launch_warps), pick(self.launch_occupancy)
+
+    def shape_of(self, idx: np.ndarray) -> np.ndarray:
+        """Ids into `shapes` of events `idx`, -1 where no shape was recorded (or kept)."""
+        at, hit = _find(self.shape_idx, idx)
+        if not self.shape_ids.size:
+            return np.full(at.size, -1, np.int32)
+        return np.where(hit, self.shape_ids[at], -1).astype(np.int32)
+
+    @cached_property
+    def blocks_per_sm(self) -> np.ndarray:
+        return self._dense(self.launch_idx, self.launch_blocks, np.nan, np.float32)
+
+    @cached_property
+    def warps_per_sm(self) -> np.ndarray:
+        return self._dense(self.launch_idx, self.launch_warps, np.nan, np.float32)
+
+    @cached_property
+    def occupancy(self) -> np.ndarray:
+        return self._dense(self.launch_idx, self.launch_occupancy, np.nan, np.float32)
+
+    @cached_property
+    def shape(self) -> np.ndarray:
+        return self._dense(self.shape_idx, self.shape_ids, -1, np.int32)
+
+    def _dense(self, idx: np.ndarray, vals: np.ndarray, missing: float, dtype: type) -> np.ndarray:
+        out = np.full(len(self), missing, dtype)
+        out[idx] = vals
+        return out
+
+
+def _find(sorted_idx: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `idx` sits in `sorted_idx`, and whether it is there."""
+    idx = np.asarray(idx, np.int64)
+    if sorted_idx.size == 0:
+        return np.zeros(idx.size, np.int64), np.zeros(idx.size, bool)
+    at = np.clip(np.searchsorted(sorted_idx, idx), 0, sorted_idx.size - 1)
+    return at, sorted_idx[at] == idx

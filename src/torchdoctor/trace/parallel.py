@@ -117,9 +117,11 @@ def merge(parts: list[Columns], dec: Decoders) -> Columns:
         name_map = np.array(_intern(out.names, local_names) or [0], np.int32)
         local_cats = sorted(c.cats, key=c.cats.__getitem__)
         cat_map = np.array(_intern(out.cats, local_cats) or [0], np.int16)
-        for cat, name, ts, end, pid, tid, stream, corr, nbytes in c.parts:
+        shape_map = np.array([out.shape_id(d, t) for d, t in c.shapes], np.int32)
+        for cat, name, ts, end, pid, tid, stream, corr, nbytes, launch, (shape_pos, shape_ids) in c.parts:
             out.parts.append((cat_map[cat], name_map[name], ts, end, _remap_ids(pid, name_map),
-                              _remap_ids(tid, name_map), stream, corr, nbytes))
+                              _remap_ids(tid, name_map), stream, corr, nbytes, launch,
+                              (shape_pos, shape_map[shape_ids])))
         for why, n in c.dropped.items():
             out.drop(why, n)
         out.instants += c.instants

@@ -17,8 +17,8 @@ Pathologies (all on by default; ``--healthy`` turns all off):
 ======================== ======================================================================
 main_process_loader      DataLoader(num_workers=0): fetch + decode inside the training step
 no_pin_memory            pin_memory=False (only matters with a GPU)
-syncing_collate          collate_fn converts every sample with ``.numpy()`` and reads per-sample
-                         values with ``.item()``
+syncing_collate          collate_fn converts every image with ``.numpy()`` and reads every
+                         label with ``.item()``
 loss_item_every_step     ``loss.item()`` every step (a host sync on a GPU)
 find_unused_parameters   DDP(find_unused_parameters=True) with no unused parameter
 small_buckets            DDP(bucket_cap_mb=0.001): one all-reduce per layer
@@ -88,17 +88,15 @@ class SlowDecodeDataset(Dataset):
 def syncing_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Collate that handles the batch sample by sample through host-side values (the pathology).
 
-    Each image goes through ``.numpy()`` for a per-sample brightness statistic read back with
-    ``.item()``, and each label through ``.item()`` for a class histogram: host conversions on the
-    data path (on a GPU, each one on a device tensor would be a sync). The work itself is kept
-    small so that moving loading into workers, a runtime remedy, recovers nearly all of the step;
-    the per-sample conversions stay visible to the probe.
+    Each image goes through ``.numpy()`` and each label is read back with ``.item()`` for a class
+    histogram: per-sample host conversions on the data path (on a GPU, each one on a device
+    tensor would be a sync). The work itself is kept small, so that moving loading into workers,
+    a runtime remedy, recovers nearly all of the step; the conversions stay visible to the probe.
     """
-    images = torch.stack([torch.from_numpy(img.numpy().copy()) for img, _ in batch])
-    brightness = [img.sum().item() / img.numel() for img in images]
+    images = torch.from_numpy(np.stack([img.numpy() for img, _ in batch]))
     labels = torch.tensor([label for _, label in batch])
     histogram = np.bincount([int(label.item()) for label in labels], minlength=CLASSES)
-    assert histogram.sum() == len(batch) and len(brightness) == len(batch)
+    assert histogram.sum() == len(batch)
     return images, labels
 
 

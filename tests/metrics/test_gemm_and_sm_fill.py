@@ -1,0 +1,121 @@
+"""GEMM shapes (HW-2) and SM fill (HW-4) metrics on code-built traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from kineto_builder import TraceBuilder
+from torchdoctor.metrics.gemm import gemm_dims
+from torchdoctor.metrics.rank import analyze_rank
+from torchdoctor.trace.load import load_trace
+
+BF16 = "c10::BFloat16"
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+GEMM = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
+
+
+def signals(b: TraceBuilder, tmp_path):
+    return analyze_rank(load_trace(str(b.write(tmp_path / "t.json")))).signals
+
+
+def step(b: TraceBuilder) -> TraceBuilder:
+    b.step(1, 0.0, 10_000.0)
+    return b
+
+
+@pytest.mark.parametrize(("op", "dims", "want"), [
+    ("aten::mm", [[1024, 1705], [1705, 512]], {"M": 1024, "K": 1705, "N": 512}),
+    ("aten::addmm", [[512], [64, 100], [100, 512], [], []], {"M": 64, "K": 100, "N": 512}),
+    ("aten::bmm", [[12, 77, 64], [12, 64, 77]], {"M": 77, "K": 64, "N": 77}),
+    ("aten::linear", [[8, 128, 1000], [50257, 1000], [50257]], {"M": 1024, "K": 1000, "N": 50257}),
+    ("aten::matmul", [[4, 10, 16], [16, 24]], {"M": 10, "K": 16, "N": 24}),
+])
+def test_gemm_dims_read_the_matrix_inputs(op, dims, want):
+    dtype, got = gemm_dims(op, dims, [BF16] * len(dims))
+    assert dtype == BF16 and got == want
+
+
+def test_gemm_dims_reject_matrix_vector_products():
+    assert gemm_dims("aten::matmul", [[4, 16], [16]], [BF16, BF16]) is None
+    assert gemm_dims("aten::addmm", [[5], [4, 16]], [BF16, BF16]) is None
+
+
+def test_each_gemm_counted_once_with_its_kernel_time(tmp_path):
+    b = step(TraceBuilder())
+    # linear -> addmm (misaligned N=50257): one GEMM, its kernel 300 µs.
+    b.op("aten::linear", 100.0, 60.0, dims=[[64, 1024], [50257, 1024], [50257]], types=[BF16] * 3)
+    b.gemm("aten::addmm", 110.0, 40.0, [[50257], [64, 1024], [1024, 50257], [], []], kernel_at=200.0,
+           kernel_dur=300.0)
+    # matmul -> mm, aligned: counted as a half GEMM, not misaligned.
+    b.op("aten::matmul", 600.0, 50.0, dims=[[64, 1024], [1024, 1024]], types=[BF16] * 2)
+    b.gemm("aten::mm", 610.0, 30.0, [[64, 1024], [1024, 1024]], kernel_at=700.0, kernel_dur=100.0)
+    # The backward GEMM on the autograd thread, K misaligned, twice with the same shape.
+    for t0 in (1000.0, 1200.0):
+        b.gemm("aten::mm", t0, 40.0, [[64, 50257], [50257, 1024]], tid=77, kernel_at=t0 + 500, kernel_dur=160.0)
+    # fp32 and misaligned: HW-1's, not counted here.
+    b.gemm("aten::mm", 2000.0, 20.0, [[64, 1705], [1705, 512]], dtype="float", kernel_at=2100.0, kernel_dur=80.0)
+    g = signals(b, tmp_path).misaligned_gemms
+    assert g.half_gemms == 4
+    assert g.count == 3
+    assert g.time_source == "device"
+    assert g.device_ns == (300 + 160 + 160) * 1000
+    assert g.host_ns == (40 + 40 + 40) * 1000
+    top, second = g.sites
+    assert (top.op, top.count, top.device_ns, top.misaligned) == ("aten::mm", 2, 320_000, ["K"])
+    assert top.dims == {"M": 64, "K": 50257, "N": 1024} and top.dtype == BF16
+    assert top.first_ts_ns == 1_000_000
+    assert (second.op, second.misaligned, second.shapes) == ("aten::addmm", ["N"], "[[50257],[64,1024],[1024,50257],[],[]]")
+
+
+def test_gemm_time_falls_back_to_the_host_without_correlation(tmp_path):
+    b = step(TraceBuilder())
+    b.op("aten::mm", 100.0, 25.0, dims=[[30, 30], [30, 30]], types=[BF16] * 2)
+    g = signals(b, tmp_path).misaligned_gemms
+    assert (g.count, g.device_ns, g.host_ns, g.time_source) == (1, 0, 25_000, "host")
+
+
+def test_gemm_signal_absent_without_shapes_and_empty_when_aligned(tmp_path):
+    b = step(TraceBuilder())
+    b.op("aten::mm", 100.0, 25.0)
+    assert signals(b, tmp_path).misaligned_gemms is None
+    b.gemm("aten::mm", 200.0, 20.0, [[64, 64], [64, 128]])
+    g = signals(b, tmp_path).misaligned_gemms
+    assert (g.half_gemms, g.count, g.sites) == (1, 0, [])
+
+
+def test_sm_fill_of_one_underfilled_kernel(tmp_path):
+    b = step(TraceBuilder())
+    b.kernel(GEMM, 100.0, 400.0, launch_at=90.0, blocks_per_sm=0.25, warps_per_sm=1.0, occupancy=3)
+    b.kernel(ELEMENTWISE, 600.0, 100.0, launch_at=590.0, blocks_per_sm=4.0, warps_per_sm=32.0, occupancy=50)
+    f = signals(b, tmp_path).sm_fill
+    assert f.kernel_ns == 500_000 and f.underfilled_ns == 400_000
+    assert f.sm_idle_ns == 300_000  # 400 µs x (1 - 0.25)
+    assert f.sm_efficiency_pct == pytest.approx(40.0)  # (100 + 100) of 500 µs
+    assert f.occupancy_pct == pytest.approx((3 * 400 + 50 * 100) / 500)
+    assert f.idle_by_kind == {"gemm": 300_000}
+    (k,) = f.top
+    assert (k.name, k.count, k.ns, k.blocks_per_sm, k.occupancy_pct, k.idle_ns) == (GEMM, 1, 400_000, 0.25, 3.0,
+                                                                                     300_000)
+
+
+def test_concurrent_kernels_fill_each_others_sms(tmp_path):
+    b = step(TraceBuilder())
+    # Two half-filling kernels on two streams: together they fill the device for 100 µs.
+    b.kernel(GEMM, 100.0, 200.0, stream=7, launch_at=90.0, blocks_per_sm=0.5)
+    b.kernel(ELEMENTWISE, 200.0, 100.0, stream=8, launch_at=91.0, blocks_per_sm=0.5)
+    # Communication is not compute (NCCL uses few blocks by design); no launch args: unknown.
+    b.kernel(NCCL, 1000.0, 500.0, stream=20, launch_at=95.0, blocks_per_sm=0.1)
+    b.kernel("kernel_without_args", 2000.0, 500.0, launch_at=96.0)
+    f = signals(b, tmp_path).sm_fill
+    assert f.kernel_ns == 300_000
+    assert f.sm_idle_ns == 50_000  # [100,200) and [300,300) half empty; [200,300) full
+    assert f.sm_efficiency_pct == pytest.approx(75.0)
+    # Split in proportion to each kernel's own empty time (100 vs 50 µs).
+    assert f.idle_by_kind == {"gemm": 33_333, "elementwise": 16_667}
+
+
+def test_sm_fill_absent_without_launch_args(tmp_path):
+    b = step(TraceBuilder())
+    b.kernel(GEMM, 100.0, 400.0, launch_at=90.0)
+    assert signals(b, tmp_path).sm_fill is None
