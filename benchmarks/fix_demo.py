@@ -22,8 +22,8 @@
     .venv/bin/python benchmarks/fix_demo.py                  # ~10 min on 2 cores
     .venv/bin/python benchmarks/fix_demo.py --rounds 3 --steps 48 --tool-repeats 2
     .venv/bin/python benchmarks/fix_demo.py --remedies dataloader.workers=2,ddp.bucket_cap
-    .venv/bin/python benchmarks/fix_demo.py --out benchmarks/results/fix_demo_no_collate.json \
-        --pathologies main_process_loader,loss_item_every_step,find_unused_parameters,small_buckets
+    .venv/bin/python benchmarks/fix_demo.py --out /tmp/fix_loader_only.json \
+        --pathologies main_process_loader,find_unused_parameters,small_buckets
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from torchdoctor.workloads.pathologies import PATHOLOGIES
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ARMS = ("baseline", "treated", "healthy", "ceiling")
-# Pathologies of the demo that only a code change fixes (pathologies.py): on a CPU the per-sample
-# collate work still costs CPU inside workers, and loss.item() costs nothing without a device.
+# Pathologies of the demo that only a code change fixes (pathologies.py): the converting collate
+# still runs (in workers, once they exist), and loss.item() is still called every step.
 CODE_ONLY = ("syncing_collate", "loss_item_every_step")
 
 
