@@ -8,6 +8,8 @@ import pytest
 
 from probe.livejob import PY, load_run, run
 
+from torchdoctor.session import report_from_run_dir
+
 STEPS = "16"  # the profiler window is 10:13 and the gather at 13
 
 
@@ -18,7 +20,7 @@ def demo(run_dir, *flags):
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [entry["facts"] for entry in load_run(run_dir)["ranks"]]
     assert [f.get("rank", 0) for f in ranks] == [0, 1]
-    return result, ranks
+    return result, ranks, run_dir
 
 
 def wait_share(facts):
@@ -37,7 +39,7 @@ def healthy(tmp_path_factory):
 
 
 def test_pathologies_are_recorded(sick):
-    result, ranks = sick
+    result, ranks, _ = sick
     assert "torchdoctor demo (pathological): 16 steps on 2 ranks" in result.stdout
     for facts in ranks:
         (loader,) = facts["dataloaders"]
@@ -65,7 +67,7 @@ def test_pathologies_are_recorded(sick):
 
 
 def test_healthy_version_is_fixed(healthy, sick):
-    result, ranks = healthy
+    result, ranks, _ = healthy
     assert "torchdoctor demo (healthy): 16 steps on 2 ranks" in result.stdout
     for facts, sick_facts in zip(ranks, sick[1], strict=True):
         (loader,) = facts["dataloaders"]
@@ -78,3 +80,22 @@ def test_healthy_version_is_fixed(healthy, sick):
         assert wait_share(facts) < wait_share(sick_facts) / 2
         # The workers keep up: most batches are ready when the step asks for them.
         assert loader["ready_share"] >= 0.6 and "collate_ms_mean" not in loader
+
+
+def test_the_diagnosis_names_the_pathologies(sick):
+    findings = report_from_run_dir(str(sick[2])).findings
+    by_id = {f.id: f for f in findings}
+    # Loading in the training process dominates, and the fix names the measured worker count:
+    # latency-bound loading (the process idles while it waits) on 2 CPUs -> 2 workers.
+    dl2 = by_id["DL-2"]
+    assert dl2.severity == "critical" and dl2.recoverable_pct >= 40 and dl2.remedy == "dataloader.workers"
+    assert "num_workers=2" in dl2.fix.snippet and findings[0].id == "DL-2"
+    assert by_id["DI-7"].remedy == "ddp.find_unused_false" and by_id["DI-10"].remedy == "ddp.bucket_cap"
+    collate = [f for f in findings if f.id == "HO-3" and "collate_fn" in f.title]
+    assert collate and collate[0].recoverable_ms > 0  # priced from the probe's collate timing
+    assert sum(f.recoverable_pct for f in findings if f.severity != "info") <= 100.0
+
+
+def test_the_healthy_demo_raises_no_warning(healthy):
+    findings = report_from_run_dir(str(healthy[2])).findings
+    assert [f"{f.id}: {f.title}" for f in findings if f.severity != "info"] == []
