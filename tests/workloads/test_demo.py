@@ -7,7 +7,6 @@ import statistics
 import pytest
 
 from probe.livejob import PY, load_run, run
-
 from torchdoctor.session import report_from_run_dir
 
 STEPS = "16"  # the profiler window is 10:13 and the gather at 13
