@@ -83,6 +83,9 @@ def test_dataloader_workers_persistent_prefetch(runtime: Runtime) -> None:
     assert sites == {f"{__file__}:{test_dataloader_workers_persistent_prefetch.__code__.co_firstlineno + 4}"}
     assert {e["id"] for e in runtime.applied} == {"dataloader.workers", "dataloader.persistent_workers",
                                                    "dataloader.prefetch"}
+    # Persistent workers outlive the loop: stop them here, not from a garbage collection in a later
+    # test (a full-suite run once hung at the next test's call with a worker still alive).
+    loader._iterator._shutdown_workers()
 
 
 def test_positional_num_workers_is_found(runtime: Runtime) -> None:
