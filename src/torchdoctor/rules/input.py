@@ -285,7 +285,8 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
     per_batch = next((d.ready_wait_ms_mean for d in v.f.dataloaders if d.ready_wait_ms_mean), None) if v.f else None
     return finding(
         v, "DL-1", "input",
-        f"The workers keep up ({ready:.0%} of batches were ready when asked for), but receiving a ready batch "
+        f"The workers keep up ({'most' if ready is None else f'{ready:.0%}'} of batches were ready when asked "
+        "for), but receiving a ready batch "
         f"costs {fmt_ms(per_batch or handoff)}: {fmt_ms(handoff)} per step ({v.pct(handoff):.0f}%) more workers "
         "would not remove.", 0.0, sev="info",
         evidence=[Evidence(f"Of the {fmt_ms(wait)} data wait per step, {fmt_ms(handoff)} went to batches the "
