@@ -15,6 +15,7 @@ import numpy as np
 
 from ..trace.model import Cat
 from .context import Context
+from .device import lookup
 from .model import GemmSite, MisalignedGemms
 
 ALIGN = 8
@@ -79,8 +80,7 @@ def launched_kernel_ns(ctx: Context, ops: np.ndarray) -> np.ndarray:
         return out
     corr, inv = np.unique(tr.correlation[k], return_inverse=True)
     per_corr = np.bincount(inv, weights=(tr.end[k] - tr.ts[k]).astype(np.float64))
-    pos = np.clip(np.searchsorted(corr, tr.correlation[calls]), 0, corr.size - 1)
-    call_ns = np.where(corr[pos] == tr.correlation[calls], per_corr[pos], 0.0)
+    call_ns = lookup(corr, per_corr, tr.correlation[calls], missing=0)
     for tid in np.unique(tr.tid[ops]):
         mine = calls[tr.tid[calls] == tid]
         if mine.size == 0:

@@ -245,8 +245,9 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             rest = wait - collate_claim(v, wait) - dl2_claim(v, wait)
             why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
         else:
-            handoff = (wait - dl7_claim(v)) * handoff_share(v)
-            rest = wait - dl7_claim(v) - handoff
+            starved_or_handoff = wait - dl7_claim(v)
+            handoff = starved_or_handoff * handoff_share(v)
+            rest = starved_or_handoff - handoff
             why = "the loader cannot keep up on average"
             if v.pct(rest) < 0.5:
                 return _handoff(v, handoff, wait)
