@@ -325,6 +325,13 @@ def _measure_quiet(argv: list[str], log: Path, quiet_wait: float, retries: int) 
     return r
 
 
+
+def _summary(r: Any) -> str:
+    """One measured run on one line (progress output)."""
+    return (f"{r.wall_s:.2f} s, {r.maxrss_mb:.0f} MB rss, {r.tree_pss_mb:.0f} MB tree pss, cpu {r.cpu_s:.1f} s, "
+            f"other load {r.other_cores:.2f}, runq wait {r.runq_wait_s:.1f} s, rc={r.rc}")
+
+
 def run_case(
     case: Case, td_cmd: list[str], td_repeat: int, hta_repeat: int, logs: Path, quiet_wait: float,
     retries: int,
@@ -335,9 +342,7 @@ def run_case(
         out.unlink(missing_ok=True)
         argv = [*td_cmd, "analyze", str(case.path), "--json", str(out)]
         r = _measure_quiet(argv, logs / f"{case.slug}.td.{i}.log", quiet_wait, retries)
-        print(f"  torchdoctor {case.name} #{i + 1}: {r.wall_s:.2f} s, {r.maxrss_mb:.0f} MB rss, "
-              f"{r.tree_pss_mb:.0f} MB tree pss, cpu {r.cpu_s:.1f} s, other load {r.other_cores:.2f}, runq wait {r.runq_wait_s:.1f} s, rc={r.rc}",
-              file=sys.stderr)
+        print(f"  torchdoctor {case.name} #{i + 1}: {_summary(r)}", file=sys.stderr)
         case.td.append(r)
         if out.exists():
             case.td_report = json.loads(out.read_text())
@@ -347,9 +352,7 @@ def run_case(
         argv = [str(HTA_PYTHON), str(HTA_SIDE), "bench", str(case.hta_dir), "--out", str(out)]
         print(f"  HTA {case.name} #{i + 1} (minutes) ...", file=sys.stderr)
         r = _measure_quiet(argv, logs / f"{case.slug}.hta.{i}.log", quiet_wait, retries)
-        print(f"  HTA {case.name} #{i + 1}: {r.wall_s:.2f} s, {r.maxrss_mb:.0f} MB rss, "
-              f"{r.tree_pss_mb:.0f} MB tree pss, cpu {r.cpu_s:.1f} s, other load {r.other_cores:.2f}, runq wait {r.runq_wait_s:.1f} s, rc={r.rc}",
-              file=sys.stderr)
+        print(f"  HTA {case.name} #{i + 1}: {_summary(r)}", file=sys.stderr)
         case.hta.append(r)
         if out.exists():
             case.hta_report = json.loads(out.read_text())
