@@ -326,7 +326,7 @@ def _measure_quiet(argv: list[str], log: Path, quiet_wait: float, retries: int) 
 
 
 
-def _summary(r: Any) -> str:
+def _summary(r: Run) -> str:
     """One measured run on one line (progress output)."""
     return (f"{r.wall_s:.2f} s, {r.maxrss_mb:.0f} MB rss, {r.tree_pss_mb:.0f} MB tree pss, cpu {r.cpu_s:.1f} s, "
             f"other load {r.other_cores:.2f}, runq wait {r.runq_wait_s:.1f} s, rc={r.rc}")
