@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
 sys.path.insert(0, str(Path(__file__).parent))
+
+from real_traces import TRACES  # noqa: E402  (importable only once tests/ is on the path)
 
 
 @pytest.fixture(scope="session")
 def traces_dir() -> Path:
-    if not SHARED_TRACES.is_dir():
-        pytest.fail(f"real traces not found at {SHARED_TRACES}")
-    return SHARED_TRACES
+    return TRACES

@@ -100,3 +100,45 @@ def test_analysis_path_does_not_import_torch(tmp_path):
             "print('torch' in sys.modules, rc)")
     out = subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "0"]
+
+
+def test_a_subcommand_that_fails_to_import_says_so(monkeypatch, capsys):
+    import importlib
+
+    real = importlib.import_module
+
+    def failing(name, *a, **k):
+        if name == "torchdoctor.fixer":
+            raise ImportError("cannot import name 'x' from 'torchdoctor.remedies'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    assert main(["fix", "--apply", "safe", "--", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "'fix' is unavailable" in err and "cannot import name 'x'" in err
+    # The other live commands are still registered and parse their arguments.
+    from torchdoctor.cli import build_parser
+
+    assert build_parser().parse_args(["demo", "--healthy"]).command == "demo"
+
+
+def test_run_dir_with_extra_trace_keeps_its_ranks(tmp_path):
+    """`analyze RUN_DIR other.json`: the run's ranks and the other file's ranks are all reported."""
+    import msgspec
+
+    from torchdoctor.session import analyze_paths
+
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    good_trace(run / "traces" / "rank0.json", rank=0)
+    manifest = {"schema": "torchdoctor.run/1", "command": ["python", "train.py"], "exit_code": 0,
+                "ranks": [{"facts": {"rank": 0, "trace_file": "traces/rank0.json"}}]}
+    (run / "run.json").write_bytes(msgspec.json.encode(manifest))
+    other = good_trace(tmp_path / "other.json", rank=1)
+    rep = analyze_paths([str(run), str(other)])
+    assert [r.rank for r in rep.ranks] == [0, 1] and rep.errors == []
+    assert rep.ranks[1].file == str(other) and rep.ranks[1].analysis.metrics.busy_pct == 50.0
+    # A second file that claims the run's rank is reported apart, with a warning.
+    dup = good_trace(tmp_path / "dup.json", rank=0)
+    rep = analyze_paths([str(run), str(dup)])
+    assert len(rep.ranks) == 2 and any("declares rank 0" in w.message for w in rep.warnings)

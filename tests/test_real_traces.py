@@ -1,4 +1,4 @@
-"""Every real trace in ../shared/traces analyses, and the numbers agree with what we know of them."""
+"""Every real trace in tests/data/hta analyses, and the numbers agree with what we know of them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from torchdoctor.session import analyze_paths
 
-# HTA 0.5 temporal breakdown idle % (../shared/traces/README.md) where our 'trace' window and
+# HTA 0.5 temporal breakdown idle % (benchmarks/results/hta_compare.md) where our 'trace' window and
 # busy definition coincide with HTA's; the others differ for documented reasons
 # (benchmarks/results/hta_compare.md: HTA drops the last ProfilerStep's kernels, counts
 # cuda_sync events as busy, rounds to µs).

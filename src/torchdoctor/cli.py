@@ -46,13 +46,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_options(a)
     a.set_defaults(func=cmd_analyze)
     # Live-run subcommands live in their own modules (they need torch only inside the user's job).
-    for module, adder in (("torchdoctor.runner", "add_run_parser"), ("torchdoctor.fixer", "add_fix_parser"),
-                          ("torchdoctor.workloads.cli", "add_demo_parser")):
+    # They import without torch; one that fails to import is a broken install, shown, never hidden.
+    for name, module, adder in (("run", "torchdoctor.runner", "add_run_parser"),
+                                ("fix", "torchdoctor.fixer", "add_fix_parser"),
+                                ("demo", "torchdoctor.workloads.cli", "add_demo_parser")):
         try:
             getattr(importlib.import_module(module), adder)(sub)
-        except (ImportError, AttributeError):
-            continue
+        except Exception as e:  # noqa: BLE001 - any failure leaves the command registered, reporting it
+            _add_broken_command(sub, name, module, e)
     return parser
+
+
+def _add_broken_command(sub, name: str, module: str, error: Exception) -> None:
+    """Register `name` so that calling it says why it cannot run (exit 2) instead of 'invalid choice'."""
+    reason = f"{type(error).__name__}: {error}".splitlines()[0]
+    p = sub.add_parser(name, help=f"unavailable: {module} failed to import ({reason})", add_help=False)
+
+    def broken(_args) -> int:
+        print(f"torchdoctor: error: '{name}' is unavailable: {module} failed to import: {reason}",
+              file=sys.stderr)
+        return EXIT_FAILED
+
+    p.set_defaults(func=broken, accepts_any_arguments=True)
 
 
 def emit(report, args) -> int:
@@ -116,7 +131,9 @@ def cmd_analyze(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -85,9 +85,13 @@ def analyze_files(files: list[str], steps: str | None = None, jobs: int | None =
         return list(pool.map(_analyze_one, files, [steps] * len(files), chunksize=1))
 
 
-def assign_ranks(results: list[RankResult], files: list[str], warnings: list[ErrorEntry]) -> None:
-    """Ranks from distributedInfo, else the file name, else by order; duplicates are flagged, not merged."""
-    seen: dict[int, str] = {}
+def assign_ranks(results: list[RankResult], files: list[str], warnings: list[ErrorEntry],
+                 taken: dict[int, str] | None = None) -> None:
+    """Ranks from distributedInfo, else the file name, else by order; duplicates are flagged, not merged.
+
+    `taken` maps ranks already reported (a run directory's) to where they came from.
+    """
+    seen: dict[int, str] = dict(taken or {})
     for r in results:
         if r.rank is not None:
             if r.rank in seen:
@@ -110,6 +114,19 @@ def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None =
     if runs:
         return report_from_run_dir(runs[0], steps=steps, rank=rank, jobs=jobs,
                                    extra=[p for p in paths if p != runs[0]])
+    results, errors, warnings = analyze_traces(paths, steps, rank, jobs)
+    if rank is not None and not results and not errors:
+        errors.append(ErrorEntry(", ".join(paths), f"no trace of rank {rank}"))
+    return build_report([RankInputs(r.rank, result=r) for r in results], errors, warnings)
+
+
+def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None = None,
+                   jobs: int | None = None, taken: dict[int, str] | None = None
+                   ) -> tuple[list[RankResult], list[ErrorEntry], list[ErrorEntry]]:
+    """Trace files, directories or globs -> (rank results, input errors, warnings).
+
+    `taken`: ranks already reported elsewhere (a run directory's), kept apart from these.
+    """
     files, input_errors = discover(paths)
     errors = [ErrorEntry(e.file, e.message) for e in input_errors]
     if rank is not None:
@@ -122,12 +139,10 @@ def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None =
         else:
             errors.append(ErrorEntry(f, str(value)))
     warnings: list[ErrorEntry] = []
-    assign_ranks(results, files, warnings)
+    assign_ranks(results, files, warnings, taken)
     if rank is not None:
         results = [r for r in results if r.rank == rank]
-        if not results and not errors:
-            errors.append(ErrorEntry(", ".join(paths), f"no trace of rank {rank}"))
-    return build_report([RankInputs(r.rank, result=r) for r in results], errors, warnings)
+    return results, errors, warnings
 
 
 def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
@@ -211,10 +226,13 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
             else:
                 errors.append(ErrorEntry(trace, str(value)))
         inputs.append(RankInputs(r, result=result, facts=facts))
+    warnings: list[ErrorEntry] = []
+    if extra:
+        # Traces named beside the run directory join its ranks (cross-rank metrics, diagnosis).
+        taken = {ri.rank: run_dir for ri in inputs if ri.rank is not None}
+        more, more_errors, warnings = analyze_traces(extra, steps, rank, jobs, taken)
+        inputs.extend(RankInputs(r.rank, result=r) for r in more)
+        errors.extend(more_errors)
     run = {"dir": run_dir, "command": manifest.command, "exit_code": manifest.exit_code,
            "duration_s": manifest.duration_s}
-    report = build_report(inputs, errors, run=run, source="run")
-    if extra:
-        more = analyze_paths(extra, steps=steps, rank=rank, jobs=jobs)
-        report.errors.extend(more.errors)
-    return report
+    return build_report(inputs, errors, warnings, run=run, source="run")

@@ -4,7 +4,6 @@ headless-Chromium driver. (A uniquely named module, not conftest: test files imp
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import shutil
 import subprocess
@@ -13,25 +12,14 @@ from decimal import Decimal
 from pathlib import Path
 
 import msgspec
-import pytest
 
+from real_traces import trace  # noqa: F401  (re-exported for the report tests)
 from torchdoctor.report.model import ABRemedy, ABResult, Evidence, Finding, Fix
 
-REPO = Path(__file__).resolve().parents[2]
-TRACES = REPO.parent / "shared" / "traces"
 XSS = "<script>alert(1)</script>"
 # Would mark the page if any of it ran: the tests look for the marker in the DOM.
 XSS_MARK = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
 XSS_CLOSE = "</script><script>document.body.setAttribute('data-pwned','2')</script>"
-
-
-def trace(name: str) -> str:
-    path = TRACES / name
-    if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"shared trace {path} missing: CI needs ../shared/traces next to the checkout")
-        pytest.skip(f"shared trace {path} not present")
-    return str(path)
 
 
 def sample_findings(extra: str = "") -> list[Finding]:

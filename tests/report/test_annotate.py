@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from report_helpers import hostile_trace, sample_findings, trace
+from report_helpers import hostile_trace, sample_findings
 
 from torchdoctor.report import annotate as A
 from torchdoctor.report.labels import cause_label
@@ -164,8 +164,3 @@ def test_splice_every_shape_and_block_boundary(doc: bytes, monkeypatch: pytest.M
 def test_not_a_trace(tmp_path: Path):
     with pytest.raises(A.AnnotateError, match="traceEvents"):
         A._splice(io.BytesIO(b'{"other": 1}'), io.BytesIO(), b"{}")
-
-
-def test_shared_trace_exists():
-    # The real-trace tests above rely on it; make a missing checkout layout visible by name.
-    assert Path(trace("a100_8rank_rank3.json.gz")).exists()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from real_traces import TRACES
 from torchdoctor.facts import DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.metrics.model import (
     Headline,
@@ -20,7 +19,6 @@ from torchdoctor.report.model import Finding
 from torchdoctor.rules import REGISTRY, RankInputs, RuleInputs, diagnose, load_all
 from torchdoctor.session import analyze_paths
 
-TRACES = (Path(__file__).parents[2] / "../shared/traces").resolve()
 STEP_MS = 100.0
 N_STEPS = 5
 MS = 1_000_000  # ns
@@ -106,8 +104,6 @@ _CACHE: dict[str, object] = {}
 @pytest.fixture(scope="session")
 def real():
     """Analyse a real trace once per session: real("v100_resnet_rank0") -> Report."""
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES}")
 
     def get(*names: str):
         key = "+".join(names)
