@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchdoctor.probe import config as probe_config
-from torchdoctor.probe import output
+from torchdoctor.probe import output, postprocess
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(probe_config.__file__)), "bootstrap")
 FORWARDED_SIGNALS = tuple(
@@ -140,6 +140,7 @@ def _wait(pid: int, terminal: _Terminal) -> int:
 
 def write_manifest(run_dir: str, command: Sequence[str], job: JobResult) -> dict:
     """Merge the rank summaries into ``run.json``; return the manifest."""
+    postprocess.settle(run_dir)  # first, the traces the job handed to post-processing children
     manifest: dict = {
         "schema": output.RUN_SCHEMA,
         "command": list(command),

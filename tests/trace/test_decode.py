@@ -373,3 +373,61 @@ def test_sparse_launch_and_shape_lookups(tmp_path):
     # The dense views agree with the lookups.
     assert np.array_equal(tr.blocks_per_sm[idx], blocks, equal_nan=True)
     assert tr.shape[by_name["aten::mm"]].tolist() == mm.tolist()
+
+
+# --- msgspec's error wording: pinned, and a fallback when it changes ------------------------------
+
+def test_the_pinned_msgspec_words_errors_as_the_cutter_reads_them():
+    """The streaming cutter reads these messages; a msgspec that rewords them fails here first."""
+    def message(doc: bytes) -> str:
+        with pytest.raises(decode.msgspec.DecodeError) as e:
+            decode._raw_list.decode(doc)
+        return str(e.value)
+
+    assert "truncated" in message(b'[{"ph": "X", "args": {"a": 1}')
+    assert "trailing characters" in message(b'[{"ph": "X"}], "x": 1}')
+    assert "(byte 14)" in message(b'[{"ph": "X"}, }, {"ph": "X"}]')
+    assert decode.streaming_supported()
+
+
+def test_a_reworded_msgspec_is_detected(monkeypatch):
+    class Reworded:
+        def decode(self, doc):
+            raise decode.msgspec.DecodeError("some other wording")
+
+    decode.streaming_supported.cache_clear()
+    monkeypatch.setattr(decode, "_raw_list", Reworded())
+    try:
+        assert not decode.streaming_supported()
+    finally:
+        decode.streaming_supported.cache_clear()
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_unknown_error_wording_falls_back_to_an_exact_whole_file_decode(tmp_path, monkeypatch, as_list):
+    b = TraceBuilder(rank=3)
+    tricky = ['void f<{lambda()#1}>(x)}, {"ph": "X"', "a}, {b"]
+    for i in range(400):
+        b.op(tricky[i % 2] + str(i), 10.0 * i, 5.0)
+        b.kernel(f"k{i}", 10.0 * i + 1, 2.0, launch_at=10.0 * i)
+    path = b.write(tmp_path / "t.json.gz", as_list=as_list)
+    ref = load_trace(str(path))
+    monkeypatch.setattr(decode, "streaming_supported", lambda: False)
+    called = []
+    real = decode._decode_whole
+    monkeypatch.setattr(decode, "_decode_whole", lambda *a: called.append(1) or real(*a))
+    got = load_trace(str(path))
+    assert called and columns(got) == columns(ref) and len(got) == 1200
+    assert got.rank == (None if as_list else 3) == ref.rank
+
+
+def test_whole_file_fallback_keeps_one_line_errors(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode, "streaming_supported", lambda: False)
+    cases = [(b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X", "ts"', "ends in the middle"),
+             (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}} ]}', "invalid JSON"),
+             (b"", "empty file"), (b"hello", "not JSON"), (b'{"traceEvents": 5}', "not a list")]
+    for content, message in cases:
+        path = tmp_path / "bad.json"
+        path.write_bytes(content)
+        with pytest.raises(TraceFormatError, match=message):
+            load_trace(str(path))

@@ -164,6 +164,31 @@ class HostBreakdown(msgspec.Struct):
     top_ops: list[NamedTime] = []
 
 
+# --- collectives with their recorded metadata (metrics/collectives.py) ---------------------------
+
+class CollectiveKind(msgspec.Struct):
+    """All calls of one collective (by name and process group) in the window."""
+
+    name: str  # "allreduce", "all_gather_into_tensor", ... as torch records it
+    process_group: str
+    calls: int
+    bytes: int  # input message bytes, summed (-1 when a dtype or size was not recorded)
+    time_ns: int  # summed duration of the rows (device time when `source` is "device")
+
+
+class Collectives(msgspec.Struct):
+    """The window's collectives, and each call's (group, sequence number, duration) for matching
+    the same call across ranks. Sizes stay small: one entry per call, three integers."""
+
+    source: str  # "device": linked device rows; "host": record_param_comms CPU ops
+    kinds: list[CollectiveKind] = []
+    groups: list[str] = []  # process group names; `call_group` indexes it
+    call_group: list[int] = []
+    call_seq: list[int] = []
+    call_dur_ns: list[int] = []
+
+
+
 class RankResult(msgspec.Struct):
     """Everything measured on one rank, small enough to gather from thousands of ranks."""
 
@@ -192,6 +217,8 @@ class RankResult(msgspec.Struct):
     warnings: list[str] = []
     compile_regions: dict[str, int] = {}
     signals: RuleSignals | None = None
+    # Collective calls with their recorded metadata (metrics/collectives.py); None without it.
+    collectives: Collectives | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..trace.model import RankTrace
 from . import intervals as iv
+from .collectives import collectives
 from .context import Context
 from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch, utilisation
 from .host import comm_ops, host_split, launches, syncs
@@ -53,6 +54,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         launches=launches(ctx), kernels=kernel_breakdown(ctx), host=split, comm_ops=comm_ops(ctx),
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
         compile_regions=compiled_regions(tr), signals=rule_signals(ctx, cause_sets),
+        collectives=collectives(ctx),
     )
 
 

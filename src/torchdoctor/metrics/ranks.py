@@ -32,6 +32,10 @@ class CrossRank(msgspec.Struct):
     straggler_lead_ms: float | None = None
     victims: list[int] = []
     per_rank: list[RankWait] = []
+    # "seq": waits measured on the same collective calls on every rank, matched by (process group,
+    # sequence number); "aggregate": each rank's total collective time per step.
+    matched_by: str = "aggregate"
+    matched_calls: int = 0
 
 
 def comm_wait_ms(r: RankResult) -> float | None:
@@ -42,6 +46,27 @@ def comm_wait_ms(r: RankResult) -> float | None:
     if r.metrics.comm_pct is not None and r.metrics.step_ms_median:
         return r.metrics.comm_pct / 100.0 * r.metrics.step_ms_median
     return None
+
+
+def matched_waits_ms(ranked: list[RankResult]) -> tuple[list[float], int] | None:
+    """Per rank, the time per step inside the collective calls every rank recorded, matched by
+    (process group, sequence number); and how many calls matched. None when any rank lacks
+    sequence numbers or no call is common to all. Matching compares the same calls everywhere, so
+    a rank that also ran other collectives (or lost some rows) is not blamed for them. O(calls)."""
+    tables = []
+    for r in ranked:
+        c = r.collectives
+        if c is None or not c.call_seq:
+            return None
+        tables.append({(c.groups[g], s): d for g, s, d in zip(c.call_group, c.call_seq, c.call_dur_ns, strict=True)})
+    common = set(tables[0]).intersection(*tables[1:])
+    if not common:
+        return None
+    waits = []
+    for r, table in zip(ranked, tables, strict=True):
+        steps = max(1, len(r.window.steps))
+        waits.append(sum(table[k] for k in common) / steps / 1e6)
+    return waits, len(common)
 
 
 def cross_rank(results: list[RankResult]) -> CrossRank | None:
@@ -63,8 +88,13 @@ def cross_rank(results: list[RankResult]) -> CrossRank | None:
         step_ms_max=round(float(steps.max()), 4),
         step_skew_pct=round(100.0 * float(steps.max() - steps.min()) / med, 3) if med else None,
     )
-    waits = [(r, comm_wait_ms(r)) for r in ranked]
-    waits = [(r, w) for r, w in waits if w is not None]
+    matched = matched_waits_ms(ranked)
+    if matched is not None:
+        out.matched_by, out.matched_calls = "seq", matched[1]
+        waits = list(zip(ranked, matched[0], strict=True))
+    else:
+        waits = [(r, comm_wait_ms(r)) for r in ranked]
+        waits = [(r, w) for r, w in waits if w is not None]
     if len(waits) < 2:
         return out
     least = min(w for _, w in waits)

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from torchdoctor.probe import collect, nvml, output, summary, sysinfo
+from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo
 from torchdoctor.probe.clock import Source, StepClock
 from torchdoctor.probe.config import ProbeConfig
 from torchdoctor.probe.errors import ERRORS, fault_point, set_fault
@@ -77,6 +77,7 @@ class Probe:
         self.trace_file: str | None = None
         self.profiled: list[int] = []
         self.analysis: Any = None
+        self.analysis_rank: int | None = None  # whose trace the post-processing child analyses
         self.gathered = False
         self.last_flush = 0.0
         self.own_file: str | None = None
@@ -164,11 +165,19 @@ class Probe:
             self._start_nvml()
 
     def _read_ddp_comm(self) -> None:
+        if "ddp.logging_data" in ERRORS.broken:
+            return
         for record in self.ddps:
             ddp = record.ref()
             if ddp is None:
                 continue
-            data = ddp._get_ddp_logging_data()
+            try:  # private API (DistributedDataParallel._get_ddp_logging_data): feature-detected
+                data = ddp._get_ddp_logging_data()
+            except Exception as exc:
+                ERRORS.record("ddp.logging_data", exc)  # marks the site broken: never called again
+                return
+            if not isinstance(data, dict):
+                continue
             iteration = data.get("iteration")
             if isinstance(iteration, int) and iteration != record.last_iteration and iteration >= 1:
                 record.last_iteration = iteration
@@ -198,23 +207,23 @@ class Probe:
             if window.active:
                 window.abort()
 
-    def _finish_window(self, window: ProfilerWindow, end: int, analyze: bool = True) -> None:
-        """Write the trace of steps [start, end) and analyse it (not at exit: see ``finish``)."""
-        path = window.finish(output.trace_path(self.config.run_dir, self.rank_identity()[0]))
-        self.trace_file = os.path.relpath(path, self.config.run_dir)
+    def _finish_window(self, window: ProfilerWindow, end: int) -> None:
+        """Write the trace of steps [start, end) and hand it to a detached child, never waited for:
+        compressing and analysing a large trace here would stall every rank for seconds."""
+        rank = self.rank_identity()[0]
+        gz = output.trace_path(self.config.run_dir, rank)
+        window.finish(gz.removesuffix(".gz"))
+        self.trace_file = os.path.relpath(gz, self.config.run_dir)
         self.profiled = [window.start_step, end]
-        self.analysis = self._analyze(path) if analyze else None
+        self.analysis_rank = rank
+        if not postprocess.start(self.config.run_dir, rank):
+            ERRORS.note("trace post-processing deferred to the wrapper (no child process)")
 
-    def _analyze(self, path: str) -> Any:
-        try:
-            from torchdoctor.session import analyze_rank_file
-        except ImportError:
-            return None  # the wrapper analyses the trace later
-        try:
-            return msgspec.to_builtins(analyze_rank_file(path, steps="all"))  # the probe chose a steady-state window
-        except Exception as exc:
-            ERRORS.record("analysis", exc)
-            return None
+    def _analysis(self) -> Any:
+        """The window's analysis once the child wrote it (a file check, never a wait)."""
+        if self.analysis is None and self.analysis_rank is not None:
+            self.analysis = postprocess.read_analysis(self.config.run_dir, self.analysis_rank)
+        return self.analysis
 
     def _lockstep(self) -> bool:
         """Whether all ranks surely reach this step together: only then is a collective safe.
@@ -265,7 +274,7 @@ class Probe:
         return roots
 
     def payload(self) -> output.Payload:
-        return {"facts": msgspec.to_builtins(summary.rank_facts(self)), "analysis": self.analysis}
+        return {"facts": msgspec.to_builtins(summary.rank_facts(self)), "analysis": self._analysis()}
 
     def flush(self, payload: output.Payload | None = None) -> None:
         """Write this rank's summary to ``ranks/``; a failure is recorded, never raised."""
@@ -287,8 +296,7 @@ class Probe:
         window = self.window
         if window is not None and window.active:  # the job ended inside the window
             try:
-                # At interpreter exit the analysis cannot start threads: the wrapper does it.
-                self._finish_window(window, self.clock.index + 1, analyze=False)
+                self._finish_window(window, self.clock.index + 1)
             except Exception as exc:
                 ERRORS.record("window", exc)
         self.flush()

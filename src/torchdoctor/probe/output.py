@@ -4,6 +4,7 @@ Layout of a run directory::
 
     run.json                    written by the wrapper after the job: schema torchdoctor.run/1
     ranks/rank{R}.json          each rank's own summary, rewritten at checkpoints and at exit
+    ranks/rank{R}.analysis.json the analysis of its profiler window (probe/postprocess.py)
     ranks/gathered/rank{R}.json what rank 0 received over the job's process group (a snapshot
                                 taken at the end of the profiler window; covers ranks on other
                                 nodes when there is no shared filesystem)
@@ -66,7 +67,10 @@ def clear(run_dir: str) -> None:
     patterns = (
         os.path.join(RANKS_DIR, "rank*.json"),
         os.path.join(GATHERED_DIR, "rank*.json"),
+        os.path.join(TRACES_DIR, "rank*.json"),
         os.path.join(TRACES_DIR, "rank*.json.gz"),
+        os.path.join(TRACES_DIR, "rank*.pending"),
+        os.path.join(TRACES_DIR, "rank*.postprocess.log"),
         "run.json",
     )
     for pattern in patterns:
@@ -82,12 +86,8 @@ def write_gathered(run_dir: str, payloads: list[Payload]) -> None:
 
 
 def _load(path: str) -> Payload | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            payload = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) and isinstance(payload.get("facts"), dict) else None
+    payload = load_dict(path)
+    return payload if payload is not None and isinstance(payload.get("facts"), dict) else None
 
 
 def read_payloads(run_dir: str) -> list[Payload]:
@@ -104,7 +104,23 @@ def read_payloads(run_dir: str) -> list[Payload]:
         if payload is not None and int(payload["facts"].get("rank", 0)) not in ranks_seen:
             facts = payload["facts"]
             own[(int(facts.get("rank", 0)), int(facts.get("pid") or 0))] = payload
+    for (rank, _pid), payload in own.items():
+        if payload.get("analysis") is None and payload["facts"].get("trace_file"):
+            # The post-processing child's result (probe/postprocess.py), when it ran on this machine.
+            analysis = load_dict(os.path.join(run_dir, RANKS_DIR, f"rank{rank}.analysis.json"))
+            if analysis is not None:
+                payload["analysis"] = analysis
     return [own[key] for key in sorted(own)]
+
+
+def load_dict(path: str) -> dict | None:
+    """A JSON object from ``path``; None when it is missing, unreadable or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def gather_to_rank0(payload: Payload, timeout_s: float = 120.0) -> list[Payload] | None:

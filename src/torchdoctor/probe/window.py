@@ -4,7 +4,8 @@ The window covers steps A <= s < B. It starts at the boundary that closes step A
 the boundary that closes step B-1, calling ``prof.step()`` in between, so the trace holds
 ``ProfilerStep#A`` ... ``ProfilerStep#B-1`` aligned with the probe's own step numbers.
 Shapes and stacks are not recorded (``record_shapes=False``) to keep the cost and the file small.
-The trace is written with ``export_chrome_trace`` and gzipped to ``traces/rank{R}.json.gz``.
+The trace is written with ``export_chrome_trace`` to ``traces/rank{R}.json``; a detached child
+compresses it to ``rank{R}.json.gz`` and analyses it (probe/postprocess.py).
 
 Kineto writes status lines ("USDT:... profiler_start") straight to file descriptor 2; while the
 probe starts and stops the profiler, fd 2 goes to a temporary file and everything but those lines
@@ -14,10 +15,8 @@ is copied back, so the job's stderr stays as it would be without the probe.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -98,17 +97,17 @@ class ProfilerWindow:
         self.prof.step()
 
     def finish(self, path: str) -> str:
-        """Stop profiling and write the gzipped trace to ``path`` (``*.json.gz``); return it."""
+        """Stop profiling and write the plain JSON trace to ``path``; return it.
+
+        Compression and analysis happen elsewhere (probe/postprocess.py): only what needs the
+        profiler's state runs on the training thread.
+        """
         prof, self.prof = self.prof, None
         self.done = True
         with kineto_quiet():
             prof.stop()
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        raw = path.removesuffix(".gz")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=5) as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        prof.export_chrome_trace(path)
         return path
 
     def abort(self) -> None:

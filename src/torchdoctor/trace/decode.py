@@ -9,10 +9,17 @@ How the cut stays exact: a candidate boundary is a `}` followed by `,` and `{` (
 allowed). The prefix up to it is decoded as a JSON array; if the candidate was inside a string
 or a nested object the prefix is not valid JSON and msgspec reports the error at its very end,
 so we back off to the previous candidate. An error before the end is a real defect of the file.
+
+Telling those two apart reads msgspec's error text ("truncated", "trailing characters",
+"(byte N)"). That wording is not an API: `streaming_supported()` checks it once per process
+against inputs whose errors are known, and when it does not match (a msgspec release reworded
+it) every file is decoded whole instead: slower and holding the file in memory, but exact.
+pyproject also bounds msgspec to the minor versions whose wording was checked.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import re
@@ -58,9 +65,20 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # record_shapes=True: kept as raw JSON text (no list is built) and read only for SHAPE_OPS.
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    # Collective metadata of record_param_comms ops, and (Kineto 2026, pytorch/kineto #1444/#1483)
+    # of the device rows linked to them. Raw: any JSON type decodes; only collectives are read.
+    coll_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Collective name")
+    coll_dtype: msgspec.Raw = msgspec.field(default=_NO_RAW, name="dtype")
+    in_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In msg nelems")
+    out_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out msg nelems")
+    group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
+    pg_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Name")
+    seq: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Seq")
 
 
 NO_ARGS = Args()
+_COLL_KEYS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
+              "Seq")
 
 
 # Padding, not data, for Event and ExactEvent: 7 slots make an event as big as an Args (both in
@@ -174,6 +192,10 @@ class Columns:
     # hold ids into it.
     shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
     _shape_ids: dict[bytes, dict[bytes, int]] = field(default_factory=dict)
+    # Collective descriptors (name, dtype, in nelems, out nelems, group size, process group),
+    # interned; the collective rows hold ids into it and the sequence number of each call.
+    colls: list[tuple[str, str, int, int, int, str]] = field(default_factory=list)
+    _coll_ids: dict[tuple, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     instants: int = 0
     unknown_cats: dict[str, int] = field(default_factory=dict)
@@ -183,6 +205,7 @@ class Columns:
     # Per interned category / name id: is it a kernel category / a SHAPE_OPS name (grown lazily).
     _kernel_cats: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     _shape_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    _comm_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def drop(self, why: str, n: int = 1) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + n
@@ -217,6 +240,7 @@ class Columns:
         nbytes = _arg_column(args, _get_bytes)
         launch = self._launch_rows(cat, args)
         shape = self._shape_rows(name, args)
+        coll = self._coll_rows(cat, name, args)
 
         keep = np.isfinite(ts_us) & np.isfinite(dur_us)
         self.drop("missing or non-numeric ts/dur", int((~keep).sum()))
@@ -233,12 +257,13 @@ class Columns:
         ts_all = ts_ns_exact if etype is ExactEvent else _us_to_ns(np.where(keep, ts_us, 0.0))
         if keep.all():
             end = ts_all + np.rint(dur_us * 1000.0).astype(np.int64)
-            self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes, launch, shape))
+            self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes, launch, shape, coll))
             return
         ts = ts_all[keep]
         end = ts + np.rint(dur_us[keep] * 1000.0).astype(np.int64)
         self.parts.append((cat[keep], name[keep], ts, end, pid[keep], tid[keep], stream[keep], corr[keep],
-                           nbytes[keep], _keep_rows(launch, keep), _keep_rows(shape, keep)))
+                           nbytes[keep], _keep_rows(launch, keep), _keep_rows(shape, keep),
+                           _keep_rows(coll, keep)))
 
     def _launch_rows(self, cat: np.ndarray, args: list[Args]) -> tuple[np.ndarray, ...]:
         """(positions, blocks per SM, warps per SM, est. achieved occupancy %) of the piece's kernels.
@@ -273,6 +298,41 @@ class Columns:
                     pos.append(i)
                     ids.append(self.shape_id(dims, bytes(a.input_type)))
         return np.array(pos, np.int64), np.array(ids, np.int32)
+
+    def _coll_rows(self, cat: np.ndarray, name: np.ndarray, args: list[Args]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, descriptor ids into `colls`, sequence numbers or -1) of the piece's collectives:
+        record_param_comms ops and kernels whose args name a collective."""
+        is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
+        comm = self._comm_names = _grow_flags(self._comm_names, self.names, COMM_RECORD_NAMES.__contains__)
+        cand = np.zeros(cat.size, bool)
+        if is_kernel.any():
+            cand |= is_kernel[cat]
+        if comm.any():
+            cand |= comm[name]
+        pos: list[int] = []
+        ids: list[int] = []
+        seqs: list[int] = []
+        k = np.flatnonzero(cand)
+        if not k.size:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
+        picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
+        named = np.fromiter(map(bool, map(_get_coll_name, picked)), bool, k.size)  # C-level: most have none
+        for i in k[named].tolist():
+            a = args[i]
+            key = (_raw_str(a.coll_name), _raw_str(a.coll_dtype), _raw_int(a.in_nelems), _raw_int(a.out_nelems),
+                   _raw_int(a.group_size), _raw_str(a.pg_name))
+            pos.append(i)
+            ids.append(self.coll_id(key))
+            seqs.append(_raw_int(a.seq))
+        return np.array(pos, np.int64), np.array(ids, np.int32), np.array(seqs, np.int64)
+
+    def coll_id(self, key: tuple) -> int:
+        got = self._coll_ids.get(key)
+        if got is None:
+            got = self._coll_ids[key] = len(self.colls)
+            self.colls.append(key)
+        return got
 
     def shape_id(self, dims: bytes, types: bytes) -> int:
         # Two-level lookup: no tuple per event (tuples are GC-tracked and would trigger collections
@@ -322,6 +382,9 @@ class Columns:
         launch += [np.concatenate([p[9][j] for p in self.parts]) for j in (1, 2, 3)]
         shape_pos = np.concatenate([p[10][0] + off for p, off in zip(self.parts, offsets, strict=True)])
         shape_ids = np.concatenate([p[10][1] for p in self.parts])
+        coll_pos = np.concatenate([p[11][0] + off for p, off in zip(self.parts, offsets, strict=True)])
+        coll_ids = np.concatenate([p[11][1] for p in self.parts])
+        coll_seq = np.concatenate([p[11][2] for p in self.parts])
         cols = [np.concatenate(c) for c in zip(*(p[:9] for p in self.parts), strict=True)]
         self.parts.clear()
         code_of = np.zeros(max(len(self.cats), 1), dtype=np.int8)
@@ -338,8 +401,9 @@ class Columns:
         rank[order] = np.arange(order.size)
         lo = np.argsort(rank[launch[0]], kind="stable")
         so = np.argsort(rank[shape_pos], kind="stable")
+        co = np.argsort(rank[coll_pos], kind="stable")
         sparse = Sparse(rank[launch[0]][lo], launch[1][lo], launch[2][lo], launch[3][lo], rank[shape_pos][so],
-                        shape_ids[so])
+                        shape_ids[so], rank[coll_pos][co], coll_ids[co], coll_seq[co])
         return names, [c[order] for c in cols], sparse
 
 
@@ -353,11 +417,15 @@ class Sparse:
     occupancy: np.ndarray
     shape_idx: np.ndarray  # SHAPE_OPS events with recorded shapes
     shape_ids: np.ndarray  # int32 ids into Columns.shapes
+    coll_idx: np.ndarray  # events that name a collective (record_param_comms, linked device rows)
+    coll_ids: np.ndarray  # int32 ids into Columns.colls
+    coll_seq: np.ndarray  # int64 sequence number of the call in its process group, -1 when absent
 
     @staticmethod
     def empty() -> Sparse:
         f = np.zeros(0, np.float32)
-        return Sparse(np.zeros(0, np.int64), f, f, f, np.zeros(0, np.int64), np.zeros(0, np.int32))
+        i64, i32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
+        return Sparse(i64, f, f, f, i64, i32, i64, i32, i64)
 
 
 def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -371,6 +439,28 @@ def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarr
 
 
 _MISSING_NS = np.iinfo(np.int64).min
+# CPU ops whose args carry the collective's metadata (torch's profiler names them so).
+COMM_RECORD_NAMES = frozenset({"record_param_comms"})
+
+
+def _raw_str(raw: msgspec.Raw) -> str:
+    """A JSON string's text ("" for anything else)."""
+    try:
+        v = _any.decode(raw) if raw else ""
+    except msgspec.DecodeError:
+        return ""
+    return v if isinstance(v, str) else ""
+
+
+def _raw_int(raw: msgspec.Raw) -> int:
+    """A JSON integer (also one written as a string); -1 for anything else."""
+    try:
+        v = _any.decode(raw) if raw else -1
+    except msgspec.DecodeError:
+        return -1
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else -1
 
 
 def _compact_json(text: bytes) -> bytes:
@@ -454,6 +544,7 @@ _get_bytes = attrgetter("bytes")
 _get_blocks = attrgetter("blocks_per_sm")
 _get_warps = attrgetter("warps_per_sm")
 _get_occ = attrgetter("occupancy_pct")
+_get_coll_name = attrgetter("coll_name")
 
 
 def _arg_column(args: list[Args], get: attrgetter) -> np.ndarray:
@@ -539,6 +630,9 @@ def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
         v = a.get(k)
         return msgspec.Raw(msgspec.json.encode(v)) if isinstance(v, list) else _NO_RAW
 
+    def anyarg(k: str) -> msgspec.Raw:
+        return msgspec.Raw(msgspec.json.encode(a[k])) if k in a else _NO_RAW
+
     ts = num(obj.get("ts"))
     if etype is ExactEvent:
         ts = msgspec.Raw(msgspec.json.encode(ts) if math.isfinite(ts) else b"")
@@ -550,7 +644,8 @@ def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
         pid=ident(obj.get("pid")),
         tid=ident(obj.get("tid")),
         args=Args(iarg("stream"), iarg("correlation"), iarg("bytes"), farg("blocks per SM"), farg("warps per SM"),
-                  farg("est. achieved occupancy %"), rawarg("Input Dims"), rawarg("Input type")),
+                  farg("est. achieved occupancy %"), rawarg("Input Dims"), rawarg("Input type"),
+                  *(anyarg(k) for k in _COLL_KEYS)),
     )
 
 
@@ -562,9 +657,35 @@ def _describe(e: msgspec.DecodeError, offset: int) -> str:
     return f"invalid JSON: {msg}"
 
 
+@functools.cache
+def streaming_supported() -> bool:
+    """Whether this msgspec words its decode errors the way `_error_at_end` reads them.
+
+    Three inputs with known errors: an array cut inside an event (the cut was not a boundary), an
+    array followed by more text (the cut lay past the array's end), and a defect at a known byte.
+    """
+    def message(doc: bytes) -> str:
+        try:
+            _raw_list.decode(doc)
+        except msgspec.DecodeError as e:
+            return str(e)
+        return ""
+
+    cut = b'[{"ph": "X", "args": {"a": 1}'
+    defect = b'[{"ph": "X"}, }, {"ph": "X"}]'
+    pos = _BYTE_POS.search(message(defect))
+    return (_error_at_end_text(message(cut), len(cut))
+            and "trailing characters" in message(b'[{"ph": "X"}], "x": 1}')
+            and pos is not None and int(pos.group(1)) == defect.index(b", }") + 2
+            and not _error_at_end_text(message(defect), len(defect)))
+
+
 def _error_at_end(e: msgspec.DecodeError, length: int) -> bool:
+    return _error_at_end_text(str(e), length)
+
+
+def _error_at_end_text(msg: str, length: int) -> bool:
     """True when a decode error sits at the end of the piece, i.e. our cut was not a boundary."""
-    msg = str(e)
     if "truncated" in msg or "trailing characters" in msg:
         # "trailing": the cut lay past the end of traceEvents, in the top-level keys after it.
         return True
@@ -675,6 +796,8 @@ def decode_middle(buf: bytearray, cols: Columns, consumed: int) -> None:
 
 
 def _decode_file(path: str, dec: Decoders, jobs: int = 1) -> tuple[Header, Columns]:
+    if not streaming_supported():
+        return _decode_whole(path, dec)
     if jobs > 1:
         from .parallel import decode_parallel
 
@@ -755,3 +878,52 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
         deviceProperties=obj.get("deviceProperties") if isinstance(obj.get("deviceProperties"), list) else None,
     )
     return header, cols
+
+
+def _decode_whole(path: str, dec: Decoders) -> tuple[Header, Columns]:
+    """The exact fallback of the streaming decoder: the whole file in memory, decoded at once."""
+    data = b"".join(_read_blocks(path))
+    stripped = data[:64].lstrip()
+    if not stripped:
+        raise TraceFormatError("empty file")
+    if stripped[:1] not in (b"{", b"["):
+        raise TraceFormatError("not JSON (does not start with '{' or '[')")
+    if stripped[:1] == b"{" and _KEY.search(data) is None:
+        return _decode_small_document(data, iter(()), dec)
+    if dec is FAST and _EXACT_TS.search(data, 0, 1 << 20):
+        dec = EXACT
+    cols = Columns(dec=dec)
+    header = Header()
+    try:
+        if stripped[:1] == b"[":
+            cols.add(dec.events.decode(data))
+        else:
+            header = dec.header.decode(data)
+            cols.add(header.traceEvents)
+            header.traceEvents = []
+    except msgspec.ValidationError:
+        _decode_tail_lenient(data, stripped[:1] == b"[", header, cols)
+        if stripped[:1] == b"{":
+            header = _lenient_header(data)
+    except msgspec.DecodeError as e:
+        if "truncated" in str(e):
+            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
+        raise TraceFormatError(_describe(e, 0)) from None
+    return header, cols
+
+
+def _lenient_header(data: bytes) -> Header:
+    """distributedInfo / deviceProperties of a document whose events needed the lenient path."""
+    try:
+        keys = _header_only.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return Header()
+    return Header(distributedInfo=keys.distributedInfo, deviceProperties=keys.deviceProperties)
+
+
+class _HeaderOnly(msgspec.Struct):
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+
+
+_header_only = msgspec.json.Decoder(_HeaderOnly)

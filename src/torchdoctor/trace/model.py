@@ -75,7 +75,10 @@ class RankTrace:
     `launch_idx` with `launch_blocks` / `launch_warps` / `launch_occupancy`, Kineto's kernel args
     `blocks per SM`, `warps per SM`, `est. achieved occupancy %` (float32, NaN when that one is
     absent); `shape_idx` with `shape_ids`, for SHAPE_OPS events recorded with record_shapes, ids
-    into `shapes` = (Input Dims, Input type) as compact JSON text. `launch_of` / `shape_of` look
+    into `shapes` = (Input Dims, Input type) as compact JSON text; `coll_idx` with `coll_ids` and
+    `coll_seq`, for events that name a collective (record_param_comms ops and, in 2026 Kineto, the
+    device rows linked to them): ids into `colls` = (collective name, dtype, in nelems, out nelems,
+    group size, process group name) and the call's sequence number in its group (-1 when absent). `launch_of` / `shape_of` look
     them up for given events; `blocks_per_sm`, `warps_per_sm`, `occupancy` (NaN when absent) and
     `shape` (-1 when absent) are the dense columns, built on first use.
     """
@@ -98,6 +101,10 @@ class RankTrace:
     shape_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     shape_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
+    coll_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    coll_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    coll_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    colls: list[tuple[str, str, int, int, int, str]] = field(default_factory=list)
     rank: int | None = None
     rank_source: str = "order"
     world_size: int | None = None

@@ -118,10 +118,12 @@ def merge(parts: list[Columns], dec: Decoders) -> Columns:
         local_cats = sorted(c.cats, key=c.cats.__getitem__)
         cat_map = np.array(_intern(out.cats, local_cats) or [0], np.int16)
         shape_map = np.array([out.shape_id(d, t) for d, t in c.shapes], np.int32)
-        for cat, name, ts, end, pid, tid, stream, corr, nbytes, launch, (shape_pos, shape_ids) in c.parts:
+        coll_map = np.array([out.coll_id(k) for k in c.colls] or [0], np.int32)
+        for (cat, name, ts, end, pid, tid, stream, corr, nbytes, launch, (shape_pos, shape_ids),
+             (coll_pos, coll_ids, coll_seq)) in c.parts:
             out.parts.append((cat_map[cat], name_map[name], ts, end, _remap_ids(pid, name_map),
                               _remap_ids(tid, name_map), stream, corr, nbytes, launch,
-                              (shape_pos, shape_map[shape_ids])))
+                              (shape_pos, shape_map[shape_ids]), (coll_pos, coll_map[coll_ids], coll_seq)))
         for why, n in c.dropped.items():
             out.drop(why, n)
         out.instants += c.instants

@@ -137,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=48, help="optimizer steps per rank (default %(default)s)")
     p.add_argument("--warmup", type=int, default=4, help="steps left out of the steps/s figure")
     p.add_argument("--result-file", metavar="FILE", help="rank 0 writes its steps/s here (JSON)")
+    p.add_argument("--step-times", metavar="FILE",
+                   help="rank 0 writes the wall time of every step (ms, its own clock) here (JSON)")
     return p.parse_args(argv)
 
 
@@ -225,6 +227,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     losses: list[float] = []
     running = torch.zeros((), device=device)
     step, epoch, t_start = 0, 0, None
+    step_ms: list[float] = []
+    t_prev = time.perf_counter()
     while step < args.steps:
         sampler.set_epoch(epoch)
         for images, labels in loader:
@@ -241,6 +245,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 running += loss.detach()  # read once at the end: no per-step host sync
             step += 1
+            now = time.perf_counter()
+            step_ms.append(round((now - t_prev) * 1e3, 3))  # batch fetch included: all the step costs
+            t_prev = now
             if step >= args.steps:
                 break
         epoch += 1
@@ -254,6 +261,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "steps": step,
         "steps_per_s": round((step - args.warmup) / elapsed, 3) if elapsed > 0 else None,
         "final_loss": round(float(final_loss), 4),
+        "step_ms": step_ms,
     }
     # Explicit teardown: a DDP with find_unused_parameters=True can abort at exit otherwise.
     del ddp, opt, loader
@@ -272,9 +280,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['steps_per_s']} steps/s after warm-up",
             flush=True,
         )
+        step_ms = result.pop("step_ms")
         if args.result_file:
             with open(args.result_file, "w", encoding="utf-8") as f:
                 json.dump(result, f)
+        if args.step_times:
+            with open(args.step_times, "w", encoding="utf-8") as f:
+                json.dump(step_ms, f)
     return 0
 
 

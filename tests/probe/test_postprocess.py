@@ -1,0 +1,101 @@
+"""The profiler window's trace leaves the training thread: a detached child compresses and analyses
+it, and the wrapper settles what no child finished (probe/postprocess.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+from kineto_builder import TraceBuilder
+from torchdoctor.probe import output, postprocess
+
+
+def raw_trace(run_dir, rank: int = 0) -> str:
+    b = TraceBuilder(rank=rank)
+    for s in range(3):
+        b.step(s, 1000.0 * s, 1000.0)
+        b.kernel("ampere_sgemm_128x64_nn", 1000.0 * s + 100, 250, launch_at=1000.0 * s + 50)
+    raw, _gz, _pending, _analysis = postprocess.paths(str(run_dir), rank)
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    b.write(raw)
+    return raw
+
+
+def own_summary(run_dir, rank: int = 0) -> None:
+    facts = {"rank": rank, "pid": 1, "trace_file": f"traces/rank{rank}.json.gz"}
+    output.write_json(os.path.join(run_dir, "ranks", f"rank{rank}.json"), {"facts": facts, "analysis": None})
+
+
+def assert_settled(run_dir, rank: int = 0) -> dict:
+    raw, gz, pending, analysis = postprocess.paths(str(run_dir), rank)
+    assert not os.path.exists(raw) and not os.path.exists(pending)
+    with gzip.open(gz, "rt") as f:
+        assert json.load(f)["traceEvents"]
+    result = postprocess.read_analysis(str(run_dir), rank)
+    assert result is not None and result["metrics"]["busy_pct"] == 25.0
+    return result
+
+
+def test_child_compresses_and_analyses_and_the_merge_attaches_it(tmp_path):
+    raw_trace(tmp_path)
+    own_summary(tmp_path)
+    assert postprocess.start(str(tmp_path), 0)
+    postprocess.settle(str(tmp_path))
+    assert_settled(tmp_path)
+    (payload,) = output.read_payloads(str(tmp_path))
+    assert payload["analysis"]["metrics"]["busy_pct"] == 25.0
+    assert not os.path.exists(tmp_path / "traces" / "rank0.postprocess.log")  # no error, no log
+
+
+def test_wrapper_finishes_a_trace_whose_child_never_ran_or_died(tmp_path):
+    raw_trace(tmp_path, 0)
+    raw_trace(tmp_path, 1)
+    # Rank 1's child died: its pending marker names a process that is gone.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _raw, _gz, pending, _a = postprocess.paths(str(tmp_path), 1)
+    with open(pending, "w") as f:
+        f.write(str(dead.pid))
+    postprocess.settle(str(tmp_path), timeout_s=5)
+    assert_settled(tmp_path, 0)
+    assert_settled(tmp_path, 1)
+
+
+def test_a_stuck_child_is_killed_at_the_deadline_and_its_work_taken_over(tmp_path):
+    raw_trace(tmp_path)
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _raw, _gz, pending, _a = postprocess.paths(str(tmp_path), 0)
+    with open(pending, "w") as f:
+        f.write(str(stuck.pid))
+    postprocess.settle(str(tmp_path), timeout_s=0.5)
+    assert stuck.wait(timeout=10) != 0  # killed
+    assert_settled(tmp_path)
+
+
+def test_the_child_runs_apart_from_the_job(tmp_path, monkeypatch):
+    """Not probed (no run directory in its environment), in its own session (the job's Ctrl-C does
+    not reach it), and able to import torchdoctor wherever the job found it."""
+    raw_trace(tmp_path)
+    monkeypatch.setenv("TORCHDOCTOR_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHDOCTOR_REMEDIES", "dataloader.workers")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    seen = {}
+    real = subprocess.Popen
+
+    def spy(cmd, **kw):
+        seen.update(kw, cmd=cmd)
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(postprocess.subprocess, "Popen", spy)
+    assert postprocess.start(str(tmp_path), 0)
+    env = seen["env"]
+    assert "TORCHDOCTOR_RUN_DIR" not in env and "TORCHDOCTOR_REMEDIES" not in env
+    assert seen["start_new_session"] is True
+    import torchdoctor
+
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == os.path.dirname(os.path.dirname(torchdoctor.__file__))
+    postprocess.settle(str(tmp_path))
+    assert_settled(tmp_path)
