@@ -178,3 +178,66 @@ def test_a_failing_boundary_still_closes_the_step(tmp_path):
     finally:
         set_fault(None)
         ERRORS.reset()
+
+
+def test_private_loader_state_that_does_not_read_marks_its_site_broken():
+    """batch_ready reads DataLoader iterator internals; a torch where they differ is detected once."""
+    pytest.importorskip("torch")
+    from torchdoctor.probe import hooks
+    from torchdoctor.probe.errors import ERRORS
+
+    class Queue:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def qsize(self) -> int:
+            return self.n
+
+    class Iterator:  # the shape of _MultiProcessingDataLoaderIter that batch_ready reads
+        _task_info: dict = {}
+        _rcvd_idx = 0
+
+        def __init__(self, n: int) -> None:
+            self._data_queue = Queue(n)
+
+    saved = set(ERRORS.broken), list(ERRORS.messages)
+    try:
+        assert hooks.batch_ready(Iterator(1)) is True and hooks.batch_ready(Iterator(0)) is False
+        assert "dataloader.batch_ready" not in hooks.BROKEN
+        assert hooks.batch_ready(object()) is None
+        assert "dataloader.batch_ready" in hooks.BROKEN
+        assert any("batch_ready" in m for m in ERRORS.messages)
+        ERRORS.reset()  # in place: the hooks' reference sees it
+        assert "dataloader.batch_ready" not in hooks.BROKEN
+    finally:
+        ERRORS.reset()
+        ERRORS.broken.update(saved[0])
+        ERRORS.messages.extend(saved[1])
+
+
+def test_ddp_logging_data_that_raises_is_guarded_and_never_called_again(tmp_path):
+    torch = pytest.importorskip("torch")
+    import weakref
+
+    from torchdoctor.facts import DDPFacts
+    from torchdoctor.probe.config import ProbeConfig
+    from torchdoctor.probe.core import Probe
+    from torchdoctor.probe.errors import ERRORS
+    from torchdoctor.probe.summary import DDPRecord
+
+    class Ddp:
+        calls = 0
+
+        def _get_ddp_logging_data(self):
+            Ddp.calls += 1
+            raise RuntimeError("no logger on this torch")
+
+    ddp = Ddp()
+    probe = Probe(torch, ProbeConfig(run_dir=str(tmp_path), profile=None))
+    probe.ddps.append(DDPRecord(weakref.ref(ddp), DDPFacts()))
+    try:
+        for step in range(3):
+            probe._after_step(step)  # the step-boundary housekeeping that reads DDP's stats
+        assert Ddp.calls == 1 and "ddp.logging_data" in ERRORS.broken
+    finally:
+        ERRORS.reset()

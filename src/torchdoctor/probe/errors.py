@@ -39,8 +39,9 @@ class ProbeErrors:
             self.messages.append(message)
 
     def reset(self) -> None:
-        self.messages = []
-        self.broken = set()
+        # In place: the hooks hold `broken` by reference (hooks.BROKEN).
+        self.messages.clear()
+        self.broken.clear()
 
 
 ERRORS = ProbeErrors()

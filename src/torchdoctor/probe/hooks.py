@@ -140,7 +140,8 @@ def _dataloader(probe: Probe) -> None:
             if it is not probe.last_iter:  # a weak-dict lookup only when the iterator changes
                 probe.last_iter, probe.last_iter_record = it, probe.loader_by_iter.get(it)
             probe.current_loader = probe.last_iter_record
-            if probe.current_loader is not None and probe.current_loader.facts.num_workers:
+            if (probe.current_loader is not None and probe.current_loader.facts.num_workers
+                    and "dataloader.batch_ready" not in BROKEN):
                 ready = batch_ready(it)
         probe.next_depth += 1
         return perf_counter(), ready
@@ -204,7 +205,8 @@ def batch_ready(it: Any) -> bool | None:
     _MultiProcessingDataLoaderIter): a batch that arrived out of order waits in ``_task_info``;
     otherwise something is ready when the data queue holds an item (a ``queue.Queue`` fed by the
     pin-memory thread, or the workers' multiprocessing pipe, polled without blocking).
-    Feature-detected: any other shape of the iterator gives None.
+    Feature-detected: any other shape of the iterator gives None, and marks the site broken (it is
+    private state: a torch where it has another shape would fail the same way on every batch).
     """
     try:
         info = it._task_info.get(it._rcvd_idx)
@@ -215,7 +217,9 @@ def batch_ready(it: Any) -> bool | None:
         if reader is not None:
             return bool(reader.poll())
         return queue.qsize() > 0
-    except Exception:
+    except Exception as exc:
+        ERRORS.note(f"dataloader.batch_ready: private iterator state not readable on this torch ({exc!r})")
+        BROKEN.add("dataloader.batch_ready")
         return None
 
 
