@@ -194,7 +194,7 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
                 )
                 break  # nested FSDP1 units share the root's settings
             if fsdp2 is not None and isinstance(module, fsdp2):
-                state = attempt(module._get_fsdp_state)
+                state = attempt(lambda m=module: m._get_fsdp_state())  # a torch without it: None
                 group = getattr(state, "_fsdp_param_group", None)
                 out.append(
                     FSDPFacts(

@@ -116,7 +116,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         ddp = rec.ref()
         if ddp is not None:  # static_graph etc. may have changed since construction
             rec.facts = collect.ddp_facts(ddp, rec.facts.call_site, None)
-            rec.logging_data = collect.attempt(ddp._get_ddp_logging_data) or rec.logging_data
+            rec.logging_data = collect.attempt(lambda ddp=ddp: ddp._get_ddp_logging_data()) or rec.logging_data
         facts = msgspec.structs.replace(rec.facts)
         if rec.logging_data:
             collect.apply_ddp_logging(facts, rec.logging_data)
