@@ -142,3 +142,19 @@ def test_run_dir_with_extra_trace_keeps_its_ranks(tmp_path):
     dup = good_trace(tmp_path / "dup.json", rank=0)
     rep = analyze_paths([str(run), str(dup)])
     assert len(rep.ranks) == 2 and any("declares rank 0" in w.message for w in rep.warnings)
+
+
+def test_a_subcommand_that_fails_after_registering_itself_still_leaves_a_working_cli(monkeypatch, capsys):
+    """`demo` registers its parser, then fails importing the fixer: no argparse conflict, no traceback."""
+    import torchdoctor.workloads.cli as demo_cli
+
+    def half(sub):
+        sub.add_parser("demo")
+        raise ImportError("msgspec is broken")
+
+    monkeypatch.setattr(demo_cli, "add_demo_parser", half)
+    assert main(["demo", "--healthy"]) == 2
+    assert "'demo' is unavailable" in capsys.readouterr().err
+    from torchdoctor.cli import build_parser
+
+    assert build_parser().parse_args(["analyze", "x.json"]).command == "analyze"

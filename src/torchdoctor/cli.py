@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_broken_command(sub, name: str, module: str, error: Exception) -> None:
     """Register `name` so that calling it says why it cannot run (exit 2) instead of 'invalid choice'."""
     reason = f"{type(error).__name__}: {error}".splitlines()[0]
+    if name in sub.choices:  # the module failed after registering `name`: replace the half-built one
+        del sub.choices[name]
+        sub._choices_actions[:] = [a for a in sub._choices_actions if a.dest != name]
     p = sub.add_parser(name, help=f"unavailable: {module} failed to import ({reason})", add_help=False)
 
     def broken(_args) -> int:
