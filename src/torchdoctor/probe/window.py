@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,14 +88,20 @@ class ProfilerWindow:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=False, schedule=_record_always)
-        prof.step_num = self.start_step  # ProfilerStep#N then matches the probe's step N
-        with kineto_quiet():
-            prof.start()
+        # torch's own warnings about the profiler (2.11 warns that events are cleared each
+        # cycle) would change the job's stderr: the probe's profiler must be silent.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = profile(activities=activities, record_shapes=False, schedule=_record_always)
+            prof.step_num = self.start_step  # ProfilerStep#N then matches the probe's step N
+            with kineto_quiet():
+                prof.start()
         self.prof = prof
 
     def next_step(self) -> None:
-        self.prof.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.prof.step()
 
     def finish(self, path: str) -> str:
         """Stop profiling and write the plain JSON trace to ``path``; return it.
@@ -104,7 +111,8 @@ class ProfilerWindow:
         """
         prof, self.prof = self.prof, None
         self.done = True
-        with kineto_quiet():
+        with warnings.catch_warnings(), kineto_quiet():
+            warnings.simplefilter("ignore")
             prof.stop()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         prof.export_chrome_trace(path)
