@@ -1,8 +1,12 @@
 """HTA side of the torchdoctor benchmarks: runs Holistic Trace Analysis and prints JSON.
 
-This script runs *inside the HTA virtualenv* (benchmarks/.hta-venv, made by setup_hta.sh), never in
-torchdoctor's environment: HTA is a reference tool, not a dependency. The driver scripts
-(hta_compare.py, speed_vs_hta.py) call it through subprocess and read the JSON it writes.
+This script runs *inside an HTA virtualenv* (made by setup_hta.sh: HTA 0.5.0, PyPI
+``holistictraceanalysis``, in benchmarks/.hta-venv; HTA 0.6.1, PyPI ``traceinsight``, in
+benchmarks/out/hta-venv-0.6.1), never in torchdoctor's environment: HTA is a reference tool, not a
+dependency. The driver scripts (hta_compare.py, speed_vs_hta.py) call it through subprocess and read
+the JSON it writes. Both releases import as ``hta`` with the same TraceAnalysis API; where they
+differ (0.6.1 reads its environment options once, into a singleton) the code detects the feature
+rather than the version.
 
 Two sub-commands:
 
@@ -61,13 +65,26 @@ def _num(x: Any) -> float | int | None:
     return int(v) if v.is_integer() else v
 
 
-def _temporal_once(path: str, include_last_profiler_step: bool, disable_rounding: bool) -> dict[str, Any]:
-    from hta.trace_analysis import TraceAnalysis  # type: ignore[import-not-found]
+def _set_ns_rounding(disable: bool) -> None:
+    """Turn HTA's µs rounding of ns timestamps off or on for the next load.
 
-    if disable_rounding:
+    HTA 0.5 reads ``HTA_DISABLE_NS_ROUNDING`` from the environment at each parse; 0.6 reads it once
+    into ``HTAEnvOptions.instance()``, so there the singleton is set as well."""
+    if disable:
         os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
     else:
         os.environ.pop("HTA_DISABLE_NS_ROUNDING", None)
+    try:
+        from hta.configs.env_options import HTAEnvOptions  # type: ignore[import-not-found]
+    except ImportError:  # HTA 0.5: the environment variable is all there is
+        return
+    HTAEnvOptions.instance().set_disable_ns_rounding(disable)
+
+
+def _temporal_once(path: str, include_last_profiler_step: bool, disable_rounding: bool) -> dict[str, Any]:
+    from hta.trace_analysis import TraceAnalysis  # type: ignore[import-not-found]
+
+    _set_ns_rounding(disable_rounding)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hta_one_") as tmp:
         # HTA reads every *.json / *.gz of a directory: give it a directory holding only this trace.
@@ -76,11 +93,14 @@ def _temporal_once(path: str, include_last_profiler_step: bool, disable_rounding
         try:
             ta = TraceAnalysis(trace_dir=tmp, include_last_profiler_step=include_last_profiler_step)
             df = ta.get_temporal_breakdown(visualize=False)
-        except Exception as exc:  # HTA crashes on CPU-only traces: record, don't die.
+        except Exception as exc:  # HTA 0.5 crashes on CPU-only traces: record, don't die.
             out["error"] = f"{type(exc).__name__}: {exc}"
             out["traceback"] = traceback.format_exc(limit=3)
             return out
         out["seconds"] = round(time.perf_counter() - t0, 3)
+        if df is None or len(df) == 0:  # HTA 0.6 skips a trace without analysable device events
+            out["error"] = "no result: HTA returned an empty temporal breakdown"
+            return out
         row = df.iloc[0]
         for col in ("rank", "idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)"):
             out[col] = _num(row[col])
@@ -159,9 +179,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _hta_version() -> str:
-    from importlib.metadata import version
+    """The installed HTA release (0.6 is published as ``traceinsight``, 0.5 as ``holistictraceanalysis``)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version("holistictraceanalysis")
+    for dist in ("traceinsight", "holistictraceanalysis"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "?"
 
 
 def main(argv: list[str] | None = None) -> int:

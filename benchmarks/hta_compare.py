@@ -1,10 +1,12 @@
 """Compare torchdoctor's device idle % with Holistic Trace Analysis (HTA) on every reference trace.
 
 What it measures
-    For each trace in ../shared/traces it runs
-      * HTA 0.5's ``get_temporal_breakdown`` (in the isolated HTA virtualenv, via ``_hta_side.py``), and
+    For each trace in tests/data/hta it runs
+      * HTA's ``get_temporal_breakdown``, for each selected release (``--hta 0.5.0|0.6.1|both``, default
+        both: 0.5.0 from PyPI ``holistictraceanalysis``, 0.6.1 from PyPI ``traceinsight``), each in its
+        own isolated virtualenv via ``_hta_side.py``, and
       * ``torchdoctor analyze TRACE --steps trace --json OUT`` (HTA's window: first to last device event),
-    and prints trace | HTA idle % | torchdoctor idle % | difference (pp) | explanation.
+    and prints trace | HTA idle % (per release) | torchdoctor idle % | difference (pp) | explanation.
 
 How differences are explained (computed, not asserted)
     The script re-derives idle % from the raw trace in pure Python, once with torchdoctor's definition and
@@ -25,11 +27,12 @@ How differences are explained (computed, not asserted)
     Each step's change is that behaviour's contribution to the difference. Two more emulations are checked
     against HTA itself, run with ``include_last_profiler_step=True`` and with ``HTA_DISABLE_NS_ROUNDING=1``,
     so the emulation is validated three ways. A difference > 1 pp counts as explained only when
-    |torchdoctor - E0| and |HTA - E4| are both <= 0.05 pp.
+    |torchdoctor - E0| and |HTA - E4| are both <= 0.05 pp, for each HTA release on its own.
 
 How to run (from the repo root)
-    bash benchmarks/setup_hta.sh                       # once: HTA 0.5.0 in benchmarks/.hta-venv
-    .venv/bin/python benchmarks/hta_compare.py         # writes benchmarks/results/hta_compare.md
+    bash benchmarks/setup_hta.sh both                  # once: HTA 0.5.0 and 0.6.1, one venv each
+    .venv/bin/python benchmarks/hta_compare.py         # both releases; writes benchmarks/results/hta_compare.md
+    .venv/bin/python benchmarks/hta_compare.py --hta 0.6.1 --out /tmp/hta061.md
     .venv/bin/python benchmarks/hta_compare.py --torchdoctor ".venv/bin/python -m torchdoctor.cli"
 
 Exit status: 0 when every trace is within 1 pp or explained and torchdoctor analysed every trace without
@@ -56,14 +59,15 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
+from _hta_versions import HtaVersion, add_hta_arg, missing_venvs, selected, setup_hint
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-DEFAULT_TRACES = REPO.parent / "shared" / "traces"
+DEFAULT_TRACES = REPO / "tests" / "data" / "hta"
 DEFAULT_TORCHDOCTOR = REPO / ".venv" / "bin" / "torchdoctor"
-HTA_PYTHON = HERE / ".hta-venv" / "bin" / "python"
 HTA_SIDE = HERE / "_hta_side.py"
 RESULTS = HERE / "results" / "hta_compare.md"
-HTA_CACHE = HERE / "out" / "hta_temporal_cache.json"  # git-ignored; HTA takes ~80 s on these traces
+HTA_CACHE_DIR = HERE / "out"  # git-ignored; HTA takes ~80 s per release on these traces
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
 SYNC_NAMES = ("Event Sync", "Context Sync")  # HTA's GPUKernelFilter keeps these whatever their stream
@@ -308,33 +312,37 @@ def run_torchdoctor(cmd: list[str], trace: Path, tmp: Path) -> TdResult:
     return res
 
 
-def run_hta(traces: list[Path], variants: bool, tmp: Path, refresh: bool) -> dict[str, Any]:
-    """HTA's temporal breakdown of each trace (cached under benchmarks/out/, keyed by the files'
-    names, sizes and mtimes, the variants flag and _hta_side.py's own mtime)."""
+def run_hta(hv: HtaVersion, traces: list[Path], variants: bool, tmp: Path, refresh: bool) -> dict[str, Any]:
+    """HTA `hv`'s temporal breakdown of each trace (cached under benchmarks/out/, one file per release,
+    keyed by the files' names, sizes and mtimes, the variants flag and _hta_side.py's own mtime)."""
+    cache = HTA_CACHE_DIR / f"hta_temporal_cache.{hv.slug}.json"
     key = {
+        "hta": hv.version,
         "traces": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in traces],
         "variants": variants,
         "side": HTA_SIDE.stat().st_mtime_ns,
     }
-    if not refresh and HTA_CACHE.exists():
-        cached = json.loads(HTA_CACHE.read_text())
+    if not refresh and cache.exists():
+        cached = json.loads(cache.read_text())
         if cached.get("key") == key:
-            print(f"using cached HTA results from {HTA_CACHE} (--refresh-hta to rerun)", file=sys.stderr)
+            print(f"using cached HTA {hv.version} results from {cache} (--refresh-hta to rerun)", file=sys.stderr)
             return dict(cached["data"])
-    out = tmp / "hta.json"
-    cmd = [str(HTA_PYTHON), str(HTA_SIDE), "temporal", *map(str, traces), "--out", str(out)]
+    out = tmp / f"{hv.slug}.json"
+    cmd = [str(hv.python), str(HTA_SIDE), "temporal", *map(str, traces), "--out", str(out)]
     if variants:
         cmd.append("--variants")
-    print(f"running HTA on {len(traces)} traces (~1-2 min) ...", file=sys.stderr)
+    print(f"running HTA {hv.version} on {len(traces)} traces (~1-2 min) ...", file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     data: dict[str, Any] = json.loads(out.read_text())
-    HTA_CACHE.parent.mkdir(parents=True, exist_ok=True)
-    HTA_CACHE.write_text(json.dumps({"key": key, "data": data}))
+    if data.get("hta_version") != hv.version:
+        raise SystemExit(f"error: {hv.python} runs HTA {data.get('hta_version')}, expected {hv.version}")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "data": data}))
     return data
 
 
 def readme_reference(traces_dir: Path) -> dict[str, str]:
-    """file -> HTA idle % (or 'HTA failed: ...') from the table in ../shared/traces/README.md."""
+    """file -> HTA idle % (or 'HTA failed: ...') from the table in tests/data/hta/README.md."""
     ref: dict[str, str] = {}
     readme = traces_dir / "README.md"
     if not readme.exists():
@@ -406,57 +414,81 @@ def factor_lines(em: Emulation) -> list[tuple[str, float]]:
 
 
 @dataclass
-class Line:
-    trace: str
+class Verdict:
+    """One HTA release's result on one trace, compared with torchdoctor."""
+
     hta: float | None
     hta_err: str | None
-    readme: str | None
-    td: TdResult
-    em: Emulation
-    hta_variants: dict[str, Any]
+    variants: dict[str, Any]
     diff: float | None = None
     status: str = ""
     explanation: str = ""
 
 
-def judge(line: Line) -> None:
+@dataclass
+class Line:
+    trace: str
+    readme: str | None
+    td: TdResult
+    em: Emulation
+    hta: dict[str, Verdict]  # HTA release -> its verdict
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return list(self.hta.values())
+
+
+BAD_STATUSES = ("UNEXPLAINED", "TORCHDOCTOR ERROR", "MISSING")
+
+
+def judge(line: Line, v: Verdict) -> None:
     td, em = line.td, line.em
     if td.error:
-        line.status = "TORCHDOCTOR ERROR"
-        line.explanation = td.error
+        v.status = "TORCHDOCTOR ERROR"
+        v.explanation = td.error
         return
-    if line.hta_err is not None:
+    if v.hta_err is not None:
+        crash = not v.hta_err.startswith("no result")
+        v.status = "HTA crashed" if crash else "HTA: no result"
         if em.e0 is None:
-            line.status = "HTA crashed"
             idle = "no device events, so no idle %" if td.idle_pct is None else f"idle {td.idle_pct:.2f}%"
-            line.explanation = (
-                f"HTA 0.5 crashes ({line.hta_err.split(':')[0]}) on a trace without device events; "
+            what = f"crashes ({v.hta_err.split(':')[0]})" if crash else "returns no temporal breakdown"
+            v.explanation = (
+                f"HTA {what} on a trace without device events; "
                 f"torchdoctor analyses it without error (rc={td.rc}, {idle})"
             )
         else:
-            line.status = "HTA crashed"
-            line.explanation = f"HTA: {line.hta_err}"
+            v.explanation = f"HTA: {v.hta_err}"
         return
-    if line.hta is None or td.idle_pct is None:
-        line.status = "MISSING"
-        line.explanation = "torchdoctor gave no idle % for a trace with device events"
+    if v.hta is None or td.idle_pct is None:
+        v.status = "MISSING"
+        v.explanation = "torchdoctor gave no idle % for a trace with device events"
         return
-    line.diff = td.idle_pct - line.hta
-    if line.readme and re.fullmatch(r"[\d.]+", line.readme) and abs(line.hta - float(line.readme)) > 0.006:
-        line.explanation = f"(live HTA {line.hta:.2f} differs from README's {line.readme}) "
+    v.diff = td.idle_pct - v.hta
+    if line.readme and re.fullmatch(r"[\d.]+", line.readme) and abs(v.hta - float(line.readme)) > 0.006:
+        v.explanation = f"(live HTA {v.hta:.2f} differs from README's {line.readme}) "
     td_res = td.idle_pct - em.e0.idle_pct if em.e0 else math.inf
-    emu_res = line.hta - em.e4.idle_pct if em.e4 else math.inf
+    emu_res = v.hta - em.e4.idle_pct if em.e4 else math.inf
     parts = [f"{t}: {_pp(c)}" for t, c in factor_lines(em) if abs(c) >= 0.001]
     checks = f"torchdoctor − exact recomputation {_pp(td_res)}; HTA − emulation {_pp(emu_res)}"
-    if abs(line.diff) <= THRESHOLD_PP:
-        line.status = "ok (≤ 1 pp)"
-        line.explanation += "; ".join(parts)
+    if abs(v.diff) <= THRESHOLD_PP:
+        v.status = "ok (≤ 1 pp)"
+        v.explanation += "; ".join(parts)
     elif abs(td_res) <= RESIDUAL_PP and abs(emu_res) <= RESIDUAL_PP:
-        line.status = "explained"
-        line.explanation += "; ".join(parts) + f". Check: {checks}"
+        v.status = "explained"
+        v.explanation += "; ".join(parts) + f". Check: {checks}"
     else:
-        line.status = "UNEXPLAINED"
-        line.explanation += ("; ".join(parts) + ". " if parts else "") + f"Check failed: {checks}"
+        v.status = "UNEXPLAINED"
+        v.explanation += ("; ".join(parts) + ". " if parts else "") + f"Check failed: {checks}"
+
+
+def _per_release(line: Line, attr: str) -> str:
+    """A verdict field for the table: once when every release agrees, else one entry per release."""
+    vals = {ver: getattr(v, attr) for ver, v in line.hta.items()}
+    if len(set(vals.values())) == 1:
+        return next(iter(vals.values()))
+    sep = "; " if attr == "status" else "<br>"
+    return sep.join(f"**{ver}**: {val}" for ver, val in vals.items())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -473,12 +505,13 @@ def _git_rev() -> str:
         return "?"
 
 
-def render(lines: list[Line], meta: dict[str, str]) -> str:
+def render(lines: list[Line], versions: list[str], meta: dict[str, str]) -> str:
     md: list[str] = []
     md.append("# torchdoctor vs HTA: device idle % over HTA's window\n")
     md.append(
-        f"Generated {meta['date']} by `benchmarks/hta_compare.py` (repo {meta['rev']}); "
-        f"HTA {meta['hta_version']} from its own virtualenv; torchdoctor: `{meta['td']}` "
+        f"Generated {meta['date']} by `benchmarks/hta_compare.py{meta['flags']}` (repo {meta['rev']}); "
+        f"{meta['hta_version']}, {'each from its own' if len(versions) > 1 else 'from its'} virtualenv; "
+        f"torchdoctor: `{meta['td']}` "
         "`analyze TRACE --steps trace --json OUT`.\n"
     )
     md.append(
@@ -487,13 +520,28 @@ def render(lines: list[Line], meta: dict[str, str]) -> str:
         f"number and (ii) with HTA's behaviours added one by one lands on HTA's number, both within "
         f"{RESIDUAL_PP} pp; the explanation lists each behaviour's effect on HTA's idle %.\n"
     )
-    md.append("| trace | HTA idle % | torchdoctor idle % | diff (pp) | status | explanation |")
-    md.append("|---|---:|---:|---:|---|---|")
-    for ln in lines:
-        hta = ln.hta_err.split(":")[0] + " (crash)" if ln.hta_err else _fmt(ln.hta)
+    if len(versions) > 1:
         md.append(
-            f"| {ln.trace} | {hta} | {_fmt(ln.td.idle_pct)} | "
-            f"{'–' if ln.diff is None else f'{ln.diff:+.2f}'} | {ln.status} | {ln.explanation} |"
+            "Status and explanation are given once where every HTA release gets the same, else per release. "
+            "The explanation is each behaviour's effect computed from the trace; each release is checked "
+            "against the same emulation.\n"
+        )
+    hta_cols = " | ".join(f"HTA {ver} idle %" for ver in versions)
+    diff_cols = " | ".join(f"diff vs {ver} (pp)" for ver in versions)
+    md.append(f"| trace | {hta_cols} | torchdoctor idle % | {diff_cols} | status | explanation |")
+    md.append("|---|" + "---:|" * (2 * len(versions) + 1) + "---|---|")
+
+    def hta_cell(v: Verdict) -> str:
+        if v.hta_err:
+            return "no result" if v.hta_err.startswith("no result") else v.hta_err.split(":")[0] + " (crash)"
+        return _fmt(v.hta)
+
+    for ln in lines:
+        htas = " | ".join(hta_cell(v) for v in ln.verdicts)
+        diffs = " | ".join("–" if v.diff is None else f"{v.diff:+.2f}" for v in ln.verdicts)
+        md.append(
+            f"| {ln.trace} | {htas} | {_fmt(ln.td.idle_pct)} | {diffs} | "
+            f"{_per_release(ln, 'status')} | {_per_release(ln, 'explanation')} |"
         )
     md.append("\n## Step-by-step recomputation (idle %, unrounded)\n")
     md.append(
@@ -503,41 +551,52 @@ def render(lines: list[Line], meta: dict[str, str]) -> str:
         "The last columns check the emulation against HTA run with `include_last_profiler_step=True` "
         "and with `HTA_DISABLE_NS_ROUNDING=1`.\n"
     )
+    slash = " / ".join(versions)
     md.append(
-        "| trace | torchdoctor | E0 exact | E1 +rows | E2 +µs | E3 +orphans | E4 +last = emu | HTA | "
-        "README | incl-last emu / HTA | no-round emu / HTA |"
+        "| trace | torchdoctor | E0 exact | E1 +rows | E2 +µs | E3 +orphans | E4 +last = emu | "
+        + " | ".join(f"HTA {ver}" for ver in versions)
+        + f" | README | incl-last emu / HTA {slash} | no-round emu / HTA {slash} |"
     )
-    md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    md.append("|---|" + "---:|" * (7 + len(versions)) + "---|---|")
     for ln in lines:
         em = ln.em
 
         def v(x: Idle | None) -> str:
             return _fmt(x.idle_pct if x else None, 3)
 
-        hv = ln.hta_variants
-        il = (hv.get("include_last_step") or {}).get("idle_pct_exact")
-        nr = (hv.get("no_rounding") or {}).get("idle_pct_exact")
-        hta_exact = (hv.get("default") or {}).get("idle_pct_exact")
+        def variant(name: str, verdicts: list[Verdict] = ln.verdicts) -> str:
+            return " / ".join(_fmt((vd.variants.get(name) or {}).get("idle_pct_exact"), 3) for vd in verdicts)
+
+        hta_exact = " | ".join(
+            "crash" if vd.hta_err else _fmt((vd.variants.get("default") or {}).get("idle_pct_exact"), 3)
+            for vd in ln.verdicts
+        )
         md.append(
             f"| {ln.trace} | {_fmt(ln.td.idle_pct, 3)} | {v(em.e0)} | {v(em.e1)} | {v(em.e2)} | {v(em.e3)} | "
-            f"{v(em.e4)} | {_fmt(hta_exact, 3) if not ln.hta_err else 'crash'} | {ln.readme or '–'} | "
-            f"{v(em.incl_last)} / {_fmt(il, 3)} | {v(em.no_round)} / {_fmt(nr, 3)} |"
+            f"{v(em.e4)} | {hta_exact} | {ln.readme or '–'} | "
+            f"{v(em.incl_last)} / {variant('include_last_step')} | {v(em.no_round)} / {variant('no_rounding')} |"
         )
     md.append("\n## Windows (ms)\n")
-    md.append("| trace | torchdoctor window | E0 window (first→last device event) | HTA window |")
-    md.append("|---|---:|---:|---:|")
+    md.append(
+        "| trace | torchdoctor window | E0 window (first→last device event) | "
+        + " | ".join(f"HTA {ver} window" for ver in versions)
+        + " |"
+    )
+    md.append("|---|" + "---:|" * (2 + len(versions)))
     for ln in lines:
         tdw = ln.td.window_ns
         e0 = ln.em.e0
-        hw = (ln.hta_variants.get("default") or {}).get("window_us")
+        hws = []
+        for vd in ln.verdicts:
+            hw = (vd.variants.get("default") or {}).get("window_us")
+            hws.append(_fmt((hw[1] - hw[0]) / 1e3, 3) if hw and None not in hw else "–")
         md.append(
             f"| {ln.trace} | {_fmt((tdw[1] - tdw[0]) / 1e6, 3) if tdw else '–'} | "
-            f"{_fmt((e0.end - e0.start) / 1e3, 3) if e0 else '–'} | "
-            f"{_fmt((hw[1] - hw[0]) / 1e3, 3) if hw and None not in hw else '–'} |"
+            f"{_fmt((e0.end - e0.start) / 1e3, 3) if e0 else '–'} | {' | '.join(hws)} |"
         )
     md.append(
-        "\nReproduce: `bash benchmarks/setup_hta.sh && .venv/bin/python benchmarks/hta_compare.py` "
-        "(about 2 minutes, most of it HTA).\n"
+        "\nReproduce: `bash benchmarks/setup_hta.sh both && .venv/bin/python benchmarks/hta_compare.py` "
+        "(about 2 minutes per HTA release, most of it HTA).\n"
     )
     return "\n".join(md)
 
@@ -554,7 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-variants", action="store_true", help="skip the two extra HTA runs (faster)")
     ap.add_argument("--only", nargs="*", help="only traces whose file name contains one of these")
     ap.add_argument("--refresh-hta", action="store_true", help="rerun HTA even if cached results match")
+    add_hta_arg(ap)
     args = ap.parse_args(argv)
+    versions = selected(args.hta)
 
     traces = sorted(p for p in args.traces.iterdir() if p.name.endswith((".json", ".json.gz")))
     if args.only:
@@ -562,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     if not traces:
         print(f"error: no traces in {args.traces}", file=sys.stderr)
         return 2
-    if not HTA_PYTHON.exists():
-        print("error: no HTA virtualenv; run: bash benchmarks/setup_hta.sh", file=sys.stderr)
+    if missing := missing_venvs(versions):
+        names = ", ".join(f"{v.version} ({v.venv})" for v in missing)
+        print(f"error: no HTA virtualenv for {names}; {setup_hint(missing)}", file=sys.stderr)
         return 2
     td_cmd = shlex.split(args.torchdoctor)
     if not Path(td_cmd[0]).exists() and not any(
@@ -575,38 +637,42 @@ def main(argv: list[str] | None = None) -> int:
     ref = readme_reference(args.traces)
     with tempfile.TemporaryDirectory(prefix="hta_compare_") as tmp_s:
         tmp = Path(tmp_s)
-        hta = run_hta(traces, not args.no_variants, tmp, args.refresh_hta)
+        hta = {hv.version: run_hta(hv, traces, not args.no_variants, tmp, args.refresh_hta) for hv in versions}
         lines: list[Line] = []
         for p in traces:
             print(f"  {p.name}", file=sys.stderr)
             td = run_torchdoctor(td_cmd, p, tmp)
             em = emulate(load_events(p))
-            hv = hta["results"].get(p.name, {})
-            d = hv.get("default", {})
+            verdicts: dict[str, Verdict] = {}
+            for ver, data in hta.items():
+                hv_res = data["results"].get(p.name, {})
+                d = hv_res.get("default", {})
+                verdicts[ver] = Verdict(hta=d.get("idle_pct_exact"), hta_err=d.get("error"), variants=hv_res)
             ln = Line(
                 trace=p.name.replace(".json.gz", "").replace(".json", ""),
-                hta=d.get("idle_pct_exact"),
-                hta_err=d.get("error"),
                 readme=ref.get(p.name),
                 td=td,
                 em=em,
-                hta_variants=hv,
+                hta=verdicts,
             )
-            judge(ln)
+            for v in ln.verdicts:
+                judge(ln, v)
             lines.append(ln)
 
+    flags = " ".join(argv if argv is not None else sys.argv[1:])
     meta = {
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "rev": _git_rev(),
-        "hta_version": str(hta.get("hta_version")),
+        "hta_version": " and ".join(f"HTA {hv.version} (PyPI `{hv.dist}`)" for hv in versions),
         "td": args.torchdoctor.replace(str(REPO) + "/", ""),
+        "flags": (" " + flags) if flags else "",
     }
-    md = render(lines, meta)
+    md = render(lines, [hv.version for hv in versions], meta)
     print(md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(md)
     print(f"\nwrote {args.out}", file=sys.stderr)
-    bad = [ln for ln in lines if ln.status in ("UNEXPLAINED", "TORCHDOCTOR ERROR", "MISSING")]
+    bad = [ln for ln in lines if any(v.status in BAD_STATUSES for v in ln.verdicts)]
     return 1 if bad else 0
 
 

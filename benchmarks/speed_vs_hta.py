@@ -12,9 +12,11 @@ What it measures
             to 0..7, since HTA takes a file's rank from the first ``"rank": N`` in it.
 
     (a) torchdoctor: ``torchdoctor analyze PATH --json OUT`` (default window, full report).
-    (b) HTA 0.5.0, in its own virtualenv: ``TraceAnalysis(trace_dir=DIR)`` load, then
-        ``get_temporal_breakdown``, ``get_idle_time_breakdown`` (all ranks), ``get_gpu_kernel_breakdown``
-        and ``get_comm_comp_overlap``, all ``visualize=False`` (see _hta_side.py ``bench``).
+    (b) HTA, each selected release (``--hta 0.5.0|0.6.1|both``, default both: 0.5.0 is PyPI
+        ``holistictraceanalysis``, 0.6.1 is PyPI ``traceinsight``) in its own virtualenv:
+        ``TraceAnalysis(trace_dir=DIR)`` load, then ``get_temporal_breakdown``, ``get_idle_time_breakdown``
+        (all ranks), ``get_gpu_kernel_breakdown`` and ``get_comm_comp_overlap``, all ``visualize=False``
+        (see _hta_side.py ``bench``). Ratios are given against each release.
 
     Memory is reported two ways: peak RSS of the largest single process (ru_maxrss from wait4, what
     ``/usr/bin/time -v`` prints) and the peak of the summed PSS of the whole process tree sampled at
@@ -22,8 +24,9 @@ What it measures
     HTA / torchdoctor for time, torchdoctor / HTA for memory. Targets (issue 2): >= 20x faster and peak
     memory <= 25 % of HTA's.
 
-How to run (from the repo root; HTA venv first: ``bash benchmarks/setup_hta.sh``)
-    .venv/bin/python benchmarks/speed_vs_hta.py            # full: ~10 min, writes results/speed_vs_hta.md
+How to run (from the repo root; HTA venvs first: ``bash benchmarks/setup_hta.sh both``)
+    .venv/bin/python benchmarks/speed_vs_hta.py            # full: ~20 min, writes results/speed_vs_hta.md
+    .venv/bin/python benchmarks/speed_vs_hta.py --hta 0.6.1 --only multi
     .venv/bin/python benchmarks/speed_vs_hta.py --quick    # smoke test: 2 copies / 1 copy per rank
     .venv/bin/python benchmarks/speed_vs_hta.py --only single --td-repeat 5
     .venv/bin/python benchmarks/speed_vs_hta.py --profile  # + cProfile / -X importtime of torchdoctor
@@ -49,15 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _hta_versions import HtaVersion, add_hta_arg, missing_venvs, selected, setup_hint
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SHARED = REPO.parent / "shared"
 INFLATE = SHARED / "tools" / "inflate_trace.py"
-SOURCE = SHARED / "traces" / "a100_8rank_rank3.json.gz"
+SOURCE = REPO / "tests" / "data" / "hta" / "a100_8rank_rank3.json.gz"
 OUT = HERE / "out"
 DEFAULT_TORCHDOCTOR = REPO / ".venv" / "bin" / "torchdoctor"
-HTA_PYTHON = HERE / ".hta-venv" / "bin" / "python"
 HTA_SIDE = HERE / "_hta_side.py"
+TD_BREAKDOWN = HERE / "_td_breakdown.py"
 RESULTS = HERE / "results" / "speed_vs_hta.md"
 TARGET_SPEEDUP = 20.0
 TARGET_MEM_SHARE = 0.25
@@ -302,9 +307,9 @@ class Case:
     bytes: int
     events: int
     td: list[Run] = field(default_factory=list)
-    hta: list[Run] = field(default_factory=list)
+    hta: dict[str, list[Run]] = field(default_factory=dict)  # HTA release -> its runs
     td_report: dict[str, Any] = field(default_factory=dict)
-    hta_report: dict[str, Any] = field(default_factory=dict)
+    hta_report: dict[str, dict[str, Any]] = field(default_factory=dict)  # HTA release -> _hta_side's JSON
 
     @property
     def slug(self) -> str:
@@ -333,8 +338,8 @@ def _summary(r: Run) -> str:
 
 
 def run_case(
-    case: Case, td_cmd: list[str], td_repeat: int, hta_repeat: int, logs: Path, quiet_wait: float,
-    retries: int,
+    case: Case, td_cmd: list[str], td_repeat: int, versions: list[HtaVersion], hta_repeat: int, logs: Path,
+    quiet_wait: float, retries: int,
 ) -> None:
     warm_page_cache(case.files)
     for i in range(td_repeat):
@@ -346,21 +351,79 @@ def run_case(
         case.td.append(r)
         if out.exists():
             case.td_report = json.loads(out.read_text())
-    for i in range(hta_repeat):
-        out = logs / f"{case.slug}.hta.json"
-        out.unlink(missing_ok=True)
-        argv = [str(HTA_PYTHON), str(HTA_SIDE), "bench", str(case.hta_dir), "--out", str(out)]
-        print(f"  HTA {case.name} #{i + 1} (minutes) ...", file=sys.stderr)
-        r = _measure_quiet(argv, logs / f"{case.slug}.hta.{i}.log", quiet_wait, retries)
-        print(f"  HTA {case.name} #{i + 1}: {_summary(r)}", file=sys.stderr)
-        case.hta.append(r)
-        if out.exists():
-            case.hta_report = json.loads(out.read_text())
+    for hv in versions:
+        runs = case.hta.setdefault(hv.version, [])
+        for i in range(hta_repeat):
+            out = logs / f"{case.slug}.{hv.slug}.json"
+            out.unlink(missing_ok=True)
+            argv = [str(hv.python), str(HTA_SIDE), "bench", str(case.hta_dir), "--out", str(out)]
+            print(f"  HTA {hv.version} {case.name} #{i + 1} (minutes) ...", file=sys.stderr)
+            r = _measure_quiet(argv, logs / f"{case.slug}.{hv.slug}.{i}.log", quiet_wait, retries)
+            print(f"  HTA {hv.version} {case.name} #{i + 1}: {_summary(r)}", file=sys.stderr)
+            runs.append(r)
+            if out.exists():
+                case.hta_report[hv.version] = json.loads(out.read_text())
 
 
 # --------------------------------------------------------------------------------------------------
 # Profiling torchdoctor (only where it misses a target, or with --profile)
 # --------------------------------------------------------------------------------------------------
+
+
+def breakdown_td(td_python: Path, case: Case, logs: Path) -> list[str]:
+    """Wall time of one ordinary (parallel) run split by phase and by rank (see _td_breakdown.py)."""
+    argv = [str(td_python), str(TD_BREAKDOWN), str(case.path)]
+    r = measure(argv, logs / f"{case.slug}.td.breakdown.log")
+    try:
+        d: dict[str, Any] = json.loads(r.log.read_text().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [f"(breakdown failed, rc={r.rc}; see {r.log})"]
+    ps = d["parent_s"]
+    start = r.wall_s - ps["total_in_process"]
+    lines = [
+        f"Breakdown of one ordinary run ({d['cpus']} CPUs, so {min(d['cpus'], len(d['ranks']))} worker processes; "
+        f"wall {r.wall_s:.2f} s, CPU {r.cpu_s:.1f} s). Parent process, wall s:",
+        "",
+        "| interpreter start | imports | discover | worker pool (all ranks) | cross-rank report | JSON out |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {start:.2f} | {ps['import']:.2f} | {ps.get('discover', 0):.3f} | {ps['pool (analyze_files)']:.2f} | "
+        f"{ps['report (build_report)']:.2f} | {ps['emit (JSON)']:.2f} |",
+        "",
+        "Per rank, inside its worker (start/end on the parent's clock, from the CLI's start):",
+        "",
+        "| file | worker | start s | decode s | metrics s | pickle result ms (KB) | CPU s | end s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ranks = sorted(d["ranks"], key=lambda x: x["start_after_cli_s"])
+    for x in ranks:
+        lines.append(
+            f"| {x['file']} | {x['pid']} | {x['start_after_cli_s']:.2f} | {x['decode_s']:.2f} | {x['metrics_s']:.2f} | "
+            f"{1e3 * x['pickle_s']:.1f} ({x['pickle_bytes'] / 1e3:.0f}) | {x['cpu_s']:.2f} | {x['end_after_cli_s']:.2f} |"
+        )
+    if ranks:
+        dec = sum(x["decode_s"] for x in ranks)
+        met = sum(x["metrics_s"] for x in ranks)
+        last = max(x["end_after_cli_s"] for x in ranks)
+        lines += [
+            "",
+            f"Sum over ranks: decode {dec:.2f} s, metrics {met:.2f} s "
+            f"({100 * dec / (dec + met):.0f}% / {100 * met / (dec + met):.0f}% of the workers' time); "
+            f"pool overhead (fork, hand-off, unpickling: pool wall − (last rank end − first rank start)) "
+            f"{ps['pool (analyze_files)'] - last + ranks[0]['start_after_cli_s']:.2f} s.",
+        ]
+        # What the target asks of the workers: the rest of the run (start-up, report, JSON) kept as measured.
+        outside_pool = r.wall_s - ps["pool (analyze_files)"]
+        per_rank = (dec + met) / len(ranks)
+        for ver, runs in case.hta.items():
+            budget = _median([x.wall_s for x in runs]) / TARGET_SPEEDUP
+            pool_budget = budget - outside_pool
+            need = per_rank * pool_budget / ps["pool (analyze_files)"] if pool_budget > 0 else 0.0
+            lines.append(
+                f"{TARGET_SPEEDUP:.0f}x against HTA {ver} means a wall of at most {budget:.2f} s: with "
+                f"{outside_pool:.2f} s outside the pool as here, each rank's decode + metrics would have to "
+                f"fall from {per_rank:.2f} s to {need:.2f} s ({100 * (need / per_rank - 1):+.0f}%)."
+            )
+    return lines
 
 
 def profile_td(td_python: Path, case: Case, logs: Path) -> list[str]:
@@ -416,15 +479,17 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarize(case: Case) -> dict[str, float]:
+def summarize(case: Case, version: str) -> dict[str, float]:
+    """torchdoctor against HTA release `version` on one case."""
+    hta = case.hta.get(version, [])
     td_wall = _median([r.wall_s for r in case.td])
-    hta_wall = _median([r.wall_s for r in case.hta])
+    hta_wall = _median([r.wall_s for r in hta])
     td_rss = max((r.maxrss_mb for r in case.td), default=float("nan"))
-    hta_rss = max((r.maxrss_mb for r in case.hta), default=float("nan"))
+    hta_rss = max((r.maxrss_mb for r in hta), default=float("nan"))
     td_pss = max((r.tree_pss_mb for r in case.td), default=float("nan"))
-    hta_pss = max((r.tree_pss_mb for r in case.hta), default=float("nan"))
+    hta_pss = max((r.tree_pss_mb for r in hta), default=float("nan"))
     td_cpu = _median([r.cpu_s for r in case.td])
-    hta_cpu = _median([r.cpu_s for r in case.hta])
+    hta_cpu = _median([r.cpu_s for r in hta])
     return {
         "td_cpu": td_cpu,
         "hta_cpu": hta_cpu,
@@ -445,11 +510,19 @@ def _ok(cond: bool) -> str:
     return "meets target" if cond else "**misses target**"
 
 
+def misses_target(case: Case, version: str) -> bool:
+    if not (case.td and case.hta.get(version)):
+        return False
+    s = summarize(case, version)
+    return s["speedup"] < TARGET_SPEEDUP or s["rss_share"] > TARGET_MEM_SHARE or s["pss_share"] > TARGET_MEM_SHARE
+
+
 def render(cases: list[Case], meta: dict[str, str], profile: list[str]) -> str:
     md = ["# torchdoctor vs HTA: speed and peak memory\n"]
     md.append(
         f"Generated {meta['date']} by `benchmarks/speed_vs_hta.py{meta['flags']}` (repo {meta['rev']}) on "
-        f"{meta['machine']}. HTA {meta['hta_version']} in benchmarks/.hta-venv; torchdoctor `{meta['td']}`. "
+        f"{meta['machine']}. {meta['hta_version']}, each in its own virtualenv (benchmarks/setup_hta.sh); "
+        f"torchdoctor `{meta['td']}`. "
         f"Measured tools ran at nice {meta['priority']}. "
         "Each number is a fresh child process, wall clock end to end (start-up and imports included); "
         "torchdoctor is the median of its runs. Tools ran sequentially on a warm page cache.\n"
@@ -461,7 +534,7 @@ def render(cases: list[Case], meta: dict[str, str], profile: list[str]) -> str:
     md.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in cases:
         inp = f"{len(c.files)} file(s), {c.bytes / 1e6:.0f} MB, {c.events / 1e6:.2f} M events"
-        for tool, runs in (("torchdoctor", c.td), ("HTA", c.hta)):
+        for tool, runs in (("torchdoctor", c.td), *((f"HTA {v}", rs) for v, rs in c.hta.items())):
             if not runs:
                 continue
             walls = ", ".join(f"{r.wall_s:.2f}" for r in runs)
@@ -487,46 +560,49 @@ def render(cases: list[Case], meta: dict[str, str], profile: list[str]) -> str:
     )
     md.append("|---|---:|---:|---:|---:|")
     for c in cases:
-        if not (c.td and c.hta):
-            continue
-        s = summarize(c)
-        noisy = [t for t, runs in (("torchdoctor", c.td), ("HTA", c.hta)) if any(r.starved for r in runs)]
-        flag = f" — **noisy** ({', '.join(noisy)} ran beside other work: wall ratio unreliable)" if noisy else ""
-        md.append(
-            f"| {c.name}{flag} | {s['speedup']:.1f}x ({_ok(s['speedup'] >= TARGET_SPEEDUP)}) | "
-            f"{s['cpu_speedup']:.1f}x | "
-            f"{100 * s['rss_share']:.1f}% ({_ok(s['rss_share'] <= TARGET_MEM_SHARE)}) | "
-            f"{100 * s['pss_share']:.1f}% ({_ok(s['pss_share'] <= TARGET_MEM_SHARE)}) |"
-        )
+        for ver, hta_runs in c.hta.items():
+            if not (c.td and hta_runs):
+                continue
+            s = summarize(c, ver)
+            noisy = [t for t, runs in (("torchdoctor", c.td), (f"HTA {ver}", hta_runs)) if any(r.starved for r in runs)]
+            flag = f" — **noisy** ({', '.join(noisy)} ran beside other work: wall ratio unreliable)" if noisy else ""
+            md.append(
+                f"| {c.name} vs HTA {ver}{flag} | {s['speedup']:.1f}x ({_ok(s['speedup'] >= TARGET_SPEEDUP)}) | "
+                f"{s['cpu_speedup']:.1f}x | "
+                f"{100 * s['rss_share']:.1f}% ({_ok(s['rss_share'] <= TARGET_MEM_SHARE)}) | "
+                f"{100 * s['pss_share']:.1f}% ({_ok(s['pss_share'] <= TARGET_MEM_SHARE)}) |"
+            )
     md.append(f"\nTargets: >= {TARGET_SPEEDUP:.0f}x faster, memory <= {100 * TARGET_MEM_SHARE:.0f}% of HTA's.\n")
     md.append("## HTA phases (s, inside the HTA process)\n")
-    md.append("| case | " + " | ".join(["import", "load", "temporal", "idle", "kernel", "overlap"]) + " |")
-    md.append("|---|" + "---:|" * 6)
+    md.append("| case | HTA | " + " | ".join(["import", "load", "temporal", "idle", "kernel", "overlap"]) + " |")
+    md.append("|---|---|" + "---:|" * 6)
+    keys = ["import", "load", "temporal_breakdown", "idle_time_breakdown", "gpu_kernel_breakdown",
+            "comm_comp_overlap"]
     for c in cases:
-        ph = c.hta_report.get("phases_s") or {}
-        keys = ["import", "load", "temporal_breakdown", "idle_time_breakdown", "gpu_kernel_breakdown",
-                "comm_comp_overlap"]
-        if ph:
-            md.append(f"| {c.name} | " + " | ".join(f"{ph.get(k, float('nan')):.2f}" for k in keys) + " |")
+        for ver, hrep in c.hta_report.items():
+            ph = hrep.get("phases_s") or {}
+            if ph:
+                md.append(f"| {c.name} | {ver} | " + " | ".join(f"{ph.get(k, float('nan')):.2f}" for k in keys) + " |")
     md.append("\n## Sanity: both tools analysed every rank\n")
-    md.append("| case | torchdoctor ranks (errors) | torchdoctor idle % (its window) | HTA ranks | HTA idle % |")
-    md.append("|---|---|---|---|---|")
+    md.append("| case | torchdoctor ranks (errors) | torchdoctor idle % (its window) | HTA | HTA ranks | HTA idle % |")
+    md.append("|---|---|---|---|---|---|")
     for c in cases:
         ranks = c.td_report.get("ranks") or []
         errs = c.td_report.get("errors") or []
         idle = ", ".join(
             f"{(r.get('metrics') or {}).get('idle_pct', float('nan')):.1f}" for r in ranks[:8]
         )
-        hr = c.hta_report.get("ranks") or []
-        hidle = ", ".join(f"{v:.1f}" for v in list((c.hta_report.get("idle_pct") or {}).values())[:8])
-        md.append(
-            f"| {c.name} | {[r.get('rank') for r in ranks]} ({len(errs)}) | {idle} | {hr} | {hidle} |"
-        )
+        for ver, hrep in c.hta_report.items():
+            hr = hrep.get("ranks") or []
+            hidle = ", ".join(f"{v:.1f}" for v in list((hrep.get("idle_pct") or {}).values())[:8])
+            md.append(
+                f"| {c.name} | {[r.get('rank') for r in ranks]} ({len(errs)}) | {idle} | {ver} | {hr} | {hidle} |"
+            )
     if profile:
         md.append("\n## Where torchdoctor's time goes\n")
         md.extend(profile)
     md.append(
-        "\nReproduce: `bash benchmarks/setup_hta.sh && .venv/bin/python benchmarks/speed_vs_hta.py` "
+        "\nReproduce: `bash benchmarks/setup_hta.sh both && .venv/bin/python benchmarks/speed_vs_hta.py` "
         "(logs and generated traces under benchmarks/out/).\n"
     )
     return "\n".join(md)
@@ -569,7 +645,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="max seconds to wait for other processes to go quiet before each measurement")
     ap.add_argument("--profile", action="store_true", help="cProfile + importtime of torchdoctor on each case")
     ap.add_argument("--out", type=Path, help="markdown file (default results/speed_vs_hta.md; quick: out/)")
+    add_hta_arg(ap)
     args = ap.parse_args(argv)
+    versions = [] if args.no_hta else selected(args.hta)
 
     global PRIORITY
     PRIORITY = args.priority
@@ -579,8 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     out_md = args.out or (OUT / "speed_vs_hta.quick.md" if args.quick else RESULTS)
     logs = root / "logs"
     td_cmd = shlex.split(args.torchdoctor)
-    if not args.no_hta and not HTA_PYTHON.exists():
-        print("error: no HTA virtualenv; run: bash benchmarks/setup_hta.sh", file=sys.stderr)
+    if missing := missing_venvs(versions):
+        names = ", ".join(f"{v.version} ({v.venv})" for v in missing)
+        print(f"error: no HTA virtualenv for {names}; {setup_hint(missing)}", file=sys.stderr)
         return 2
 
     cases: list[Case] = []
@@ -598,21 +677,22 @@ def main(argv: list[str] | None = None) -> int:
     hta_repeat = 0 if args.no_hta else args.hta_repeat
     for c in cases:
         print(f"case {c.name}: {c.bytes / 1e6:.0f} MB, {c.events} events", file=sys.stderr)
-        run_case(c, td_cmd, args.td_repeat, hta_repeat, logs, args.quiet_wait, args.retries)
+        run_case(c, td_cmd, args.td_repeat, versions, hta_repeat, logs, args.quiet_wait, args.retries)
 
     profile: list[str] = []
     td_python = Path(td_cmd[0]).parent / "python"
-    missed = [
-        c for c in cases if c.td and c.hta and (
-            summarize(c)["speedup"] < TARGET_SPEEDUP or summarize(c)["rss_share"] > TARGET_MEM_SHARE
-            or summarize(c)["pss_share"] > TARGET_MEM_SHARE)
-    ]
+    missed = [c for c in cases if any(misses_target(c, v.version) for v in versions)]
     if (args.profile or missed) and td_python.exists():
         for c in cases if args.profile else missed:
             print(f"profiling torchdoctor on {c.name} ...", file=sys.stderr)
-            profile += [f"### {c.name}", *profile_td(td_python, c, logs)]
+            profile += [f"### {c.name}", *breakdown_td(td_python, c, logs), "", *profile_td(td_python, c, logs)]
 
-    hta_version = next((c.hta_report.get("hta_version") for c in cases if c.hta_report), "?")
+    ran = {v: r.get("hta_version", "?") for c in cases for v, r in c.hta_report.items()}
+    wrong = {v: got for v, got in ran.items() if got != v}
+    if wrong:
+        print(f"error: HTA venvs run other releases than expected: {wrong}", file=sys.stderr)
+        return 2
+    hta_version = " and ".join(f"HTA {v.version} (PyPI `{v.dist}`)" for v in versions) or "HTA not run"
     flags = " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     meta_s = {
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -628,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(md)
     print(f"\nwrote {out_md}", file=sys.stderr)
-    failed = [r for c in cases for r in (*c.td, *c.hta) if r.rc != 0]
+    all_runs = [r for c in cases for r in c.td] + [r for c in cases for rs in c.hta.values() for r in rs]
+    failed = [r for r in all_runs if r.rc != 0]
     return 1 if failed else 0
 
 
