@@ -211,8 +211,8 @@ class Probe:
         """Write the trace of steps [start, end) and hand it to a detached child, never waited for:
         compressing and analysing a large trace here would stall every rank for seconds."""
         rank = self.rank_identity()[0]
-        gz = output.trace_path(self.config.run_dir, rank)
-        window.finish(gz.removesuffix(".gz"))
+        raw, gz, _pending, _analysis = postprocess.paths(self.config.run_dir, rank)
+        window.finish(raw)
         self.trace_file = os.path.relpath(gz, self.config.run_dir)
         self.profiled = [window.start_step, end]
         self.analysis_rank = rank

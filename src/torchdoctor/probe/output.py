@@ -37,6 +37,11 @@ def trace_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, TRACES_DIR, f"rank{rank}.json.gz")
 
 
+def analysis_path(run_dir: str, rank: int) -> str:
+    """Where the post-processing child writes the analysis of a rank's window (probe/postprocess.py)."""
+    return os.path.join(run_dir, RANKS_DIR, f"rank{rank}.analysis.json")
+
+
 def write_json(path: str, obj: Any) -> None:
     """Write atomically, so a reader never sees half a file."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -107,7 +112,7 @@ def read_payloads(run_dir: str) -> list[Payload]:
     for (rank, _pid), payload in own.items():
         if payload.get("analysis") is None and payload["facts"].get("trace_file"):
             # The post-processing child's result (probe/postprocess.py), when it ran on this machine.
-            analysis = load_dict(os.path.join(run_dir, RANKS_DIR, f"rank{rank}.analysis.json"))
+            analysis = load_dict(analysis_path(run_dir, rank))
             if analysis is not None:
                 payload["analysis"] = analysis
     return [own[key] for key in sorted(own)]

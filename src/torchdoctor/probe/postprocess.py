@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import os
 import shutil
 import signal
@@ -39,11 +38,7 @@ def paths(run_dir: str, rank: int) -> tuple[str, str, str, str]:
     """(raw JSON, gzipped trace, pending marker, analysis) of one rank."""
     gz = output.trace_path(run_dir, rank)
     raw = gz.removesuffix(".gz")
-    return raw, gz, raw.removesuffix(".json") + ".pending", analysis_path(run_dir, rank)
-
-
-def analysis_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, output.RANKS_DIR, f"rank{rank}.analysis.json")
+    return raw, gz, raw.removesuffix(".json") + ".pending", output.analysis_path(run_dir, rank)
 
 
 def start(run_dir: str, rank: int) -> bool:
@@ -79,7 +74,7 @@ def work(raw: str, gz: str, pending: str, analysis: str) -> None:
             os.remove(raw)
         result = _analyze(gz)
         if result is not None:
-            _write_atomic(analysis, json.dumps(result, separators=(",", ":")).encode())
+            output.write_json(analysis, result)
     finally:
         with contextlib.suppress(OSError):
             os.remove(pending)
@@ -102,7 +97,7 @@ def _analyze(gz: str) -> dict | None:
 
 def read_analysis(run_dir: str, rank: int) -> dict | None:
     """The analysis the child wrote for ``rank``, if it is there yet (never waits)."""
-    return output.load_dict(analysis_path(run_dir, rank))
+    return output.load_dict(output.analysis_path(run_dir, rank))
 
 
 def settle(run_dir: str, timeout_s: float = 300.0) -> None:

@@ -310,12 +310,12 @@ class Columns:
             cand |= is_kernel[cat]
         if comm.any():
             cand |= comm[name]
-        pos: list[int] = []
-        ids: list[int] = []
-        seqs: list[int] = []
         k = np.flatnonzero(cand)
         if not k.size:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
+        pos: list[int] = []
+        ids: list[int] = []
+        seqs: list[int] = []
         picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
         named = np.fromiter(map(bool, map(_get_coll_name, picked)), bool, k.size)  # C-level: most have none
         for i in k[named].tolist():
@@ -881,49 +881,21 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
 
 
 def _decode_whole(path: str, dec: Decoders) -> tuple[Header, Columns]:
-    """The exact fallback of the streaming decoder: the whole file in memory, decoded at once."""
+    """The exact fallback of the streaming decoder: the whole file in memory, decoded at once
+    (`_decode_small_document`'s path for an object, the per-event path for a bare array)."""
     data = b"".join(_read_blocks(path))
     stripped = data[:64].lstrip()
     if not stripped:
         raise TraceFormatError("empty file")
-    if stripped[:1] not in (b"{", b"["):
-        raise TraceFormatError("not JSON (does not start with '{' or '[')")
-    if stripped[:1] == b"{" and _KEY.search(data) is None:
+    if stripped[:1] == b"{":
         return _decode_small_document(data, iter(()), dec)
-    if dec is FAST and _EXACT_TS.search(data, 0, 1 << 20):
-        dec = EXACT
+    if stripped[:1] != b"[":
+        raise TraceFormatError("not JSON (does not start with '{' or '[')")
     cols = Columns(dec=dec)
-    header = Header()
     try:
-        if stripped[:1] == b"[":
-            cols.add(dec.events.decode(data))
-        else:
-            header = dec.header.decode(data)
-            cols.add(header.traceEvents)
-            header.traceEvents = []
-    except msgspec.ValidationError:
-        _decode_tail_lenient(data, stripped[:1] == b"[", header, cols)
-        if stripped[:1] == b"{":
-            header = _lenient_header(data)
+        _decode_events_lenient(data, cols)
     except msgspec.DecodeError as e:
         if "truncated" in str(e):
             raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
         raise TraceFormatError(_describe(e, 0)) from None
-    return header, cols
-
-
-def _lenient_header(data: bytes) -> Header:
-    """distributedInfo / deviceProperties of a document whose events needed the lenient path."""
-    try:
-        keys = _header_only.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return Header()
-    return Header(distributedInfo=keys.distributedInfo, deviceProperties=keys.deviceProperties)
-
-
-class _HeaderOnly(msgspec.Struct):
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
-    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
-
-
-_header_only = msgspec.json.Decoder(_HeaderOnly)
+    return Header(), cols
