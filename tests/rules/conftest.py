@@ -17,6 +17,7 @@ from torchdoctor.metrics.model import (
 )
 from torchdoctor.report.model import Finding
 from torchdoctor.rules import REGISTRY, RankInputs, RuleInputs, diagnose, load_all
+from torchdoctor.rules.engine import order, settle
 from torchdoctor.session import analyze_paths
 
 STEP_MS = 100.0
@@ -78,8 +79,17 @@ def inputs(*ranks: tuple[RankResult | None, RankFacts | None], cross=None) -> Ru
 
 
 def run(rule_id: str, *ranks: tuple[RankResult | None, RankFacts | None], cross=None) -> list[Finding]:
+    """What one rule says inside the engine: the rules before it in the ledger's order run first
+    and claim their share; its own findings come back as the engine grants them."""
     load_all()
-    return list(REGISTRY[rule_id](inputs(*ranks, cross=cross)))
+    inp = inputs(*ranks, cross=cross)
+    for rid in order():
+        got = list(REGISTRY[rid](inp))
+        for f in got:
+            settle(f, inp.ledger)
+        if rid == rule_id:
+            return got
+    raise KeyError(rule_id)
 
 
 def run_all(*ranks, cross=None) -> list[Finding]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..advice.workers import advise_workers
 from ..facts import RankFacts
-from ..report.model import Finding
+from ..rules.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .engine import REGISTRY, RankInputs, RuleInputs, rule, run_rules
+from .engine import REGISTRY, RankInputs, RuleConfig, RuleInputs, rule, run_rules
 
 
 def load_all() -> None:
@@ -15,9 +15,9 @@ def load_all() -> None:
             importlib.import_module(f"{__name__}.{mod.name}")
 
 
-def diagnose(inputs: RuleInputs):
+def diagnose(inputs: RuleInputs, config: RuleConfig | None = None):
     load_all()
-    return run_rules(inputs)
+    return run_rules(inputs, config)
 
 
-__all__ = ["REGISTRY", "RankInputs", "RuleInputs", "diagnose", "load_all", "rule", "run_rules"]
+__all__ = ["REGISTRY", "RankInputs", "RuleConfig", "RuleInputs", "diagnose", "load_all", "rule", "run_rules"]

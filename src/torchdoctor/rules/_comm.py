@@ -1,7 +1,8 @@
 """The exposed-communication budget shared by the distributed rules (see rules/distributed.py).
 
-Each rule's share is computed here in one fixed order so that no two findings claim the same
-milliseconds; every constant states its source or the reasoning behind it.
+Each rule's ask (SHARES) is computed from what the earlier rules left of the ledger's
+``comm.exposed`` budget, in the fixed ORDER (their ledger priorities), so that no two findings
+claim the same milliseconds; every constant states its source or the reasoning behind it.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..report.model import Evidence, Finding
-from ..report.model import Severity as Sev
 from ._common import View, env_on, fmt_ms, per_rank, severity, tops_text, views
-from .engine import RuleInputs
+from .engine import DERIVED, GENERIC, RuleInputs
+from .ledger import capacity
+from .model import Evidence, Finding
+from .model import Severity as Sev
 
 # TBP: exposed communication > 10% of the step → "gradient compression / accumulation / larger
 # batch" (data.py); GPP comm_dominant high above 40%.
@@ -157,47 +159,56 @@ def bucket_counts(v: View) -> tuple[int, int, str] | None:
     return None
 
 
-def comm_budget(v: View, inputs: RuleInputs) -> dict[str, float]:
-    """Each distributed rule's share (ms per step) of the exposed communication, in ORDER."""
-    rem = exposed_comm_ms(v)
-    out = dict.fromkeys(ORDER, 0.0)
-    hide = hideable_ms(v)
+def comm_cap(v: View, rem: float) -> float:
+    """The most of ``rem`` that compute can hide.
 
-    def take(key: str, ms: float) -> None:
-        nonlocal rem
-        got = max(0.0, min(rem, ms))
-        out[key] = got
-        rem -= got
-
-    take("DI-5", straggler_wait_ms(v, inputs))
-    if v.accel and backend(v) == "gloo":
-        take("DI-2", rem * GLOO_ON_GPU_GAIN)
-    if effective_backend(v) == "nccl" and degraded_env(v)[0]:
-        take("DI-14", rem * DEGRADED_TRANSPORT_GAIN)
-    if (b := bucket_counts(v)) is not None:
-        take("DI-10", rem * LATENCY_SHARE * (1 - b[1] / b[0]))
-    if (e := big_embedding(v)) is not None and e[1]:
-        take("DI-11e", rem * e[1])
-    take("DI-13", broadcast_ms(v))
-    take("DI-6", accumulation_comm_ms(v))
-    poor = poor_overlap(v)
-    # With n gradient buckets at most (n-1)/n of the all-reduce can run under backward: the last
-    # bucket is only ready when backward ends (one bucket: nothing overlaps).
+    With n gradient buckets at most (n-1)/n of the all-reduce can run under backward: the last
+    bucket is only ready when backward ends (one bucket: nothing overlaps). Model-parallel
+    all-to-all feeds the same step's forward: ALL_TO_ALL_HIDEABLE of it.
+    """
     n = buckets_per_step(v)
     cap = rem * (1 - 1 / n) if n else rem
     if dominant_collective(v) in ("all_to_all", "send_recv"):
         cap = min(cap, rem * ALL_TO_ALL_HIDEABLE)
-    if poor:
-        take("DI-4", min(hide, cap))
+    return cap
+
+
+def _compress_share(v: View, rem: float) -> float:
     ar = collective(v, "all_reduce")
-    if ar and ar[1] / ar[0] >= BANDWIDTH_BOUND_NS:
-        # Only the all-reduce share of the communication is compressible by a DDP hook.
-        all_comm = sum(x[1] for x in v.r.signals.collectives.values()) if v.r and v.r.signals else ar[1]
-        take("DI-11", rem * COMPRESSION_GAIN * ar[1] / max(all_comm, 1))
-    if not poor:
-        take("DI-3", min(hide, cap))
-    out["rest"] = rem
-    return out
+    if not ar or ar[1] / ar[0] < BANDWIDTH_BOUND_NS:
+        return 0.0
+    # Only the all-reduce share of the communication is compressible by a DDP hook.
+    all_comm = sum(x[1] for x in v.r.signals.collectives.values()) if v.r and v.r.signals else ar[1]
+    return rem * COMPRESSION_GAIN * ar[1] / max(all_comm, 1)
+
+
+def _bucket_share(v: View, rem: float) -> float:
+    b = bucket_counts(v)
+    return rem * LATENCY_SHARE * (1 - b[1] / b[0]) if b is not None else 0.0
+
+
+def _embedding_share(v: View, rem: float) -> float:
+    e = big_embedding(v)
+    return rem * e[1] if e is not None and e[1] else 0.0
+
+
+# Each distributed rule's ask, from what the earlier ones left of the exposed communication
+# (``rem``, ms per step). The rules claim in ORDER (their ledger priorities).
+SHARES: dict[str, Callable[[View, RuleInputs, float], float]] = {
+    "DI-5": lambda v, inputs, rem: min(rem, straggler_wait_ms(v, inputs)),
+    "DI-2": lambda v, inputs, rem: rem * GLOO_ON_GPU_GAIN if v.accel and backend(v) == "gloo" else 0.0,
+    "DI-14": lambda v, inputs, rem: (rem * DEGRADED_TRANSPORT_GAIN
+                                     if effective_backend(v) == "nccl" and degraded_env(v)[0] else 0.0),
+    "DI-10": lambda v, inputs, rem: _bucket_share(v, rem),
+    "DI-11e": lambda v, inputs, rem: _embedding_share(v, rem),
+    "DI-13": lambda v, inputs, rem: min(rem, broadcast_ms(v)),
+    "DI-6": lambda v, inputs, rem: min(rem, accumulation_comm_ms(v)),
+    "DI-4": lambda v, inputs, rem: min(hideable_ms(v), comm_cap(v, rem)) if poor_overlap(v) else 0.0,
+    "DI-11": lambda v, inputs, rem: _compress_share(v, rem),
+    "DI-3": lambda v, inputs, rem: 0.0 if poor_overlap(v) else min(hideable_ms(v), comm_cap(v, rem)),
+}
+# Ledger priorities: inside the DERIVED tier, in ORDER; DI-3 (what is left) is generic.
+PRIORITY = {k: (GENERIC if k == "DI-3" else DERIVED + 1 + i) for i, k in enumerate(ORDER)}
 
 
 def buckets_per_step(v: View) -> int | None:
@@ -294,11 +305,28 @@ def comm_evidence(v: View, budget: dict[str, float]) -> Evidence:
 
 def comm_rule(inputs: RuleInputs, key: str,
               build: Callable[[View, float, dict[str, float]], Finding | None]) -> list[Finding]:
-    """Run a distributed rule per rank with its share of the comm budget; merge over ranks."""
+    """Run a distributed rule per rank with its share of the exposed communication; merge over ranks.
+
+    ``build`` gets the rule's ask and the split so far ({rule: ms} granted on ``comm.exposed``,
+    this rule's ask included, "rest" = what is left after it); its finding claims the ask from
+    the ledger's ``comm.exposed``.
+    """
     def one(v: View) -> Finding | None:
-        budget = comm_budget(v, inputs)
-        return build(v, budget[key], budget)
+        rem = v.left("comm.exposed")
+        ms = max(0.0, min(rem, SHARES[key](v, inputs, rem)))
+        split = {**(v.ledger.by_rule(v.rank, "comm.exposed") if v.ledger is not None else {}), key: ms}
+        split["rest"] = rem - ms
+        f = build(v, ms, split)
+        if f is not None:
+            for c in f.claims:
+                c.budget = "comm.exposed"
+        return f
     return per_rank(inputs, one)
+
+
+@capacity("comm.exposed")
+def comm_capacity(v: View) -> float:
+    return exposed_comm_ms(v)
 
 
 def sev_at_least(v: View, ms: float, floor: Sev) -> Sev:

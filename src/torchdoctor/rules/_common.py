@@ -5,8 +5,9 @@ window's wall time per step on traces, the probe's median step on live runs), ca
 so fixing it moves every headline number the right way.
 
 The idle-time budget: device idle time per step is split by the metrics into causes (DataLoader,
-sync, optimizer, host collective calls, other host ops, untraced). The specific rules claim
-parts of it (`claims`); the generic host-bound rule subtracts those claims before it speaks.
+sync, optimizer, host collective calls, other host ops, untraced). Findings claim parts of it
+through the engine's claims ledger (rules/ledger.py); the budgets' sizes are defined here
+(`@capacity`), and a rule reads what earlier rules left with `View.left(budget)`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import numpy as np
 from ..facts import RankFacts, StepTiming
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
-from ..report.model import Evidence, Finding, Fix, Layer, Severity
 from .engine import RuleInputs
+from .ledger import Ledger, capacity
+from .model import Claim, Evidence, Finding, Fix, Layer, Severity
 
 # Severity ladder when a rule has no sharper source: TBP flags a cause above 5% of the step
 # (DataLoader rule, data.py), TML turns critical at 20% (INPUT_BOUND/RESIDUAL_HEAVY policy).
@@ -39,6 +41,17 @@ class View:
     f: RankFacts | None
     step_ms: float | None
     n_steps: int
+    ledger: Ledger | None = None
+
+    def left(self, budget: str) -> float:
+        """ms per step still unclaimed in ``budget`` (and every budget above it) on this rank."""
+        if self.ledger is None:
+            return CAPACITY_OF(self, budget)
+        return self.ledger.left(self.rank, budget)
+
+    def claimed(self, budget: str) -> float:
+        """ms per step earlier findings were granted from ``budget`` on this rank."""
+        return self.ledger.claimed(self.rank, budget) if self.ledger is not None else 0.0
 
     @property
     def accel(self) -> bool:
@@ -54,7 +67,7 @@ class View:
 
     @property
     def stepless(self) -> bool:
-        """Only a trace without ProfilerStep: 'per step' then means the whole traced window."""
+        """Only a trace without steps (no ProfilerStep, none inferred): 'per step' means the whole window."""
         return self.r is not None and not self.r.window.steps and not (self.f is not None and self.f.steps)
 
     def ms(self, ns: int | float) -> float:
@@ -113,7 +126,9 @@ def views(inputs: RuleInputs) -> list[View]:
             step_ms = float(np.median([s.total_ms for s in timed]))
             n = len(timed)
         rank = ri.rank if ri.rank is not None else (f.rank if f is not None else None)
-        out.append(View(rank, r, f, step_ms, n))
+        v = View(rank, r, f, step_ms, n, inputs.ledger)
+        inputs.ledger.see(v)
+        out.append(v)
     return out
 
 
@@ -128,8 +143,15 @@ def severity(pct: float, warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Seve
 def finding(v: View, id: str, layer: Layer, title: str, ms: float, *, sev: Severity | None = None,
             evidence: Iterable[Evidence] = (), fix: Fix | None = None, confidence: str = "medium",
             confirm: str = "", remedy: str | None = None, source: str = "",
-            warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Finding:
-    """A finding for one rank; `ms` is the time per step the fix gives back."""
+            warn: float = WARN_PCT, crit: float = CRIT_PCT,
+            budget: str | dict[str, float] = "step") -> Finding:
+    """A finding for one rank; `ms` is the time per step the fix gives back.
+
+    ``budget`` names the ledger budget `ms` is claimed from, or maps budgets to the parts of
+    `ms` claimed from each. The engine grants the claims (rules/engine.py).
+    """
+    parts = budget if isinstance(budget, dict) else {budget: ms}
+    claims = [Claim(b, round(float(x), 6), rank=v.rank) for b, x in parts.items() if x > 0]
     pct = v.pct(ms)
     level = sev or severity(pct, warn, crit)
     evidence = list(evidence)
@@ -142,11 +164,13 @@ def finding(v: View, id: str, layer: Layer, title: str, ms: float, *, sev: Sever
         confidence = "low"
         confirm = confirm or "the trace has no ProfilerStep: call prof.step() every iteration to get per-step numbers"
         level = "warning" if level == "critical" else level
+        crit = float("inf")
     return Finding(
         id=id, layer=layer, severity=level, title=title,
         recoverable_pct=pct, recoverable_ms=round(ms, 3),
         evidence=evidence, fix=fix, confidence=confidence,  # type: ignore[arg-type]
         confirm=confirm, remedy=remedy, ranks=[v.rank] if v.rank is not None else [], source=source,
+        claims=claims, ladder=[warn, crit] if sev is None else None,
     )
 
 
@@ -161,6 +185,12 @@ def per_rank(inputs: RuleInputs, fn: Callable[[View], Finding | None]) -> list[F
     if not hits:
         return []
     _, best = max(hits, key=lambda h: h[1].recoverable_pct)
+    # The other ranks' claims are granted here, on their own budgets; the engine grants the
+    # speaking rank's (those the finding carries).
+    for _, f in hits:
+        if f is not best:
+            for c in f.claims:
+                inputs.ledger.grant(f.id, c.rank, c.budget, c.asked_ms)
     best.ranks = sorted({r for _, f in hits for r in f.ranks})
     if len(vs) > 1:
         shares = [f.recoverable_pct for _, f in hits]
@@ -194,8 +224,70 @@ def env_on(f: RankFacts | None, name: str) -> bool:
     return f.env.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
+# --- the budgets' sizes (rules/ledger.py) --------------------------------------------------------
+
+def CAPACITY_OF(v: View, budget: str) -> float:  # noqa: N802 - the ledger's sizing, without a ledger
+    from .ledger import CAPACITY
+    return max(0.0, float(CAPACITY[budget](v))) if budget in CAPACITY else 0.0
+
+
+@capacity("step")
+def step_capacity(v: View) -> float:
+    """The step; unknown (facts without step timings) leaves claims uncapped by it."""
+    return v.step_ms if v.step_ms else float("inf")
+
+
+@capacity("idle")
+def idle_capacity(v: View) -> float:
+    """Device idle per step; on a job without device activity the whole step is 'idle'."""
+    if v.has_device_trace and v.r is not None:
+        return v.window_ms(v.r.metrics.idle_pct)
+    return step_capacity(v)
+
+
+@capacity("idle.host")
+def host_idle_capacity(v: View) -> float:
+    """Device idle while the host runs ops, untraced Python or the optimizer."""
+    return v.cause_ms("host_ops") + v.cause_ms("untraced") + v.cause_ms("optimizer")
+
+
+@capacity("idle.host.optimizer")
+def optimizer_idle_capacity(v: View) -> float:
+    return v.cause_ms("optimizer")
+
+
+@capacity("idle.sync")
+def sync_idle_capacity(v: View) -> float:
+    return v.cause_ms("sync")
+
+
+@capacity("device.busy")
+def busy_capacity(v: View) -> float:
+    return v.window_ms(v.r.metrics.busy_pct) if v.has_device_trace and v.r is not None else 0.0
+
+
+@capacity("data.wait")
+def data_wait_ms(v: View) -> float:
+    """Time per step the step waits for the next batch.
+
+    Trace: DataLoader `__next__` time while the device is idle (all of it on a CPU-only trace,
+    where the training loop itself waits). Live run without trace steps: the probe's median
+    wait in `__next__`.
+    """
+    timed = v.timed
+    rows = v.r.window.steps if v.r is not None else []
+    if rows and (v.accel or len(timed) <= len(rows)):
+        return v.window_ms(v.r.metrics.dataloader_exposed_pct)
+    if timed and v.step_ms:
+        # CPU run: the probe's wall wait is the exposed wait, over many more steps than the window.
+        share = sum(s.dataloader_ms for s in timed) / max(sum(s.total_ms for s in timed), 1e-9)
+        return share * v.step_ms
+    return 0.0
+
+
 # --- claims on the idle budget (shared by the specific rules and the generic one) ---------------
 
+@capacity("idle.host.dtoh_copy")
 def blocking_copy_idle_ms(v: View) -> float:
     """Device idle per step while the host sat in a blocking device-to-host copy (HO-3 claims it)."""
     if v.r is None or v.r.signals is None:
@@ -203,6 +295,7 @@ def blocking_copy_idle_ms(v: View) -> float:
     return v.ms(sum(c.idle_ns for c in v.r.signals.blocking_copies if c.direction == "DtoH"))
 
 
+@capacity("idle.host.htod_pageable")
 def pageable_h2d_idle_ms(v: View) -> float:
     """Device idle per step while the host sat in a blocking pageable host-to-device copy (DL-4)."""
     if v.r is None or v.r.signals is None:

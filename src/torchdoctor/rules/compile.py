@@ -7,9 +7,10 @@ shorten a host-bound step.
 
 from __future__ import annotations
 
-from ..report.model import Evidence, Finding, Fix
 from ._common import View, device_bound, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
+from .ledger import capacity
+from .model import Evidence, Finding, Fix
 
 # Inductor fuses chains of pointwise/reduction ops into one kernel and removes their round
 # trips to memory; we assume it saves a third of their device time (assumption, not measured).
@@ -40,7 +41,8 @@ FUSABLE_KINDS = ("elementwise", "reduction")
 def fusion_claim(v: View) -> tuple[float, float, float] | None:
     """(fusable kernels per step, their ms per step, CG-1's gain) when CG-1 prices them, else None.
 
-    HW-4 leaves these kernels' time to CG-1 whenever CG-1 speaks, so the two never count it twice.
+    HW-4 leaves these kernels' time to CG-1 whenever CG-1 claims it (the ledger's
+    ``device.busy.fusable``), so the two never count it twice.
     """
     if v.r is None or compiled(v) or not v.has_device_trace:
         return None
@@ -56,7 +58,15 @@ def fusion_claim(v: View) -> tuple[float, float, float] | None:
     return count, dev, gain
 
 
-@rule("CG-1")
+@capacity("device.busy.fusable")
+def fusable_capacity(v: View) -> float:
+    """Pointwise/reduction kernel time per step (what fusion could shorten)."""
+    if v.r is None or not v.has_device_trace:
+        return 0.0
+    return v.ms(sum(k.ns for k in v.r.kernels.by_kind if k.kind in FUSABLE_KINDS))
+
+
+@rule("CG-1", budgets=("device.busy.fusable",))
 def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
     """Eager mode with many pointwise/reduction kernels that torch.compile would fuse.
 
@@ -81,7 +91,8 @@ def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
             fix=Fix("Compile the model (use mode='reduce-overhead' for small batches, 'max-autotune' for "
                     "GEMM-heavy models).", "model = torch.compile(model)"),
             confidence="low", confirm="`torchdoctor fix --apply compile` measures the gain",
-            remedy="compile", source="TTG fuse operations; HTA frequent kernel sequences; assumed 1/3 saved")
+            remedy="compile", source="TTG fuse operations; HTA frequent kernel sequences; assumed 1/3 saved",
+            budget="device.busy.fusable")
     return per_rank(inputs, one)
 
 

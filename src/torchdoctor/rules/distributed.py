@@ -2,7 +2,7 @@
 
 The exposed communication of a step (comm kernels with no compute running; host time inside
 collectives on a CPU-only trace; DDP's comm minus overlap on a live run) is split in a fixed
-order, each rule taking its share of what the earlier ones left (`comm_budget`):
+order, each rule claiming its share of what the earlier ones left (the ledger's ``comm.exposed``):
 DI-5 waiting for a straggler → DI-2 gloo on GPUs → DI-14 degraded NCCL transport →
 DI-10 too many small buckets → DI-11e a replicated embedding's gradient → DI-13 buffer
 broadcasts → DI-6 all-reduce per micro-batch →
@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report.model import Evidence, Finding, Fix
-from ..report.model import Severity as Sev
 from ._comm import (
     COMM_CRIT_PCT,
     COMM_WARN_PCT,
+    PRIORITY,
     STRAGGLER_WARN_STEPS,
     TML_CRITICAL_STEPS,
     backend,
@@ -36,12 +35,14 @@ from ._comm import (
     overlap_text,
     sev_at_least,
 )
-from ._common import WARN_PCT, View, finding, fmt_ms, per_rank, severity, views
+from ._common import WARN_PCT, View, data_wait_ms, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+from .model import Severity as Sev
 
 # --- rules -----------------------------------------------------------------------------------------
 
-@rule("DI-3")
+@rule("DI-3", priority=PRIORITY["DI-3"], budgets=("comm.exposed",))
 def exposed_comm(inputs: RuleInputs) -> list[Finding]:
     """Exposed communication (TBP Communication category: > 10% of the step → warning; GPP > 40% high).
 
@@ -56,7 +57,7 @@ def exposed_comm(inputs: RuleInputs) -> list[Finding]:
         if share < COMM_WARN_PCT and v.pct(ms) < WARN_PCT:
             return None  # below TBP's 10% the umbrella speaks only for a warning-sized gain of its own
         where = "host time inside collectives" if v.r is not None and not v.has_device_trace else "communication"
-        others = sum(x for k, x in budget.items() if k not in ("DI-3", "rest"))
+        others = v.claimed("comm.exposed")
         title = f"Exposed {where}: {fmt_ms(ex)} per step ({share:.0f}%)"
         if others:
             title += f"; the findings above claim {fmt_ms(others)} of it"
@@ -80,7 +81,7 @@ def exposed_comm(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-3", build)
 
 
-@rule("DI-4")
+@rule("DI-4", priority=PRIORITY["DI-4"], budgets=("comm.exposed",))
 def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
     """Communication not overlapped with compute (all-reduce exposed at the end of backward).
 
@@ -127,7 +128,7 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-4", build)
 
 
-@rule("DI-5")
+@rule("DI-5", priority=PRIORITY["DI-5"], budgets=("comm.exposed",))
 def straggler(inputs: RuleInputs) -> list[Finding]:
     """A straggler: the other ranks wait for one rank inside every collective.
 
@@ -167,7 +168,6 @@ def _facts_straggler(inputs: RuleInputs) -> int | None:
 
 def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
     """Name the straggler's cause when its data wait explains >= 80% of the gap (TML coverage)."""
-    from .input import data_wait_ms
     vs = {v.rank: v for v in views(inputs)}
     if culprit not in vs:
         return ""
@@ -179,7 +179,7 @@ def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
     return ""
 
 
-@rule("DI-2")
+@rule("DI-2", priority=PRIORITY["DI-2"], budgets=("comm.exposed",))
 def gloo_on_gpu(inputs: RuleInputs) -> list[Finding]:
     """gloo backend for accelerator training (TBP: NCCL is "the fastest and highly recommended").
 
@@ -197,7 +197,7 @@ def gloo_on_gpu(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-2", build)
 
 
-@rule("DI-14")
+@rule("DI-14", priority=PRIORITY["DI-14"], budgets=("comm.exposed",))
 def nccl_env(inputs: RuleInputs) -> list[Finding]:
     """NCCL transports disabled or forced by environment (NCCL env docs: these are debugging knobs).
 
@@ -236,7 +236,7 @@ def nccl_env(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-14", build)
 
 
-@rule("DI-10")
+@rule("DI-10", priority=PRIORITY["DI-10"], budgets=("comm.exposed",))
 def bucket_size(inputs: RuleInputs) -> list[Finding]:
     """Gradient buckets too small: many latency-bound all-reduces per step.
 
@@ -265,7 +265,7 @@ def bucket_size(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-10", build)
 
 
-@rule("DI-13")
+@rule("DI-13", priority=PRIORITY["DI-13"], budgets=("comm.exposed",))
 def buffer_broadcast(inputs: RuleInputs) -> list[Finding]:
     """DDP broadcasts buffers (e.g. BatchNorm stats) every forward (broadcast_buffers=True).
 
@@ -291,7 +291,7 @@ def buffer_broadcast(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-13", build)
 
 
-@rule("DI-6")
+@rule("DI-6", priority=PRIORITY["DI-6"], budgets=("comm.exposed",))
 def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
     """Gradient accumulation that all-reduces every micro-batch (no no_sync()).
 
@@ -311,7 +311,7 @@ def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-6", build)
 
 
-@rule("DI-11")
+@rule("DI-11", priority=PRIORITY["DI-11"], budgets=("comm.exposed",))
 def uncompressed(inputs: RuleInputs) -> list[Finding]:
     """Bandwidth-bound all-reduce without gradient compression (TBP recommends compression > 10%).
 
@@ -462,7 +462,7 @@ def fsdp_settings(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("DI-11-embedding")
+@rule("DI-11-embedding", priority=PRIORITY["DI-11e"], budgets=("comm.exposed",))
 def replicated_embedding(inputs: RuleInputs) -> list[Finding]:
     """A large embedding table kept whole on every rank (plain DDP): catalogue DI-11's case of
     bandwidth-bound gradients — its dense gradient rides in every all-reduce.

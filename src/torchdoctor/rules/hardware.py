@@ -7,7 +7,6 @@ rules share (see _common).
 
 from __future__ import annotations
 
-from ..report.model import Evidence, Finding, Fix
 from ._common import (
     WARN_PCT,
     View,
@@ -20,8 +19,10 @@ from ._common import (
     tops_text,
     ts_item,
 )
-from .compile import FUSABLE_KINDS, fusion_claim
-from .engine import RuleInputs, rule
+from .compile import FUSABLE_KINDS
+from .engine import DERIVED, RuleInputs, rule
+from .ledger import capacity
+from .model import Evidence, Finding, Fix
 
 # Tensor-core math is several times faster than FP32 SIMT (A100: 156 TF32 vs 19.5 FP32 TFLOP/s;
 # V100: 125 FP16 vs 15.7). End to end GEMMs rarely gain that much: we assume they halve.
@@ -66,7 +67,14 @@ def fp32_simt_priced(v: View) -> bool:
     return v.pct(simt) >= 0.5 and v.pct(simt * TENSOR_CORE_GAIN * device_bound(v)) >= 0.1
 
 
-@rule("HW-1")
+@capacity("device.busy.fp32_simt")
+def fp32_simt_capacity(v: View) -> float:
+    """Plain FP32 GEMM/convolution kernel time per step (HW-1's)."""
+    s = v.r.signals if v.r is not None and v.has_device_trace else None
+    return v.ms(s.fp32_simt_ns) if s is not None else 0.0
+
+
+@rule("HW-1", budgets=("device.busy.fp32_simt",))
 def fp32_math(inputs: RuleInputs) -> list[Finding]:
     """FP32 matmuls/convolutions without tensor cores.
 
@@ -122,11 +130,12 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
             gain, sev=None if ampere and traced else "info", evidence=ev, fix=fix,
             confidence="medium" if traced else "low",
             confirm="" if traced else "the profiler window of `torchdoctor run` measures the FP32 kernel time",
-            remedy=remedy, source="TBP AMP rule; TT FP32MatMulPattern; PL matmul precision; TTG up to 3x")
+            remedy=remedy, source="TBP AMP rule; TT FP32MatMulPattern; PL matmul precision; TTG up to 3x",
+            budget="device.busy.fp32_simt")
     return per_rank(inputs, one)
 
 
-@rule("HW-2")
+@rule("HW-2", budgets=("device.busy",))
 def misaligned_gemms(inputs: RuleInputs) -> list[Finding]:
     """fp16/bf16 GEMMs whose dims are not multiples of 8 (tensor-core-unfriendly shapes).
 
@@ -174,11 +183,13 @@ def misaligned_gemms(inputs: RuleInputs) -> list[Finding]:
                     "model = GPT(vocab_size=vocab_size, n_embd=hidden)"),
             confidence="medium" if on_device else "low", crit=float("inf"),
             confirm="" if on_device else "a trace with the kernels' correlation ids gives their device time",
-            source="TT MatMulDimInFP16Pattern; TTG/NVIDIA: sizes in multiples of 8; assumed 1/4 saved")
+            source="TT MatMulDimInFP16Pattern; TTG/NVIDIA: sizes in multiples of 8; assumed 1/4 saved",
+            budget="device.busy")
     return per_rank(inputs, one)
 
 
-@rule("HW-4")
+# After CG-1 and HW-1: it prices the empty SM-time they leave.
+@rule("HW-4", priority=DERIVED + 5, budgets=("device.busy",))
 def underfilled_kernels(inputs: RuleInputs) -> list[Finding]:
     """Compute kernels too small for the device: fewer blocks than SMs leave SMs empty.
 
@@ -204,10 +215,10 @@ def underfilled_kernels(inputs: RuleInputs) -> list[Finding]:
             return None
         others = []
         elsewhere = 0
-        if fusion_claim(v) is not None:
+        if v.claimed("device.busy.fusable"):
             elsewhere += sum(f.idle_by_kind.get(k, 0) for k in FUSABLE_KINDS)
             others.append("pointwise/reduction kernels are CG-1's (fusion)")
-        if fp32_simt_priced(v):
+        if v.claimed("device.busy.fp32_simt"):
             elsewhere += f.idle_fp32_simt_ns
             others.append("plain FP32 GEMMs are HW-1's")
         mine = v.ms(max(0, f.sm_idle_ns - elsewhere))
@@ -242,11 +253,12 @@ def underfilled_kernels(inputs: RuleInputs) -> list[Finding]:
                     "# or: raise the per-device batch and cut gradient-accumulation steps to match"),
             confidence="low", crit=float("inf"),
             confirm="Nsight Compute's launch statistics (grid size vs SM count) for the kernels listed",
-            source="TBP blocks per SM < 1 / est. SM efficiency; proposed 5% of busy; assumed 1/4 recoverable")
+            source="TBP blocks per SM < 1 / est. SM efficiency; proposed 5% of busy; assumed 1/4 recoverable",
+            budget="device.busy")
     return per_rank(inputs, one)
 
 
-@rule("HW-3")
+@rule("HW-3", budgets=("device.busy",))
 def channels_last(inputs: RuleInputs) -> list[Finding]:
     """NCHW convolutions: cuDNN converts layouts around them (nchwToNhwc / nhwcToNchw kernels).
 
@@ -268,7 +280,7 @@ def channels_last(inputs: RuleInputs) -> list[Finding]:
             evidence=[Evidence(f"{s.layout_transpose_count} nchwToNhwc/nhwcToNchw kernels, {fmt_ms(t)} per step.", {"count": s.layout_transpose_count, "ms_per_step": round(t, 3)})],
             fix=Fix("Keep the model and its inputs in channels_last.",
                     "model = model.to(memory_format=torch.channels_last)\nx = x.to(memory_format=torch.channels_last)"),
-            confidence="medium", source="TTG channels_last; Composer method card")
+            confidence="medium", source="TTG channels_last; Composer method card", budget="device.busy")
     return per_rank(inputs, one)
 
 
@@ -329,7 +341,7 @@ def memory_full(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("HW-7")
+@rule("HW-7", budgets=("idle.host",))
 def allocator_churn(inputs: RuleInputs) -> list[Finding]:
     """cudaMalloc/cudaFree inside steady-state steps (proposed: any, after warm-up).
 
@@ -349,11 +361,12 @@ def allocator_churn(inputs: RuleInputs) -> list[Finding]:
                                "per step.", {"calls": s.alloc_calls, "ms_per_step": round(v.ms(s.alloc_ns), 3)})],
             fix=Fix("Let segments grow instead of being re-allocated; with variable shapes run one max-size "
                     "step first.", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "shell"),
-            confidence="medium", source="NeMo PR #9061; TTG preallocate; proposed: any after warm-up")
+            confidence="medium", source="NeMo PR #9061; TTG preallocate; proposed: any after warm-up",
+            budget="idle.host")
     return per_rank(inputs, one)
 
 
-@rule("HW-11")
+@rule("HW-11", budgets=("device.busy",))
 def dtod_copies(inputs: RuleInputs) -> list[Finding]:
     """Memory-bound device-to-device copies (.contiguous(), dtype casts, torch.cat).
 
@@ -379,5 +392,5 @@ def dtod_copies(inputs: RuleInputs) -> list[Finding]:
             fix=Fix("Avoid layout and dtype round trips (.contiguous(), .to(dtype), torch.cat in the loop); "
                     "preallocate and write in place, or let torch.compile fuse them."),
             confidence="low", confirm="record_shapes=True / with_stack=True shows which ops issue the copies",
-            source="TBP memcpy category; HTA memory bandwidth; assumed half avoidable")
+            source="TBP memcpy category; HTA memory bandwidth; assumed half avoidable", budget="device.busy")
     return per_rank(inputs, one)

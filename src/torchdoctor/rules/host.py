@@ -1,31 +1,30 @@
 """Host layer: the device waits for the CPU — syncs, launch overhead, slow host code (HO-1..HO-13).
 
-Idle-budget ownership (see _common): HO-3/HO-4/HO-7 own the idle spent in blocking syncs and
-blocking device-to-host copies, HO-9/HO-10 the idle during the optimizer, HO-2 the launch cost
-into an empty queue, HO-11 the copies of modules left on the CPU; HO-5, the generic host-bound
-rule, keeps only what remains of the host-op and untraced idle.
+Idle-budget ownership (claims ledger, rules/ledger.py): HO-11 claims first the blocking
+device-to-host copies around modules left on the CPU, HO-3 the rest of those copies and, with
+HO-4/HO-7, the blocking syncs (split by site); HO-9/HO-10 the idle during the optimizer; HO-2
+the launch cost into an empty queue; HO-5, the generic host-bound rule, claims what is left of
+the host-op, untraced and optimizer idle.
 """
 
 from __future__ import annotations
 
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
-from ..report.model import Evidence, Finding, Fix
 from ._common import (
     View,
-    alloc_idle_ms,
     at,
-    blocking_copy_idle_ms,
+    data_wait_ms,
     env_on,
     finding,
     fmt_ms,
     launch_overhead_ms,
-    pageable_h2d_idle_ms,
     per_rank,
     tops_text,
     ts_item,
 )
-from .engine import RuleInputs, rule
+from .engine import GENERIC, MEASURED, UMBRELLA, RuleInputs, rule
+from .model import Evidence, Finding, Fix
 
 # HTA cuda_kernel_analysis: runtime_cutoff 50 µs, launch_delay_cutoff 100 µs.
 RUNTIME_CUTOFF_NS = 50_000
@@ -84,26 +83,22 @@ def single_tensor(v: View) -> tuple[bool, str]:
     return False, ""
 
 
-def ho9_claim(v: View) -> float:
-    return optimizer_idle_ms(v, zero_grad=False) if single_tensor(v)[0] else 0.0
+def collate_ms(v: View) -> float:
+    """Measured time per batch in a converting collate_fn run in the training process (num_workers=0).
 
-
-def ho10_claim(v: View) -> float:
-    s = v.r.signals if v.r is not None else None
-    return optimizer_idle_ms(v, zero_grad=True) if s is not None and s.zero_grad_fills_per_step >= 1 else 0.0
-
-
-def ho11_claim(v: View) -> float:
-    return blocking_copy_idle_ms(v) if off_device(v) else 0.0
-
-
-def ho3_copy_claim(v: View) -> float:
-    return 0.0 if off_device(v) else blocking_copy_idle_ms(v)
+    Only the probe sees it (``collate_ms_mean``, one batch per step). The gain assumes a collate
+    built from whole-tensor ops (torch.stack) costs little next to per-sample conversions.
+    """
+    if v.f is None:
+        return 0.0
+    ms = [d.collate_ms_mean for d in v.f.dataloaders
+          if d.num_workers == 0 and d.collate_syncs_per_batch and d.collate_ms_mean]
+    return ms[0] if ms else 0.0
 
 
 # --- rules -----------------------------------------------------------------------------------------
 
-@rule("HO-1")
+@rule("HO-1", priority=UMBRELLA)
 def low_utilisation(inputs: RuleInputs) -> list[Finding]:
     """Umbrella: the device is idle most of the step (TBP: utilization < 50%; NSYS gpu_time_util 50%).
 
@@ -135,7 +130,7 @@ def low_utilisation(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("HO-2")
+@rule("HO-2", budgets=("idle.host",))
 def launch_bound(inputs: RuleInputs) -> list[Finding]:
     """Launch-bound: many short kernels launched into an (almost) empty queue.
 
@@ -167,13 +162,14 @@ def launch_bound(inputs: RuleInputs) -> list[Finding]:
                     "fuse with torch.compile, or raise the batch size.",
                     "model = torch.compile(model, mode='reduce-overhead')"),
             confidence="medium", remedy="cudagraphs" if compiled else "compile",
-            source="HTA launch 5-20 µs, short kernels; BE queue depth")
+            source="HTA launch 5-20 µs, short kernels; BE queue depth", budget="idle.host")
     return per_rank(inputs, one)
 
 
 def _sync_finding(v: View, sid: str, ms: float, sites: list[SyncSite], title: str, fix: Fix,
                   source: str, extra: list[Evidence] | None = None, site_ms: float | None = None) -> Finding:
     site_ms = ms if site_ms is None else site_ms
+    budget = {"idle.sync": site_ms, "idle.host.dtoh_copy": ms - site_ms}
     items = [ts_item(s.op or s.api, s.ns, s.count, s.first_ts_ns, v.n_steps, api=s.api,
                      top_op=s.top_op, why=s.explanation) for s in sites[:5]]
     where = "; ".join(f"{s.api} in {s.op or 'no aten op'} under {s.top_op or '-'} = {s.explanation} "
@@ -184,10 +180,11 @@ def _sync_finding(v: View, sid: str, ms: float, sites: list[SyncSite], title: st
     # The larger share of the idle speaks first.
     parts = sorted(ev + (extra or []), key=lambda e: -max((x for x in e.values.values()
                                                            if isinstance(x, (int, float))), default=0))
-    return finding(v, sid, "host", title, ms, evidence=parts, fix=fix, confidence="high", source=source)
+    return finding(v, sid, "host", title, ms, evidence=parts, fix=fix, confidence="high", source=source,
+                   budget=budget)
 
 
-@rule("HO-3")
+@rule("HO-3", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy", "data.wait"))
 def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
     """Implicit host-device syncs in the hot loop: .item(), .cpu(), .tolist(), .numpy(), nonzero...
 
@@ -201,7 +198,7 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
     def traced(v: View) -> Finding | None:
         ms, sites = sync_idle_ms(v, "HO-3")
         copies = [c for c in (v.r.signals.blocking_copies if v.r and v.r.signals else []) if c.direction == "DtoH"]
-        copy_ms = ho3_copy_claim(v)
+        copy_ms = v.left("idle.host.dtoh_copy")  # HO-11 claims the copies around CPU modules first
         total = ms + copy_ms
         facts_syncs = v.f.host_syncs_per_step if v.f is not None else None
         if v.pct(total) < 0.5:
@@ -255,9 +252,8 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
         if not dls:
             return None
         d = dls[0]
-        from .input import collate_claim, data_wait_ms  # the collate cost is inside the DataLoader wait
         wait = data_wait_ms(v)
-        gain = collate_claim(v, wait)
+        gain = min(collate_ms(v), v.left("data.wait"))  # the collate cost is inside the DataLoader wait
         cost = (f"it takes {fmt_ms(d.collate_ms_mean)} per batch of the {fmt_ms(wait)} the step waits for data"
                 if d.collate_ms_mean else f"the batch wait is {fmt_ms(wait)} per step (claimed by the DataLoader findings)")
         return finding(
@@ -275,14 +271,14 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
             fix=Fix("Collate with tensor ops (torch.stack / torch.as_tensor on whole arrays) instead of "
                     "per-sample .item()/.numpy(); keep collate free of device tensors.",
                     "def collate(batch):\n    xs, ys = zip(*batch)\n    return torch.stack(xs), torch.as_tensor(ys)"),
-            confidence="high", source="TTG avoid unnecessary synchronizations")
+            confidence="high", source="TTG avoid unnecessary synchronizations", budget="data.wait")
 
     out.extend(per_rank(inputs, traced))
     out.extend(per_rank(inputs, collate))
     return out
 
 
-@rule("HO-4")
+@rule("HO-4", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy"))
 def sync_copy_apis(inputs: RuleInputs) -> list[Finding]:
     """Synchronous memcpy/memset APIs (cudaMemcpy, cudaMemset without Async).
 
@@ -303,7 +299,7 @@ def sync_copy_apis(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("HO-7")
+@rule("HO-7", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy"))
 def explicit_syncs(inputs: RuleInputs) -> list[Finding]:
     """Explicit torch.cuda.synchronize() / event.synchronize() in the loop (timing code).
 
@@ -324,32 +320,28 @@ def explicit_syncs(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("HO-5")
+@rule("HO-5", priority=GENERIC, budgets=("idle.host",))
 def host_bound(inputs: RuleInputs) -> list[Finding]:
     """Host-bound: the device waits while the host runs ops or Python (queue-depth ≈ 0).
 
-    HTA/BE: a queue near empty means host-bound. Generic rule: it claims the idle spent in host ops
-    and untraced Python, plus optimizer idle, minus what the specific rules own (launch cost HO-2,
-    blocking copies HO-3/HO-11/DL-4, single-tensor optimizer HO-9, zero_grad HO-10, allocator
-    calls HW-7). Severity
-    ladder TBP 5% / TML RESIDUAL_HEAVY critical 20%.
+    HTA/BE: a queue near empty means host-bound. Generic rule (priority GENERIC): it claims what
+    the specific findings left of the idle spent in host ops, untraced Python and the optimizer
+    (the ledger's ``idle.host``). Severity ladder TBP 5% / TML RESIDUAL_HEAVY critical 20%.
     """
     def one(v: View) -> Finding | None:
         if not v.has_device_trace or v.r is None:
             return None
         ops, untraced, opt = v.cause_ms("host_ops"), v.cause_ms("untraced"), v.cause_ms("optimizer")
-        claimed = (launch_overhead_ms(v) + ho3_copy_claim(v) + ho11_claim(v) + pageable_h2d_idle_ms(v)
-                   + ho9_claim(v) + ho10_claim(v) + alloc_idle_ms(v))
-        rest = max(0.0, ops + untraced + opt - claimed)
+        rest = v.left("idle.host")
+        claimed = v.claimed("idle.host")
         if v.pct(rest) < 0.5:
             return None
         c = v.cause("host_ops")
         tops = [t for t in (c.top if c else []) if not t.name.startswith("ProfilerStep#")]
-        opt_left = max(0.0, opt - ho9_claim(v) - ho10_claim(v))
+        opt_left = v.left("idle.host.optimizer")
         oc = v.cause("optimizer")
         if oc is not None and opt_left > 0.1 * rest:
-            tops += [t for t in oc.top if not (t.name.startswith("Optimizer.zero_grad") and ho10_claim(v))
-                     and not (t.name.startswith("Optimizer.step") and ho9_claim(v))]
+            tops += list(oc.top)
         tops.sort(key=lambda t: -t.ns)
         if untraced > ops:
             doing = "is outside any traced op (Python between ops, compilation, I/O, or an untraced thread)"
@@ -377,7 +369,7 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
                     "model = torch.compile(model)"),
             confidence="medium", remedy="compile",
             confirm="profile the host side (py-spy, or torch.profiler with_stack=True) to see the Python behind it",
-            source="HTA/BE queue depth; TBP 5%; TML RESIDUAL_HEAVY 20%")
+            source="HTA/BE queue depth; TBP 5%; TML RESIDUAL_HEAVY 20%", budget="idle.host")
     return per_rank(inputs, one)
 
 
@@ -462,7 +454,7 @@ def debug_switches(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("HO-9")
+@rule("HO-9", priority=MEASURED, budgets=("idle.host.optimizer",))
 def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
     """Per-parameter (for-loop) optimizer on an accelerator.
 
@@ -474,7 +466,7 @@ def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
         hit, why = single_tensor(v)
         if not hit:
             return None
-        gain = ho9_claim(v)
+        gain = optimizer_idle_ms(v, zero_grad=False)
         cls = (v.r.signals.optimizer_classes if v.r and v.r.signals else []) or \
               [o.cls for o in (v.f.optimizers if v.f else []) if o.cls]
         name = cls[0] if cls else "the optimizer"
@@ -488,11 +480,11 @@ def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
             fix=Fix(f"Use the {'fused' if fused else 'foreach'} implementation.",
                     f"torch.optim.{name}(params, lr=..., {'fused' if fused else 'foreach'}=True)"),
             confidence="high", remedy="optim.fused" if fused else "optim.foreach",
-            source="TT OptimizerSingleTensorPattern; PT _default_to_fused_or_foreach")
+            source="TT OptimizerSingleTensorPattern; PT _default_to_fused_or_foreach", budget="idle.host.optimizer")
     return per_rank(inputs, one)
 
 
-@rule("HO-10")
+@rule("HO-10", priority=MEASURED, budgets=("idle.host.optimizer",))
 def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
     """Gradients zeroed instead of set to None (TT GradNotSetToNonePattern: aten::zero_ in zero_grad).
 
@@ -502,7 +494,7 @@ def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
         s = v.r.signals if v.r is not None else None
         if s is None or s.zero_grad_fills_per_step < 1:
             return None
-        gain = ho10_claim(v)
+        gain = optimizer_idle_ms(v, zero_grad=True)
         return finding(
             v, "HO-10", "host",
             f"zero_grad fills {s.zero_grad_fills_per_step:.0f} gradients with zeros every step instead of "
@@ -511,11 +503,11 @@ def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
                                      "Optimizer.zero_grad.",
                                      {"fills_per_step": s.zero_grad_fills_per_step})],
             fix=Fix("Set gradients to None (the default since PyTorch 2.0).", "optimizer.zero_grad(set_to_none=True)"),
-            confidence="high", source="TT GradNotSetToNonePattern; TTG")
+            confidence="high", source="TT GradNotSetToNonePattern; TTG", budget="idle.host.optimizer")
     return per_rank(inputs, one)
 
 
-@rule("HO-11")
+@rule("HO-11", priority=MEASURED - 5, budgets=("idle.host.dtoh_copy",))
 def modules_on_cpu(inputs: RuleInputs) -> list[Finding]:
     """Modules left on the CPU while the model trains on an accelerator.
 
@@ -528,7 +520,7 @@ def modules_on_cpu(inputs: RuleInputs) -> list[Finding]:
         mods = off_device(v)
         if not mods or not v.accel:
             return None
-        gain = ho11_claim(v)
+        gain = v.left("idle.host.dtoh_copy")
         names = ", ".join(f"{m.name} ({m.device})" for m in mods[:4])
         return finding(
             v, "HO-11", "host",
@@ -541,7 +533,7 @@ def modules_on_cpu(inputs: RuleInputs) -> list[Finding]:
             fix=Fix("Move the whole model once, after building it (including modules created later, e.g. in "
                     "forward or attached after .to()).", "model = model.to(device)"),
             confidence="high", confirm="" if gain else "the profiler window shows the copies around the module",
-            source="TTG create tensors on the target device; catalogue HO-11")
+            source="TTG create tensors on the target device; catalogue HO-11", budget="idle.host.dtoh_copy")
     return per_rank(inputs, one)
 
 

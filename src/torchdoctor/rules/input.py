@@ -1,7 +1,8 @@
 """Input layer: the accelerator (or the CPU training loop) waits for the next batch (DL-1..DL-7).
 
-The data-wait budget of a step is split without overlap: with `num_workers=0` DL-2 owns the part
-more workers can hide and DL-1 keeps what even they cannot; with workers, DL-7 owns the bursts
+The data-wait budget of a step (the ledger's ``data.wait``) is split without overlap: a timed
+converting collate_fn (HO-3) claims first; with `num_workers=0` DL-2 claims the part more
+workers can hide and DL-1 (generic) what even they cannot; with workers, DL-7 claims the bursts
 above the typical wait (prefetch) and DL-1 the typical wait (more or faster workers).
 """
 
@@ -10,9 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..advice.workers import advise_workers, workers_wait_on_io
-from ..report.model import Evidence, Finding, Fix
-from ._common import View, at, finding, fmt_ms, pageable_h2d_idle_ms, per_rank, tops_text, ts_item
-from .engine import RuleInputs, rule
+from ._common import (
+    View,
+    at,
+    data_wait_ms,
+    finding,
+    fmt_ms,
+    pageable_h2d_idle_ms,
+    per_rank,
+    tops_text,
+    ts_item,
+)
+from .engine import GENERIC, RuleInputs, rule
+from .model import Evidence, Finding, Fix
 
 # GPP prefetch_queue_starved: >= 20% of steps starved and p95 wait >= 20 ms (insights.py).
 STARVED_STEPS_MIN = 0.20
@@ -29,24 +40,6 @@ WORKER_START_S = 0.1
 
 
 # --- shared numbers ------------------------------------------------------------------------------
-
-def data_wait_ms(v: View) -> float:
-    """Time per step the step waits for the next batch.
-
-    Trace: DataLoader `__next__` time while the device is idle (all of it on a CPU-only trace,
-    where the training loop itself waits). Live run without trace steps: the probe's median
-    wait in `__next__`.
-    """
-    timed = v.timed
-    rows = v.r.window.steps if v.r is not None else []
-    if rows and (v.accel or len(timed) <= len(rows)):
-        return v.window_ms(v.r.metrics.dataloader_exposed_pct)
-    if timed and v.step_ms:
-        # CPU run: the probe's wall wait is the exposed wait, over many more steps than the window.
-        share = sum(s.dataloader_ms for s in timed) / max(sum(s.total_ms for s in timed), 1e-9)
-        return share * v.step_ms
-    return 0.0
-
 
 def step_waits(v: View) -> tuple[list[float], list[float]]:
     """(data wait, step time) per step, ms, from whichever source saw more steps.
@@ -169,35 +162,21 @@ def dl7_claim(v: View) -> float:
     burst, starved, p95, n = bursts(v)
     if n < MIN_STEPS or starved < STARVED_STEPS_MIN or p95 < STARVED_P95_MS or v.pct(burst) < 0.5:
         return 0.0
-    return min(burst, data_wait_ms(v))
+    return min(burst, v.left("data.wait"))
 
 
 # --- rules ---------------------------------------------------------------------------------------
 
-def collate_claim(v: View, wait: float) -> float:
-    """HO-3's share of the data wait: the measured time in a converting collate_fn (num_workers=0).
-
-    Only the probe sees it (``collate_ms_mean``, one batch per step); capped by the wait. The gain
-    assumes a collate built from whole-tensor ops (torch.stack) costs little next to per-sample
-    conversions. DL-2 and DL-1 split the rest of the wait.
-    """
-    if v.f is None:
-        return 0.0
-    ms = [d.collate_ms_mean for d in v.f.dataloaders
-          if d.num_workers == 0 and d.collate_syncs_per_batch and d.collate_ms_mean]
-    return min(ms[0], wait) if ms else 0.0
-
-
 def dl2_claim(v: View, wait: float) -> float:
-    """What workers can hide: wait - max(0, load/N - compute), load = the main process's wait
-    less the collate time HO-3 claims."""
+    """What workers can hide: load - max(0, load/N - compute), load = what is left of the wait
+    (a timed converting collate_fn is HO-3's claim)."""
     n = suggested_workers(v)
     compute = max(0.0, (v.step_ms or 0.0) - wait)
-    load = wait - collate_claim(v, wait)
+    load = v.left("data.wait")
     return max(0.0, load - max(0.0, load / n - compute))
 
 
-@rule("DL-2")
+@rule("DL-2", budgets=("data.wait",))
 def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
     """DataLoader with num_workers=0: batches are loaded in the training process.
 
@@ -226,26 +205,28 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
                     f"           persistent_workers=True, prefetch_factor=2)"),
             confidence="high" if v.f is not None else "medium",
             confirm="" if v.f is not None else "run under `torchdoctor run` to read the DataLoader settings",
-            remedy="dataloader.workers", source="TBP DataLoader > 5% of step; TT SynchronizedDataLoader; PL workers formula")
+            remedy="dataloader.workers", source="TBP DataLoader > 5% of step; TT SynchronizedDataLoader; PL workers formula",
+            budget="data.wait")
     return per_rank(inputs, one)
 
 
-@rule("DL-1")
+@rule("DL-1", priority=GENERIC, budgets=("data.wait",))
 def input_bound(inputs: RuleInputs) -> list[Finding]:
     """Input-bound step: the device (or the CPU loop) waits for the next batch.
 
     TBP: exposed DataLoader time > 5% of the step → warning (data.py::analyze); TML INPUT_BOUND
-    critical at 20%. Generic rule: it claims only what the specific rules leave, i.e. the wait
-    minus DL-2's share (num_workers=0) or minus DL-7's bursts (workers present).
+    critical at 20%. Generic rule: it claims what the specific findings left of the wait (the
+    collate, DL-2's share with num_workers=0, DL-7's bursts with workers); with workers, the
+    handoff of batches that were already ready is reported, not claimed.
     """
     def one(v: View) -> Finding | None:
         wait = data_wait_ms(v)
         nw = num_workers(v)
         if nw == 0:
-            rest = wait - collate_claim(v, wait) - dl2_claim(v, wait)
+            rest = v.left("data.wait")
             why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
         else:
-            starved_or_handoff = wait - dl7_claim(v)
+            starved_or_handoff = v.left("data.wait")
             handoff = starved_or_handoff * handoff_share(v)
             rest = starved_or_handoff - handoff
             why = "the loader cannot keep up on average"
@@ -269,7 +250,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
             remedy=None if nw == 0 else "dataloader.workers",
-            source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%")
+            source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%", budget="data.wait")
     return per_rank(inputs, one)
 
 
@@ -301,7 +282,7 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
         confidence="medium", source="TBP DataLoader > 5% of step (the part workers cannot hide)")
 
 
-@rule("DL-7")
+@rule("DL-7", budgets=("data.wait",))
 def prefetch_starved(inputs: RuleInputs) -> list[Finding]:
     """Bursty loader: some steps wait long, others not at all (workers present).
 
@@ -329,7 +310,7 @@ def prefetch_starved(inputs: RuleInputs) -> list[Finding]:
             fix=Fix(f"Raise prefetch_factor (now {pf or 2}) to {new_pf}, or add workers.",
                     f"DataLoader(..., num_workers={nw or 'N'}, prefetch_factor={new_pf}, persistent_workers=True)"),
             confidence="medium", remedy="dataloader.prefetch",
-            source="GPP prefetch_queue_starved (>=20% of steps, p95 >= 20 ms)")
+            source="GPP prefetch_queue_starved (>=20% of steps, p95 >= 20 ms)", budget="data.wait")
     return per_rank(inputs, one)
 
 
@@ -368,7 +349,7 @@ def too_many_workers(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("DL-4")
+@rule("DL-4", budgets=("idle.host.htod_pageable", "device.busy"))
 def pageable_memory(inputs: RuleInputs) -> list[Finding]:
     """Host-to-device copies from pageable memory (pin_memory=False).
 
@@ -388,7 +369,9 @@ def pageable_memory(inputs: RuleInputs) -> list[Finding]:
         traced = v.has_device_trace
         if not unpinned and not (rows and pg_bytes > 0.1 * all_bytes):
             return None
-        gain = pageable_h2d_idle_ms(v) + 0.5 * v.ms(sum(m.ns for m in rows)) if traced else 0.0
+        idle = pageable_h2d_idle_ms(v) if traced else 0.0
+        faster = 0.5 * v.ms(sum(m.ns for m in rows)) if traced else 0.0
+        gain = idle + faster
         if traced and not unpinned and v.pct(gain) < 0.5:
             return None
         ev = []
@@ -411,11 +394,12 @@ def pageable_memory(inputs: RuleInputs) -> list[Finding]:
                     "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)"),
             confidence="high" if rows else "medium",
             confirm="" if traced else "the profiler window of `torchdoctor run` measures the copy time",
-            remedy="dataloader.pin_memory", source="NSYS cuda_memcpy_async; TTG pin_memory; proposed 2% of step")
+            remedy="dataloader.pin_memory", source="NSYS cuda_memcpy_async; TTG pin_memory; proposed 2% of step",
+            budget={"idle.host.htod_pageable": idle, "device.busy": faster})
     return per_rank(inputs, one)
 
 
-@rule("DL-5")
+@rule("DL-5", budgets=("idle.host",))
 def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
     """Blocking host-to-device copies from pinned memory (non_blocking=False).
 
@@ -439,7 +423,7 @@ def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
                                         region=c.region) for c in sites])],
             fix=Fix("Copy with non_blocking=True from pinned memory; optionally prefetch the next batch "
                     "on a side stream.", "x = x.to(device, non_blocking=True)"),
-            confidence="medium", source="TML H2D_BOUND; pinmem tutorial")
+            confidence="medium", source="TML H2D_BOUND; pinmem tutorial", budget="idle.host")
     return per_rank(inputs, one)
 
 
