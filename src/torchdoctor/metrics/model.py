@@ -15,6 +15,9 @@ class WindowInfo(msgspec.Struct):
     steps: list[int]
     mode: str
     skipped_warmup: list[int] = []
+    # Where the steps came from (metrics/steps.py): "ProfilerStep", or inferred from
+    # "Optimizer.step", "DataLoader" or "backward"; "none" when the trace has no step boundary.
+    boundaries: str = "ProfilerStep"
 
 
 class Headline(msgspec.Struct):

@@ -48,7 +48,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
     return RankResult(
         rank=tr.rank, file=label or tr.path, device=tr.device_name, device_kind=device_kind(ctx),
         window=WindowInfo(win.start, win.end, [s.number for s in win.steps], win.mode,
-                          list(win.skipped_warmup)),
+                          list(win.skipped_warmup), win.boundaries),
         metrics=head, world_size=tr.world_size, backend=tr.backend, rank_source=tr.rank_source,
         steps=rows, stream_idle=stream_idle(ctx), idle_causes=causes, syncs=syncs(ctx),
         launches=launches(ctx), kernels=kernel_breakdown(ctx), host=split, comm_ops=comm_ops(ctx),

@@ -350,7 +350,7 @@ def allocator_churn(inputs: RuleInputs) -> list[Finding]:
     """
     def one(v: View) -> Finding | None:
         s = v.r.signals if v.r is not None else None
-        if s is None or not s.alloc_calls or v.r is None or not v.r.window.steps or v.r.window.mode != "steady-state":
+        if s is None or not s.alloc_calls or v.r is None or not v.r.window.steps or not v.r.window.mode.startswith("steady-state"):
             return None
         gain = alloc_idle_ms(v)
         return finding(
