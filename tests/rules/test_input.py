@@ -89,6 +89,17 @@ def test_dl7_silent_on_steady_waits_or_too_few_steps():
     assert run("DL-7", (input_bound(10.0), bursty_facts([0.0, 0.0, 40.0]))) == []
 
 
+def test_dl7_leaves_a_loader_that_never_keeps_up_to_dl1():
+    # Most steps wait (median 30 ms of 100) with bursts on top: a deeper queue would drain anyway.
+    waits = [30.0, 30.0, 30.0, 80.0, 90.0] * 2
+    r = input_bound(48.0)
+    for s, w in zip(r.steps, waits[:5], strict=True):
+        s.dataloader_exposed_ms = w
+    found = run_all((r, bursty_facts(waits)))
+    assert not [x for x in found if x.id == "DL-7"]
+    assert abs(only(found, "DL-1").recoverable_pct - 48.0) < 0.1  # the whole wait, claimed once
+
+
 def test_dl3_too_many_workers():
     f = cpu_facts(dataloaders=[loader(num_workers=16)], cpu=CpuFacts(affinity=[0, 1, 2, 3]))
     got = only(run("DL-3", (None, f)), "DL-3")

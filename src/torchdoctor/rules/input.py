@@ -162,6 +162,11 @@ def dl7_claim(v: View) -> float:
     burst, starved, p95, n = bursts(v)
     if n < MIN_STEPS or starved < STARVED_STEPS_MIN or p95 < STARVED_P95_MS or v.pct(burst) < 0.5:
         return 0.0
+    # A deeper queue absorbs bursts only when the workers keep up on average: the typical
+    # (median) step must not wait. Otherwise the queue drains whatever its depth (DL-1's case).
+    waits, totals = step_waits(v)
+    if float(np.median(waits)) > STARVED_STEP_SHARE * float(np.median(totals)):
+        return 0.0
     return min(burst, v.left("data.wait"))
 
 
@@ -288,7 +293,8 @@ def prefetch_starved(inputs: RuleInputs) -> list[Finding]:
 
     GPP prefetch_queue_starved: >= 20% of steps starved and p95 wait >= 20 ms. A step is starved
     above TBP's 5% DataLoader ratio. The gain is the wait above the median step's wait, which a
-    deeper prefetch queue absorbs when the workers keep up on average.
+    deeper prefetch queue absorbs when the workers keep up on average; so it fires only when the
+    median step itself is not starved (else the loader is too slow, DL-1's finding).
     """
     def one(v: View) -> Finding | None:
         burst = dl7_claim(v)
