@@ -2,9 +2,13 @@
 
 Exit codes (all subcommands that analyse):
   0  everything asked for was analysed
-  1  some inputs could not be analysed (each named on stderr in one line); the rest were
+  1  some inputs could not be analysed (each named on stderr in one line), or the configuration
+     file is not valid TOML (the defaults were used); the rest were
   2  usage error, or no input could be analysed at all
   3  --fail-on SEVERITY: a finding at or above that severity was raised (CI gate)
+  4  blind spot: the inputs were read but do not show what a verdict needs (no device activity
+     recorded, a counters-only range-profiler trace, an unknown accelerator, a job that ended
+     before its first step or failed, a job that ran its own profiler); the report leads with it
 For `run` and `fix`, the exit code is the user's job's own exit code (it passes through).
 """
 
@@ -16,7 +20,8 @@ import sys
 
 from . import __version__
 
-EXIT_OK, EXIT_PARTIAL, EXIT_FAILED, EXIT_GATE = 0, 1, 2, 3
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED, EXIT_GATE, EXIT_BLIND = 0, 1, 2, 3, 4
+EXIT_EPILOG = "exit codes:\n" + __doc__.split("Exit codes (all subcommands that analyse):\n", 1)[1].rstrip('"\n ')
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
@@ -28,15 +33,33 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     p.add_argument("--fail-on", choices=("critical", "warning", "info"),
                    help="exit 3 when a finding of this severity or worse is raised (for CI)")
+    p.add_argument("--ignore", metavar="ID,...", action="append",
+                   help="rule ids to leave out (comma list, repeatable); adds to the configuration's")
+    p.add_argument("--config", metavar="FILE",
+                   help="configuration file (torchdoctor.toml keys, or a pyproject.toml's [tool.torchdoctor]); "
+                        "default: the first found from the current directory upwards")
+
+
+def config_from_args(args):
+    """The rule configuration of a command's --config / --ignore, looked up from the current
+    directory; None when the command has no such options."""
+    if not hasattr(args, "ignore") and not hasattr(args, "config"):
+        return None
+    from .config import resolve
+
+    ignore = ",".join(getattr(args, "ignore", None) or [])
+    return resolve(getattr(args, "config", None), ignore or None)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchdoctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="torchdoctor", description=__doc__.splitlines()[0],
+                                     epilog=EXIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"torchdoctor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("analyze", help="diagnose existing torch.profiler (Kineto) traces or a run directory",
                        description="Analyse Kineto traces (files, directories, globs; .json or .json.gz) "
-                                   "or a `torchdoctor run` directory.")
+                                   "or a `torchdoctor run` directory.",
+                       epilog=EXIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("paths", nargs="+", metavar="PATH")
     a.add_argument("--rank", type=int, help="analyse only this rank")
     a.add_argument("--steps", metavar="A:B|all|trace",
@@ -109,12 +132,16 @@ def _write(writer, report, path: str) -> bool:
 
 
 def exit_code(report, fail_on: str | None) -> int:
+    """The code a report implies: nothing analysed (2) < CI gate (3) < blind spot (4) < errors (1)."""
     from .report.model import SEVERITY_ORDER
 
-    if not report.ranks:
+    blind = any(s.get("kind") != "no-verdict" for s in report.blind_spots)
+    if not report.ranks and not blind:
         return EXIT_FAILED
     if fail_on and any(SEVERITY_ORDER[f.severity] <= SEVERITY_ORDER[fail_on] for f in report.findings):
         return EXIT_GATE
+    if blind:
+        return EXIT_BLIND
     return EXIT_PARTIAL if report.errors else EXIT_OK
 
 
@@ -128,7 +155,8 @@ def cmd_analyze(args) -> int:
         except WindowError as e:
             print(f"torchdoctor: {e}", file=sys.stderr)
             return EXIT_FAILED
-    report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs)
+    report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs,
+                           config=getattr(args, "rule_config", None))
     return emit(report, args)
 
 
@@ -138,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown and not getattr(args, "accepts_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        return int(args.func(args) or 0)
+        loaded = config_from_args(args)
+        if loaded is None:
+            return int(args.func(args) or 0)
+        from .config import activated
+
+        args.rule_config = loaded
+        with activated(loaded):  # for the reports built without an explicit configuration (fix)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

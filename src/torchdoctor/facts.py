@@ -204,3 +204,20 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Half-open [first, end) step range the profiler window covered. Those steps are left out of
     # ``steps`` (profiling inflates them); they are in the trace instead.
     profile_steps: list[int] = []
+    # The last step the probe closed (its progress record, rewritten at every step boundary, so
+    # it survives a kill): covers steps ``steps`` leaves out. None: no step closed.
+    last_step: int | None = None
+    # How the process ended as its probe saw it: "exit" (Python shut down: end of script or
+    # sys.exit), "exception:<Type>" (an uncaught exception), None when the probe never saw the end
+    # (killed by a signal, os._exit, or still running).
+    ended: str | None = None
+    # Exit status of the process, filled in by the wrapper after the job: the job's own status for
+    # the process it started, else what the parent process (torchrun, mp.spawn) reaped. Negative:
+    # killed by signal ``-exit_code``, named in ``signal``. ``exit_time``: when it was reaped (epoch s).
+    exit_code: int | None = None
+    signal: str | None = None
+    exit_time: float | None = None
+    # The job ran its own torch.profiler (the probe's window stood aside), and the trace files or
+    # tensorboard_trace_handler directories it named (absolute paths).
+    own_profiler: bool = False
+    own_traces: list[str] = []

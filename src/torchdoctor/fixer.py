@@ -4,12 +4,16 @@ Closes the loop from a finding to a measured fix, without touching the user's co
 
 1. what to try: ``--apply safe`` / ``numerics`` run the job once under the probe (or read
    ``--from RUN_DIR``) and take the remedies its findings name; ``--apply ID,...`` takes those;
-2. the job then runs K rounds of baseline and treated (A B A B ...; ``--ablate`` adds, per round,
-   the treated job without each remedy), every run under the probe with the profiler off, the
-   remedies applied by the bootstrap, and the loss of every step recorded;
-3. verdicts (``remedies.verdict``): speed-up from the steady-state step timings, the same learning
-   checked on the losses, kept or rejected per remedy; then the code changes that make the kept
-   ones permanent.
+2. the job then runs K rounds (default 3) of baseline A and treated B in counterbalanced (ABBA)
+   order: A B in odd rounds, B A in even ones (``round_order``), so neither arm always runs first.
+   Within a round also run, in the same reversing order: with an advised worker count N, the
+   treated job with N+1 workers (V, ``workers_plan``); with ``--ablate``, the treated job without
+   each remedy (C). Every run is under the probe with the profiler off, the remedies applied by
+   the bootstrap, and the loss of every step recorded;
+3. verdicts (``remedies.verdict``): the paired speed-up (geometric mean of B_k / A_k with its
+   bootstrap interval) from the steady-state step timings, the same learning checked on the
+   losses, kept or rejected per remedy; N+1 workers replace N only when V_k / B_k has an interval
+   above 1. Then the code changes that make the kept ones permanent.
 
 The job's output goes to ``RUN/<arm>/job.log`` (``--show-output`` lets it through). The exit code is
 the job's own (its baseline run's); a run killed by a signal ends the loop the same way.
@@ -22,7 +26,8 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from torchdoctor import runner
 from torchdoctor.probe import config as probe_config
@@ -30,10 +35,12 @@ from torchdoctor.remedies import catalogue, render, select
 from torchdoctor.remedies.measure import Arm, load
 from torchdoctor.remedies.runtime import ENV_RECORD, ENV_SAID, ENV_STEPS
 from torchdoctor.remedies.suggest import changes_for
-from torchdoctor.remedies.verdict import NUMERICS_RTOL, Outcome, judge
+from torchdoctor.remedies.verdict import NUMERICS_RTOL, Outcome, compare, judge
 
 LEVELS = ("safe", "numerics")
-DEFAULT_REPEATS = 2
+DEFAULT_REPEATS = 3  # the fewest rounds that give the speed-up an interval (verdict.MIN_PAIRS)
+WORKERS = "dataloader.workers"
+T = TypeVar("T")
 
 
 @dataclass
@@ -115,6 +122,165 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str
     return choices, refused, {}, jf, diag_dir, 0
 
 
+def round_order(k: int, arms: Sequence[T]) -> list[T]:
+    """The order of round ``k`` (1-based): as planned (A, B, V, C...) when k is odd, reversed when
+    even. Over two rounds every arm runs once before and once after each other one (ABBA)."""
+    return list(arms) if k % 2 else list(reversed(arms))
+
+
+@dataclass
+class Plan:
+    """What every round runs besides the baseline."""
+
+    specs: list[str]  # the treated job's remedies
+    variant: list[str] | None = None  # the same with N+1 workers
+    ablated: list[select.Choice] = field(default_factory=list)  # left out one at a time
+
+
+def round_arms(k: int, out: str, plan: Plan) -> list[Arm]:
+    """Round ``k``'s arms in planned order: baseline, treated, workers variant, ablations."""
+    arms = [Arm(f"A{k}", "baseline", [], os.path.join(out, f"A{k}"), round=k),
+            Arm(f"B{k}", "treated", plan.specs, os.path.join(out, f"B{k}"), round=k)]
+    if plan.variant:
+        arms.append(Arm(f"V{k}", "variant", plan.variant, os.path.join(out, f"V{k}"), round=k))
+    for c in plan.ablated:
+        label = f"C{k}-{c.spec.id}"
+        rest = [s for s in plan.specs if s != str(c.spec)]
+        arms.append(Arm(label, "ablated", rest, os.path.join(out, label), without=c.spec.id, round=k))
+    return arms
+
+
+def workers_plan(choices: list[select.Choice], jf: select.JobFacts
+                 ) -> tuple[list[select.Choice], list[str] | None, dict[str, Any] | None]:
+    """For an advised worker count N in the set: (choices, the N+1 variant's specs, what was planned).
+
+    N is lowered to the largest count the job accepts (``select.precondition``: the remedy refuses
+    more than WORKERS_PER_CPU_CAP workers per CPU of the affinity mask); the variant is None when
+    N+1 would be refused.
+    """
+    c = next((c for c in choices if c.spec.id == WORKERS and c.spec.value), None)
+    if c is None:
+        return choices, None, None
+    specs = [x.spec for x in choices]
+    advised = n = int(c.spec.value or 0)
+    while n > 1 and select.precondition(catalogue.Spec(WORKERS, str(n)), jf, specs):
+        n -= 1
+    info: dict[str, Any] = {"advised": advised, "measured": [n], "kept": n, "notes": []}
+    if n != advised:
+        info["notes"].append(f"advised {advised}, measured {n}: "
+                             f"{select.precondition(catalogue.Spec(WORKERS, str(advised)), jf, specs)}")
+        c2 = select.Choice(catalogue.Spec(WORKERS, str(n)), f"{c.why}; lowered to {n}, the most the job accepts")
+        choices = [c2 if x is c else x for x in choices]
+    why_not = select.precondition(catalogue.Spec(WORKERS, str(n + 1)), jf, specs)
+    if why_not:
+        info["notes"].append(f"{n + 1} not measured: {why_not}")
+        return choices, None, info
+    info["measured"].append(n + 1)
+    variant = [f"{WORKERS}={n + 1}" if x.spec.id == WORKERS else str(x.spec) for x in choices]
+    return choices, variant, info
+
+
+def pick_workers(arms: list[Arm], info: dict[str, Any], choices: list[select.Choice]) -> list[select.Choice]:
+    """Keep N+1 workers only when V_k / B_k has an established gain (interval above 1), else N.
+
+    When N+1 wins its arms become the treated ones (and N's the variant), so that every verdict
+    and the code change are about the count kept.
+    """
+    variant = [a for a in arms if a.kind == "variant"]
+    n = info["measured"][0]
+    if len(info["measured"]) < 2 or not variant:
+        if len(info["measured"]) == 2:
+            info["notes"].append(f"kept the advised {n}: {n + 1} did not run (the treated job failed)")
+        return choices
+    stat = compare(variant, [a for a in arms if a.kind == "treated"])
+    failed = [a.label for a in variant if not a.ok]
+    info.update(pairs=stat.pairs, geomean=stat.geomean, sign_p=stat.sign_p,
+                interval=list(stat.interval) if stat.interval else None,
+                text=f"{n + 1} over {n} workers: {stat.text()}")
+    if failed or not stat.gain:
+        why = f"{n + 1} failed ({', '.join(failed)})" if failed else "no established gain of N+1"
+        info["notes"].append(f"kept the advised {n}: {why}")
+        return choices
+    info["kept"] = n + 1
+    info["notes"].append(f"kept {n + 1}: faster than {n}")
+    for a in arms:
+        if a.kind in ("treated", "variant"):
+            a.kind = "variant" if a.kind == "treated" else "treated"
+    spec = catalogue.Spec(WORKERS, str(n + 1))
+    return [select.Choice(spec, f"{c.why}; {n + 1} measured faster than {n}") if c.spec.id == WORKERS else c
+            for c in choices]
+
+
+def _run_all(command: Sequence[str], todo: list[Arm], opts: FixOptions, arms: list[Arm]) -> tuple[int, bool]:
+    """Run ``todo`` in order; (exit code that ends `fix`, or 0; whether to stop the rounds)."""
+    for arm in todo:
+        arms.append(run_arm(command, arm, opts))
+        if arm.kind == "baseline" and not arm.ok:
+            render.failed(f"baseline run {arm.label}", arm.exit_code, os.path.join(arm.run_dir, "job.log"))
+            return arm.exit_code, True
+        if arm.exit_code < 0:
+            return arm.exit_code, True  # killed by a signal (Ctrl-C): stop here
+        if arm.kind == "treated" and not arm.ok:
+            return 0, True  # the remedies break the job: rejected, no need to see it again
+    return 0, False
+
+
+@dataclass
+class Loop:
+    """The rounds of one `fix`: what each round runs, and every arm that ran (in run order)."""
+
+    command: Sequence[str]
+    opts: FixOptions
+    out: str
+    choices: list[select.Choice]
+    refused: dict[str, str]
+    jf: select.JobFacts | None
+    advised: bool  # the worker count is torchdoctor's advice (compare N with N+1), not a given value
+    arms: list[Arm] = field(default_factory=list)
+    plan: Plan | None = None
+    workers: dict[str, Any] | None = None
+
+    def run(self, todo: list[Arm]) -> tuple[int, bool]:
+        return _run_all(self.command, todo, self.opts, self.arms)
+
+    def first_round(self) -> tuple[int, bool]:
+        """Round 1: the baseline, then the plan of every round from what it and the treated run show."""
+        code, stop = self.run(round_arms(1, self.out, Plan([]))[:1])
+        if code or stop:
+            return code, True
+        if self.jf is None:  # ids given: the first baseline run tells what the preconditions need
+            self.jf = select.JobFacts(self.arms[0].facts)
+            self.choices, more = select.finalize(self.choices, self.jf)
+            self.refused.update(more)
+            if not self.opts.quiet and more:
+                render.plan(self.opts.apply, self.choices, more, {}, None, header=False)
+        if not self.choices:
+            return 0, True
+        variant = None
+        if self.advised:
+            self.choices, variant, self.workers = workers_plan(self.choices, self.jf)
+        self.plan = Plan([str(c.spec) for c in self.choices], variant)
+        code, stop = self.run(round_arms(1, self.out, self.plan)[1:2])
+        if code or stop:
+            return code, stop
+        if self.opts.ablate and len(self.plan.specs) > 1:  # leave out, one at a time, what the job applied
+            self.plan.ablated = [c for c in self.choices if c.spec.id in self.arms[-1].applied]
+        return self.run(round_arms(1, self.out, self.plan)[2:])
+
+    def rounds(self) -> int:
+        """Run every round; the exit code that ends `fix` without verdicts, or 0."""
+        for k in range(1, max(1, self.opts.repeats) + 1):
+            if self.plan is None:
+                code, stop = self.first_round()
+            else:
+                code, stop = self.run(round_order(k, round_arms(k, self.out, self.plan)))
+            if code or stop:
+                return code
+            if self.plan is not None and any(a.kind == "variant" and not a.ok for a in self.arms):
+                self.plan.variant = None  # N+1 workers break the job: no need to see it again
+        return 0
+
+
 def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     """The whole loop; returns (exit code, outcome). Writes nothing but run directories."""
     out = opts.out or runner.default_run_dir() + "-fix"
@@ -124,41 +290,20 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
         render.failed("the diagnosis run", code, os.path.join(diag_dir or out, "job.log"))
         return code, None
     asked = {c.spec.id: c.spec for c in choices}
+    advised = opts.apply in LEVELS or (WORKERS in asked and asked[WORKERS].value is None)
     if not opts.quiet:
         render.plan(opts.apply, choices, refused, unknown, diag_dir)
-    arms: list[Arm] = []
-    ablated: list[select.Choice] = []
-    for k in range(1, max(1, opts.repeats) + 1):
-        a = run_arm(command, Arm(f"A{k}", "baseline", [], os.path.join(out, f"A{k}"), round=k), opts)
-        arms.append(a)
-        if not a.ok:
-            render.failed(f"baseline run A{k}", a.exit_code, os.path.join(a.run_dir, "job.log"))
-            return a.exit_code, None
-        if jf is None:  # ids given: the first baseline run tells what the preconditions need
-            jf = select.JobFacts(a.facts)
-            choices, more = select.finalize(choices, jf)
-            refused.update(more)
-            if not opts.quiet and more:
-                render.plan(opts.apply, choices, more, {}, None, header=False)
-        if not choices:
-            break
-        specs = [str(c.spec) for c in choices]
-        b = run_arm(command, Arm(f"B{k}", "treated", specs, os.path.join(out, f"B{k}"), round=k), opts)
-        arms.append(b)
-        if b.exit_code < 0:
-            return b.exit_code, None  # killed by a signal (Ctrl-C): stop here
-        if not b.ok:
-            break  # the remedies break the job: rejected, no need to see it again
-        if k == 1:  # leave out, one at a time, only what the job actually applied
-            ablated = [c for c in choices if c.spec.id in b.applied] if opts.ablate and len(specs) > 1 else []
-        for c in ablated:
-            rest = [s for s in specs if s != str(c.spec)]
-            label = f"C{k}-{c.spec.id}"
-            arms.append(run_arm(command, Arm(label, "ablated", rest, os.path.join(out, label),
-                                             without=c.spec.id, round=k), opts))
+    loop = Loop(command, opts, out, choices, refused, jf, advised)
+    code = loop.rounds()
+    if code:
+        return code, None
+    arms, choices = loop.arms, loop.choices
+    if loop.workers is not None and loop.plan is not None:
+        choices = pick_workers(arms, loop.workers, choices)
     # Verdicts for what ran (values filled in) and for what was refused (as asked).
-    requested = [c.spec for c in choices] + [asked.get(rid, catalogue.Spec(rid)) for rid in refused]
-    outcome = judge(arms, requested, refused, opts.rtol)
+    requested = [c.spec for c in choices] + [asked.get(rid, catalogue.Spec(rid)) for rid in loop.refused]
+    outcome = judge(arms, requested, loop.refused, opts.rtol)
+    outcome.workers = loop.workers
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
     changes = changes_for(kept, applied)
@@ -217,7 +362,7 @@ def add_fix_options(p: argparse.ArgumentParser, steps: bool = True) -> None:
     if steps:
         p.add_argument("--steps", dest="fix_steps", type=int, metavar="N", help="end every run after N optimizer steps")
     p.add_argument("--repeats", "-k", type=int, default=DEFAULT_REPEATS, metavar="K",
-                   help="baseline/treated rounds, alternating (default %(default)s)")
+                   help="baseline/treated rounds, in ABBA order; 3 or more give an interval (default %(default)s)")
     p.add_argument("--ablate", action="store_true",
                    help="measure each remedy's own share (the treated job without it, per round)")
     p.add_argument("--from", dest="from_run", metavar="RUN_DIR",
@@ -232,8 +377,9 @@ def add_fix_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p = subparsers.add_parser(
         "fix", help="apply remedies without code changes and measure them side by side (A/B)",
         description="Run COMMAND as it is and with remedies applied at start-up (no code change), "
-        "alternating A B A B; keep the remedies that make it faster while it learns the same, and "
-        "print the code changes that make them permanent. The exit status is the job's.")
+        "in counterbalanced rounds (A B, B A, ...); keep the remedies whose speed-up is established (its "
+        "interval above 1) or that cost nothing, while it learns the same, and print the code changes that "
+        "make them permanent. The exit status is the job's.")
     add_fix_options(p)
     p.add_argument("--out", metavar="DIR", help="directory of the runs (default: ./td-runs/<timestamp>-fix)")
     runner.add_report_options(p)

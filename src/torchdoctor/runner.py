@@ -11,6 +11,12 @@ stderr are the wrapper's own.
 After the job ends the wrapper merges the rank summaries into ``RUN_DIR/run.json`` (schema
 ``torchdoctor.run/1``), prints the diagnosis to stderr (the job's stdout stays the job's) and
 exits with the job's exit status: the same code, or the same signal when the job was killed.
+
+How each rank ended goes into its facts (``last_step``, ``ended``, ``exit_code``, ``signal``): the
+probe's progress line gives the last step and whether Python shut down; the exit status is the
+job's own for the process the wrapper started, else what the rank's parent (torchrun, mp.spawn,
+when probed) recorded when it reaped it (probe/output.py). Nothing is parsed from torchrun's
+output: TORCHELASTIC_ERROR_FILE holds nothing for a rank killed by a signal.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class JobResult:
 
     returncode: int
     duration_s: float
+    pid: int | None = None  # the process the wrapper started
 
 
 def default_run_dir(base: str = "td-runs") -> str:
@@ -119,7 +126,7 @@ def run_job(command: Sequence[str], env: dict[str, str]) -> JobResult:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         terminal.hand_to(os.getpgrp())
-    return JobResult(returncode, time.monotonic() - start)
+    return JobResult(returncode, time.monotonic() - start, proc.pid)
 
 
 def _wait(pid: int, terminal: _Terminal) -> int:
@@ -146,13 +153,48 @@ def write_manifest(run_dir: str, command: Sequence[str], job: JobResult) -> dict
         "command": list(command),
         "exit_code": job.returncode,
         "duration_s": round(job.duration_s, 3),
-        "ranks": output.read_payloads(run_dir),
+        "ranks": rank_endings(run_dir, output.read_payloads(run_dir), job),
     }
     if job.returncode < 0:
         with contextlib.suppress(ValueError):
             manifest["signal"] = signal.Signals(-job.returncode).name
     output.write_json(os.path.join(run_dir, "run.json"), manifest)
     return manifest
+
+
+def rank_endings(run_dir: str, payloads: list[dict], job: JobResult) -> list[dict]:
+    """Add how each rank ended to its facts; a rank known only by its progress line (killed
+    before its first summary) gets a payload of its own. Returns the payloads."""
+    progress = output.read_progress(run_dir)
+    exits = output.read_exits(run_dir)
+    for payload in payloads:
+        facts = payload["facts"]
+        pid = facts.get("pid")
+        line = progress.pop(pid, None) if isinstance(pid, int) else None
+        _ending(facts, line, exits.get(pid) if isinstance(pid, int) else None, job)
+    for pid, line in sorted(progress.items(), key=lambda kv: (kv[1]["rank"], kv[0])):
+        facts = {"rank": line["rank"], "pid": pid}
+        _ending(facts, line, exits.get(pid), job)
+        payloads.append({"facts": facts, "analysis": None})
+    return payloads
+
+
+def _ending(facts: dict, line: dict | None, exited: dict | None, job: JobResult) -> None:
+    if line is not None:
+        previous = facts.get("last_step")
+        if line["step"] is not None and (previous is None or previous < line["step"]):
+            facts["last_step"] = line["step"]
+        if line["state"] != "run":
+            facts["ended"] = line["state"]
+    code = job.returncode if facts.get("pid") == job.pid else (exited or {}).get("returncode")
+    if code is None:
+        return
+    facts["exit_code"] = code
+    if exited is not None and isinstance(exited.get("time"), int | float):
+        facts["exit_time"] = exited["time"]
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            facts["signal"] = signal.Signals(-code).name
 
 
 def exit_like(returncode: int) -> int:
@@ -165,7 +207,9 @@ def exit_like(returncode: int) -> int:
         sys.stderr.flush()
     with contextlib.suppress(Exception):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's crash, not ours: no core file
+    with contextlib.suppress(Exception):  # SIGKILL and SIGSTOP refuse a handler: kill anyway
         signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(Exception):
         os.kill(os.getpid(), sig)
     return 128 + sig  # the signal did not end us (blocked or ignored): the shell's convention
 
@@ -173,13 +217,15 @@ def exit_like(returncode: int) -> int:
 def report_run(run_dir: str, args: argparse.Namespace) -> int | None:
     """Print the diagnosis of a finished run (stderr) and write --json/--html; return emit's code."""
     try:
-        from torchdoctor.cli import emit
+        from torchdoctor.cli import config_from_args, emit
         from torchdoctor.session import report_from_run_dir
     except ImportError as exc:
         print(f"torchdoctor: no report: {exc}", file=sys.stderr)
         return None
     try:
-        report = report_from_run_dir(run_dir)
+        # --config / --ignore, looked up from the directory the command was started in.
+        config = getattr(args, "rule_config", None) or config_from_args(args)
+        report = report_from_run_dir(run_dir, config=config)
         with contextlib.redirect_stdout(sys.stderr):
             return emit(report, args)
     except Exception as exc:  # the job's exit status matters more than our report

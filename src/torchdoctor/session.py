@@ -1,8 +1,15 @@
 """An analysis session: inputs (traces or a run directory) in, one `Report` out.
 
 Ranks are analysed in parallel worker processes, each holding one trace at a time and sending
-back only its small `RankResult`, so memory stays bounded by (workers x one trace), not by the
-number of ranks.
+back only its small `RankResult` (and `TraceSight`), so memory stays bounded by (workers x one
+trace), not by the number of ranks.
+
+The report says what the tool could not see (*blind spots*, `Report.blind_spots`) before any
+verdict: a trace without device activity from a machine with an accelerator, a CUPTI
+range-profiler (counters) trace, device events of an accelerator the decoder does not know, a
+live job that ended before its first step or that failed (which rank, at which step, how), a job
+that ran its own profiler. `Report.healthy` is True only when none applies, no finding is a
+warning or worse, and every rank showed device activity (or, CPU-only, its steps) over steady steps.
 """
 
 from __future__ import annotations
@@ -11,12 +18,17 @@ import gzip
 import multiprocessing as mp
 import os
 import re
+import signal
+from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 
 from . import __version__
+from . import config as user_config
 from .facts import RankFacts
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -26,9 +38,80 @@ from .report.model import ErrorEntry, RankReport, Report
 from .rules import RankInputs, RuleInputs, diagnose
 from .trace.decode import TraceFormatError
 from .trace.load import discover, load_trace, rank_from_filename
+from .trace.model import CATEGORY_NAMES, DEVICE_WORK, HOST_CATS, IGNORED_CATEGORIES, Cat, RankTrace
 
 RUN_MANIFEST = "run.json"
 _PEEK_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+# An event's category as Kineto writes it; a quote inside a JSON string is escaped, so an
+# unescaped `"cat": "..."` is always a key.
+_CATEGORY = re.compile(rb'(?<!\\)"cat"\s*:\s*"([^"\\]{1,64})"')
+# Kineto's CUPTI range profiler (ActivityType::CUDA_PROFILER_RANGE): counters per kernel or range.
+RANGE_CATEGORIES = frozenset({"cuda_profiler_range"})
+# Blind spot kinds (Report.blind_spots); all but NO_VERDICT mean the tool could not judge the run.
+NO_DEVICE, RANGE_PROFILER, UNKNOWN_DEVICE = "no-device-activity", "range-profiler", "unknown-accelerator"
+NO_STEP, JOB_FAILED, OWN_PROFILER, NO_VERDICT = "no-step", "job-failed", "own-profiler", "no-verdict"
+_ACTIVITY = {"cuda": "CUDA", "rocm": "CUDA", "xpu": "XPU"}  # ProfilerActivity that records the device
+
+
+@dataclass
+class TraceSight:
+    """What one trace let the tool see of the device, for the blind spots.
+
+    `device_properties`: entries in Kineto's `deviceProperties` (the machine had accelerators);
+    `device_events`: kernel, memcpy and memset events with a non-zero duration (a timeline);
+    `range_events`: CUPTI range-profiler events (`cuda_profiler_range`: counters, not times);
+    `unknown_device`: categories the decoder cannot classify, by event count, when such events sit
+    on device rows (pids without host events); empty otherwise. `problem`: why the category names
+    could not be read again ("" when they could, or did not need to be).
+    """
+
+    device_properties: int = 0
+    device_events: int = 0
+    range_events: int = 0
+    unknown_device: dict[str, int] = field(default_factory=dict)
+    problem: str = ""
+
+
+def trace_sight(tr: RankTrace) -> TraceSight:
+    """The `TraceSight` of a loaded trace. The file's category names are read again (one pass over
+    the text) only when the columns show no device timeline or unclassified device rows."""
+    host = np.isin(tr.cat, [int(c) for c in HOST_CATS])
+    device = np.isin(tr.cat, [int(c) for c in DEVICE_WORK])
+    sight = TraceSight(len(tr.device_properties), int((device & (tr.end > tr.ts)).sum()))
+    device_rows = (tr.cat == Cat.OTHER) & (tr.pid >= 0) & ~np.isin(tr.pid, np.unique(tr.pid[host]))
+    if sight.device_events and not device_rows.any():
+        return sight
+    try:
+        cats = scan_categories(tr.path)
+    except (OSError, EOFError, ValueError) as e:  # the analysis stands; say what was not checked
+        sight.problem = f"range-profiler and unknown-device events not checked: {type(e).__name__}: {e}"
+        return sight
+    sight.range_events = sum(n for c, n in cats.items() if c.lower() in RANGE_CATEGORIES)
+    if device_rows.any():
+        sight.unknown_device = {c: n for c, n in sorted(cats.items()) if c.lower() not in CATEGORY_NAMES
+                                and c not in IGNORED_CATEGORIES and c.lower() not in RANGE_CATEGORIES}
+    return sight
+
+
+def scan_categories(path: str, block: int = 1 << 22) -> Counter[str]:
+    """Events per category name in a trace file (.json or .json.gz), by a streaming text scan."""
+    counts: Counter[str] = Counter()
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open if gz else open)(path, "rb") as f:
+        tail = b""
+        while True:
+            chunk = f.read(block)
+            buf = tail + chunk
+            # A match starting before `cut` lies whole in `buf`; later ones wait for the next block.
+            cut = len(buf) if not chunk else max(0, len(buf) - 256)
+            for m in _CATEGORY.finditer(buf, 0, len(buf)):
+                if m.start() >= cut:
+                    break
+                counts[m.group(1).decode("utf-8", "replace")] += 1
+            if not chunk:
+                return counts
+            tail = buf[cut:]
 
 
 def analyze_rank_file(path: str, steps: str | None = None, jobs: int = 1) -> RankResult:
@@ -39,15 +122,28 @@ def analyze_rank_file(path: str, steps: str | None = None, jobs: int = 1) -> Ran
     return analyze_rank(load_trace(path, jobs), steps)
 
 
-def _analyze_one(path: str, steps: str | None, jobs: int = 1) -> tuple[str, RankResult | str]:
+def analyze_rank_file_seen(path: str, steps: str | None = None, jobs: int = 1
+                           ) -> tuple[RankResult, TraceSight]:
+    """`analyze_rank_file` plus what the trace let the tool see of the device."""
+    tr = load_trace(path, jobs)
+    result, sight = analyze_rank(tr, steps), trace_sight(tr)
+    if sight.problem:
+        result.warnings.append(sight.problem)
+    return result, sight
+
+
+Outcome = tuple[str, RankResult | str, TraceSight | None]
+
+
+def _analyze_one(path: str, steps: str | None, jobs: int = 1) -> Outcome:
     try:
-        return "ok", analyze_rank_file(path, steps, jobs)
+        return ("ok", *analyze_rank_file_seen(path, steps, jobs))
     except (TraceFormatError, WindowError) as e:
-        return "error", str(e)
+        return "error", str(e), None
     except MemoryError:
-        return "error", "out of memory while analysing"
+        return "error", "out of memory while analysing", None
     except Exception as e:  # one bad file must not stop the others; say what broke
-        return "error", f"internal error: {type(e).__name__}: {e}"
+        return "error", f"internal error: {type(e).__name__}: {e}", None
 
 
 def peek_rank(path: str) -> int | None:
@@ -72,7 +168,7 @@ def _workers(n_files: int, jobs: int | None) -> int:
 
 
 def analyze_files(files: list[str], steps: str | None = None, jobs: int | None = None
-                  ) -> list[tuple[str, RankResult | str]]:
+                  ) -> list[Outcome]:
     """Analyse files (in parallel when more than one), results in the files' order."""
     if len(files) == 1:
         # One file: its own decoding may use the CPUs (byte ranges of a large file).
@@ -108,22 +204,25 @@ def assign_ranks(results: list[RankResult], files: list[str], warnings: list[Err
 
 
 def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None = None,
-                  jobs: int | None = None) -> Report:
-    """`torchdoctor analyze`: traces and/or run directories in, a diagnosed report out."""
+                  jobs: int | None = None, config: user_config.LoadedConfig | None = None) -> Report:
+    """`torchdoctor analyze`: traces and/or run directories in, a diagnosed report out.
+
+    `config`: the rule configuration (default: the running command's, `config.active()`)."""
     runs = [p for p in paths if is_run_dir(p)]
     if runs:
         return report_from_run_dir(runs[0], steps=steps, rank=rank, jobs=jobs,
-                                   extra=[p for p in paths if p != runs[0]])
-    results, errors, warnings = analyze_traces(paths, steps, rank, jobs)
+                                   extra=[p for p in paths if p != runs[0]], config=config)
+    results, errors, warnings, sights = analyze_traces(paths, steps, rank, jobs)
     if rank is not None and not results and not errors:
         errors.append(ErrorEntry(", ".join(paths), f"no trace of rank {rank}"))
-    return build_report([RankInputs(r.rank, result=r) for r in results], errors, warnings)
+    return build_report([RankInputs(r.rank, result=r) for r in results], errors, warnings,
+                        config=config, sights=sights)
 
 
 def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None = None,
                    jobs: int | None = None, taken: dict[int, str] | None = None
-                   ) -> tuple[list[RankResult], list[ErrorEntry], list[ErrorEntry]]:
-    """Trace files, directories or globs -> (rank results, input errors, warnings).
+                   ) -> tuple[list[RankResult], list[ErrorEntry], list[ErrorEntry], dict[str, TraceSight]]:
+    """Trace files, directories or globs -> (rank results, input errors, warnings, sight by file).
 
     `taken`: ranks already reported elsewhere (a run directory's), kept apart from these.
     """
@@ -132,29 +231,39 @@ def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None 
     if rank is not None:
         files = [f for f in files if peek_rank(f) in (rank, None)]
     results: list[RankResult] = []
-    for f, (status, value) in zip(files, analyze_files(files, steps, jobs), strict=True):
+    sights: dict[str, TraceSight] = {}
+    for f, (status, value, sight) in zip(files, analyze_files(files, steps, jobs), strict=True):
         if status == "ok":
             assert isinstance(value, RankResult)
             results.append(value)
+            if sight is not None:
+                sights[value.file] = sight
         else:
             errors.append(ErrorEntry(f, str(value)))
     warnings: list[ErrorEntry] = []
     assign_ranks(results, files, warnings, taken)
     if rank is not None:
         results = [r for r in results if r.rank == rank]
-    return results, errors, warnings
+    return results, errors, warnings, sights
 
 
 def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
                  warnings: Iterable[ErrorEntry] = (), run: dict | None = None,
-                 source: str = "trace") -> Report:
-    """Cross-rank metrics, the diagnosis matrix and the report around per-rank inputs."""
+                 source: str = "trace", config: user_config.LoadedConfig | None = None,
+                 sights: dict[str, TraceSight] | None = None) -> Report:
+    """Cross-rank metrics, the diagnosis matrix, the blind spots and the report around per-rank inputs.
+
+    `config`: the rule configuration (default: the running command's, `config.active()`);
+    `sights`: what each trace file let the tool see (`trace_sight`), by file.
+    """
+    loaded = config if config is not None else user_config.active()
     ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
     results = [r.result for r in ranks if r.result is not None]
     cross = cross_rank(results)
     inputs = RuleInputs(ranks=ranks, cross=cross, run=run or {})
-    findings, problems = diagnose(inputs)
-    warn = list(warnings)
+    findings, problems = diagnose(inputs, loaded.rules)
+    warn = list(loaded.warnings) + list(warnings)
+    errors = [*loaded.errors, *errors]
     for r in results:
         warn.extend(ErrorEntry(r.file, w) for w in r.warnings)
     warn.extend(ErrorEntry("torchdoctor", p) for p in problems)
@@ -169,12 +278,187 @@ def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
             metrics=msgspec.to_builtins(res.metrics) if res else {},
             analysis=res, facts=ri.facts,
         ))
+    spots = blind_spots(ranks, run or {}, sights or {}, warn)
     healthy = None
-    if ranks:
+    if ranks and not spots:
         healthy = not any(f.severity in ("critical", "warning") for f in findings)
+        gaps = [g for g in (verdict_gap(ri) for ri in ranks) if g] if healthy else []
+        if gaps:  # nothing wrong in what was seen, but not enough was seen to call it healthy
+            healthy = None
+            spots.append({"kind": NO_VERDICT, "text": "No verdict: " + "; ".join(gaps[:4])
+                          + (f"; and {len(gaps) - 4} more ranks" if len(gaps) > 4 else "") + "."})
     return Report(version=__version__, source=source, ranks=reports, cross_rank=cross,
-                  findings=findings, errors=list(errors), warnings=warn, healthy=healthy,
-                  run=run or {})
+                  findings=findings, errors=errors, warnings=warn, healthy=healthy,
+                  run=run or {}, config=loaded.to_dict(), blind_spots=spots)
+
+
+# --- blind spots --------------------------------------------------------------------------------
+
+def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight],
+                warnings: list[ErrorEntry]) -> list[dict]:
+    """What the tool could not see, most fundamental first: the job's end, then each trace."""
+    spots = run_blind_spots(ranks, run) if run else []
+    for ri in ranks:
+        res = ri.result
+        spots.extend(trace_blind_spots(ri, sights.get(res.file) if res else None, warnings))
+    spots.extend(own_profiler_spots(ranks, warnings))
+    return spots
+
+
+def _rank_label(ri: RankInputs) -> str:
+    where = os.path.basename(ri.result.file) if ri.result and ri.result.file else ""
+    return f"Rank {ri.rank}" + (f" ({where})" if where else "")
+
+
+def trace_blind_spots(ri: RankInputs, sight: TraceSight | None, warnings: list[ErrorEntry]) -> list[dict]:
+    """Blind spots of one rank's trace: no device activity, counters only, an unknown accelerator."""
+    res, facts = ri.result, ri.facts
+    if res is None:
+        return []
+    label, spots = _rank_label(ri), []
+    if sight is not None and sight.range_events and not sight.device_events:
+        spots.append({"kind": RANGE_PROFILER, "rank": ri.rank, "file": res.file, "events": sight.range_events,
+                      "text": f"{label} is a CUPTI range-profiler trace ({sight.range_events} cuda_profiler_range "
+                              "events): it holds hardware counters per kernel or range, not a timeline (their "
+                              "times are placeholders), so device busy and idle time cannot be measured from "
+                              "it; record a regular trace with activities=[ProfilerActivity.CPU, "
+                              "ProfilerActivity.CUDA] and no profiler_metrics."})
+    elif res.device_kind == "cpu" and _has_accelerator(res, sight, facts):
+        device = res.device or (facts.device.name if facts is not None else None) or "an accelerator"
+        activity = _ACTIVITY.get(facts.device.kind, "CUDA") if facts is not None else "CUDA"  # ROCm too
+        spots.append({"kind": NO_DEVICE, "rank": ri.rank, "file": res.file, "device": device,
+                      "text": f"{label}: device activity was not recorded: profile with "
+                              f"activities=[ProfilerActivity.CPU, ProfilerActivity.{activity}] (the trace comes "
+                              f"from a machine with {device} but holds no kernel, memcpy or memset event)."})
+    elif sight is not None and sight.range_events:
+        warnings.append(ErrorEntry(res.file, f"{sight.range_events} cuda_profiler_range (counter) events "
+                                             "not analysed"))
+    if sight is not None and sight.unknown_device:
+        listed = ", ".join(f"{c} ({n})" for c, n in sight.unknown_device.items())
+        spots.append({"kind": UNKNOWN_DEVICE, "rank": ri.rank, "file": res.file,
+                      "categories": dict(sight.unknown_device),
+                      "text": f"{label}: accelerator not recognised: device events of category {listed} "
+                              "that the decoder cannot classify; numbers for that device are not checked "
+                              "(busy, idle and the findings count only CUDA/ROCm kernels, copies and sets)."})
+    return spots
+
+
+def _has_accelerator(res: RankResult, sight: TraceSight | None, facts: RankFacts | None) -> bool:
+    """Whether the machine that recorded a trace had an accelerator the trace should show."""
+    if facts is not None and facts.device.kind in _ACTIVITY:
+        return True
+    return bool(res.device) or bool(sight and sight.device_properties) or res.launches.launches > 0
+
+
+def _how(f: RankFacts) -> str:
+    """How a rank ended, in words ("was killed by SIGKILL", "exited with code 3", ...)."""
+    raised = f.ended.split(":", 1)[1] if f.ended and f.ended.startswith("exception:") else None
+    if f.exit_code is not None and f.exit_code < 0:
+        return f"was killed by {f.signal or f'signal {-f.exit_code}'}"
+    if raised:
+        return f"raised {raised}" + (f" and exited with code {f.exit_code}" if f.exit_code else "")
+    if f.exit_code:
+        return f"exited with code {f.exit_code}"
+    if f.ended is None:
+        return "stopped without Python shutting down (killed by a signal or os._exit; no exit status recorded)"
+    return "exited"
+
+
+def _when(f: RankFacts) -> str:
+    return (f"after step {f.last_step} (the last step the probe recorded)" if f.last_step is not None
+            else "before its first step")
+
+
+def _job_status(run: dict) -> str:
+    code = run.get("exit_code")
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _failed_ranks(facts: list[RankFacts], job_failed: bool) -> list[RankFacts]:
+    """Ranks that failed, the first failure first (earliest reaped, else lowest rank)."""
+    failed = [f for f in facts if (f.exit_code not in (None, 0))
+              or (f.ended or "").startswith("exception:")]
+    if not failed and job_failed:
+        failed = [f for f in facts if f.ended is None]  # they never reached Python's shutdown
+    return sorted(failed, key=lambda f: (f.exit_time is None, f.exit_time or 0.0, f.rank))
+
+
+def run_blind_spots(ranks: list[RankInputs], run: dict) -> list[dict]:
+    """A live job that ended before its first step, or that failed: which rank, at which step, how."""
+    facts = [ri.facts for ri in ranks if ri.facts is not None]
+    code = run.get("exit_code")
+    job_failed = code not in (None, 0)
+    failed = _failed_ranks(facts, job_failed)
+    stepped = any(f.steps or f.profile_steps or f.last_step is not None for f in facts)
+    first = failed[0] if failed else None
+    detail = {"exit_code": code}
+    if first is not None:
+        detail.update(rank=first.rank, step=first.last_step, how=_how(first),
+                      rank_exit_code=first.exit_code, signal=first.signal)
+    if not stepped:
+        text = f"The job ended ({_job_status(run)}) before its first training step: the probe recorded no step"
+        text += f"; rank {first.rank} {_how(first)}." if first is not None else ", so there is nothing to diagnose."
+        return [{"kind": NO_STEP, "text": text, **detail}]
+    if not (job_failed or failed):
+        return []
+    if first is None:
+        text = f"The job failed ({_job_status(run)}) after its ranks had ended (no rank reported a failure)."
+    else:
+        text = f"The job failed ({_job_status(run)}): rank {first.rank} {_how(first)} {_when(first)}."
+        later = [f"rank {f.rank} {_how(f)} {_when(f)}" for f in failed[1:4]]
+        if later:
+            text += " Then " + "; ".join(later) + "."
+    return [{"kind": JOB_FAILED, "text": text, **detail}]
+
+
+def own_profiler_spots(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> list[dict]:
+    """Ranks that ran their own torch.profiler (the probe then records no window): name their traces."""
+    own = [ri for ri in ranks if ri.facts is not None and ri.facts.own_profiler]
+    if not own:
+        return []
+    traces = sorted({p for ri in own for p in ri.facts.own_traces if os.path.exists(p)})
+    names = ", ".join(str(ri.rank) for ri in own)
+    if traces:
+        where = os.path.commonpath([os.path.dirname(p) for p in traces]) if len(traces) > 1 else traces[0]
+        found = (f"Its traces: {', '.join(traces[:6])}{' …' if len(traces) > 6 else ''}; "
+                 f"diagnose them with `torchdoctor analyze {where}`.")
+    else:
+        found = ("The trace files it wrote were not found (the probe notes those written through "
+                 "export_chrome_trace, which tensorboard_trace_handler uses).")
+    if all(ri.result is not None for ri in own):  # the probe's window still ran: a remark, not a gap
+        warnings.append(ErrorEntry("torchdoctor", f"rank {names} also ran its own torch.profiler. {found}"))
+        return []
+    return [{"kind": OWN_PROFILER, "ranks": [ri.rank for ri in own], "traces": traces,
+             "text": f"Rank {names} ran its own torch.profiler, so the probe stood aside and recorded no "
+                     f"profiler window: this report has no device timeline. {found}"}]
+
+
+def verdict_gap(ri: RankInputs) -> str | None:
+    """Why this rank does not support a "healthy" verdict (None when it does): a verdict needs
+    device activity over steady steps, or, for a CPU-only job, its steps."""
+    res, facts = ri.result, ri.facts
+    if res is not None:
+        w = res.window
+        if not w.steps and w.mode != "trace":
+            return f"rank {ri.rank} has no training steps (ProfilerStep#N) in its trace to judge"
+        if res.device_kind != "cpu" and not res.metrics.busy_pct:
+            span = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
+            return f"rank {ri.rank} shows no device activity inside the analysed window ({span})"
+        return None
+    if facts is not None:
+        if facts.device.kind != "cpu":
+            return f"rank {ri.rank} has no analysed profiler window, so its device activity was not seen"
+        if not facts.steps:
+            return f"rank {ri.rank} recorded no training step"
+        return None
+    return f"rank {ri.rank} has nothing recorded"
 
 
 # --- run directories (written by `torchdoctor run`) -------------------------------------------
@@ -197,7 +481,8 @@ def is_run_dir(path: str) -> bool:
 
 
 def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None = None,
-                        jobs: int | None = None, extra: list[str] | None = None) -> Report:
+                        jobs: int | None = None, extra: list[str] | None = None,
+                        config: user_config.LoadedConfig | None = None) -> Report:
     """Rebuild the report of a live run from its directory (facts + per-rank analyses).
 
     Ranks whose trace is present under the run directory are re-analysed when a different
@@ -209,8 +494,10 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
         with open(path, "rb") as f:
             manifest = msgspec.json.decode(f.read(), type=_RunManifest)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        return build_report([], [ErrorEntry(path, f"unreadable run manifest: {e}")], source="run")
+        return build_report([], [ErrorEntry(path, f"unreadable run manifest: {e}")], source="run",
+                            config=config)
     inputs: list[RankInputs] = []
+    sights: dict[str, TraceSight] = {}
     for entry in manifest.ranks:
         facts, result = entry.facts, entry.analysis
         r = facts.rank if facts else (result.rank if result else None)
@@ -218,11 +505,13 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
             continue
         trace = os.path.join(run_dir, facts.trace_file) if facts and facts.trace_file else None
         if trace and os.path.isfile(trace) and (steps is not None or result is None):
-            status, value = _analyze_one(trace, steps)
+            status, value, sight = _analyze_one(trace, steps)
             if status == "ok":
                 assert isinstance(value, RankResult)
                 result = value
                 result.rank = r
+                if sight is not None:
+                    sights[result.file] = sight
             else:
                 errors.append(ErrorEntry(trace, str(value)))
         inputs.append(RankInputs(r, result=result, facts=facts))
@@ -230,9 +519,10 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
     if extra:
         # Traces named beside the run directory join its ranks (cross-rank metrics, diagnosis).
         taken = {ri.rank: run_dir for ri in inputs if ri.rank is not None}
-        more, more_errors, warnings = analyze_traces(extra, steps, rank, jobs, taken)
+        more, more_errors, warnings, more_sights = analyze_traces(extra, steps, rank, jobs, taken)
         inputs.extend(RankInputs(r.rank, result=r) for r in more)
         errors.extend(more_errors)
+        sights.update(more_sights)
     run = {"dir": run_dir, "command": manifest.command, "exit_code": manifest.exit_code,
            "duration_s": manifest.duration_s}
-    return build_report(inputs, errors, warnings, run=run, source="run")
+    return build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)

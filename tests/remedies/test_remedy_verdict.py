@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts, StepTiming
+from torchdoctor.fixer import DEFAULT_REPEATS, Plan, pick_workers, round_arms, round_order, workers_plan
+from torchdoctor.remedies import verdict
 from torchdoctor.remedies.catalogue import BY_ID, REMEDIES, Spec, parse, parse_all
 from torchdoctor.remedies.measure import Arm, job_rate, loss_diff
 from torchdoctor.remedies.select import Choice, JobFacts, choose, finalize, workers_for
-from torchdoctor.remedies.verdict import judge
+from torchdoctor.remedies.verdict import judge, paired, sign_test
 from torchdoctor.report.model import Finding
 
 REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persistent_workers", "dataloader.prefetch",
@@ -48,8 +53,9 @@ def test_workers_follow_the_kind_of_loading() -> None:
     # CPU-bound loading: PL's CPUs // local ranks - 1, at least 1.
     assert workers_for(JobFacts([rank(140, 95, 95)]))[0] == 1
     # Latency-bound (idle while waiting): enough workers to hide the wait, up to the CPUs in the mask.
+    # ceil(95 / (140 - 95)) = 3, more than the 2 CPUs: waiting workers cost no cores (cap 4 x CPUs).
     n, why = workers_for(JobFacts([rank(140, 95, 20)]))
-    assert n == 2 and "latency-bound" in why
+    assert n == 3 and "latency-bound" in why
 
 
 def finding(fid: str, remedy: str, severity: str = "warning") -> Finding:
@@ -66,12 +72,12 @@ def test_choose_by_class_with_followers_and_preconditions() -> None:
     assert "precision.tf32" in [c.spec.id for c in choose(findings, "numerics")]
     jf = JobFacts([rank(140, 95, 20, ddp=[DDPFacts(find_unused_parameters=True, unused_parameter_size=4096)])])
     kept, refused = finalize(safe, jf)
-    assert [str(c.spec) for c in kept] == ["dataloader.workers=2", "dataloader.persistent_workers",
+    assert [str(c.spec) for c in kept] == ["dataloader.workers=3", "dataloader.persistent_workers",
                                            "dataloader.prefetch"]
     assert "needs an accelerator" in refused["dataloader.pin_memory"]
     assert "4096 bytes of unused parameters" in refused["ddp.find_unused_false"]
     _, refused = finalize([Choice(Spec("dataloader.workers", "64"), "asked for")], jf)
-    assert "beyond the 2 CPU(s)" in refused["dataloader.workers"]
+    assert "beyond 4 per CPU of the 2 CPU(s)" in refused["dataloader.workers"]
     gpu = JobFacts([rank(10, 1, 50, device=DeviceFacts(kind="cuda"))])
     assert not finalize([Choice(Spec("dataloader.pin_memory"), "")], gpu)[1]
 
@@ -89,64 +95,195 @@ def arm(label: str, kind: str, rate: float, losses: list[float], k: int, specs: 
 SAME = [2.3, 2.2, 2.1]
 
 
-def test_faster_and_identical_is_kept() -> None:
+def rounds(base: list[float], treated: list[float], specs: list[str], losses: list[float] | None = None) -> list[Arm]:
+    """Round k: A_k at base[k], B_k at treated[k] (B_k's losses ``losses``, else the baseline's)."""
+    out = []
+    for k, (a, b) in enumerate(zip(base, treated, strict=True), start=1):
+        out += [arm(f"A{k}", "baseline", a, SAME, k), arm(f"B{k}", "treated", b, losses or SAME, k, specs)]
+    return out
+
+
+def noisy(rng: np.random.Generator, level: float, n: int, sd: float = 0.03) -> list[float]:
+    return [float(x) for x in level * (1 + rng.normal(0, sd, n))]
+
+
+def bootstrap(ratios: list[float]) -> tuple[float, float]:
+    """The documented interval, recomputed: 90% percentile bootstrap of mean log-ratio, seeded."""
+    logs = np.log(ratios)
+    idx = np.random.default_rng(verdict.BOOTSTRAP_SEED).integers(0, len(logs), size=(2000, len(logs)))
+    lo, hi = np.percentile(logs[idx].mean(axis=1), [5, 95])
+    return math.exp(lo), math.exp(hi)
+
+
+def test_sign_test_is_the_exact_two_sided_binomial() -> None:
+    assert sign_test([1.3, 1.2, 1.4, 1.1]) == 0.125  # 4/4 faster: 2 x (1/2)^4
+    assert sign_test([1.3, 1.2, 1.4, 0.9]) == 0.625  # 3/4: 2 x (4 + 1) / 16
+    assert sign_test([0.5] * 6) == pytest.approx(2 / 64)
+    assert sign_test([1.2, 1.0, 0.8]) == 1.0  # the tie carries no sign: 1 up, 1 down
+    assert sign_test([1.0, 1.0]) is None
+
+
+def test_interval_is_the_seeded_bootstrap_and_needs_three_pairs() -> None:
+    assert verdict.CONFIDENCE == 0.90 and verdict.BOOTSTRAP_RESAMPLES == 2000 and verdict.MIN_PAIRS == 3
+    # Hand-checked: equal ratios give a point interval. With 3 pairs, 1/27 (3.7%) of the resamples
+    # are the smallest ratio thrice and 3/27 the smallest twice with the middle one: the 5th
+    # percentile is the geometric mean of (1.0, 1.0, 1.2), the 95th that of (1.2, 1.5, 1.5).
+    same = paired([1.25, 1.25, 1.25])
+    assert same.interval == pytest.approx((1.25, 1.25)) and same.geomean == pytest.approx(1.25)
+    small = paired([1.0, 1.2, 1.5])
+    assert small.interval == pytest.approx((1.2 ** (1 / 3), (1.2 * 1.5 * 1.5) ** (1 / 3)), rel=1e-12)
+    assert small.gain and small.sign_p == 0.5  # the tie has no sign: 2 of 2 faster, 2 x 1/4
+    rs = [1.1, 1.25, 1.6, 0.97]
+    p = paired(rs)
+    assert p.geomean == pytest.approx((1.1 * 1.25 * 1.6 * 0.97) ** 0.25)
+    assert p.interval == pytest.approx(bootstrap(rs), rel=1e-12)
+    assert min(rs) < p.interval[0] < p.geomean < p.interval[1] < max(rs)  # type: ignore[index]
+    assert paired(rs) == p  # seeded: the same numbers every time
+    two = paired([3.0, 3.1])
+    assert two.interval is None and not two.gain and "interval not established" in two.text()
+
+
+def test_a_real_gain_is_kept_with_an_interval_that_excludes_one() -> None:
+    rng = np.random.default_rng(7)
+    base, treated = noisy(rng, 10, 4), noisy(rng, 13, 4)
+    out = judge(rounds(base, treated, ["dataloader.workers=2"]), [Spec("dataloader.workers", "2")], {})
+    ratios = [b / a for a, b in zip(base, treated, strict=True)]
+    lo, hi = bootstrap(ratios)
+    assert lo > 1.1 and hi < 1.6  # the setup: 1.3 +- noise
+    assert out.ab.interval == pytest.approx([round(lo, 4), round(hi, 4)])
+    assert out.ab.speedup_geomean == pytest.approx(round(math.exp(np.mean(np.log(ratios))), 4))
+    assert out.ab.pairs == 4 and out.ab.sign_p == 0.125 and "bootstrap" in out.ab.method
+    v, r = out.verdicts[0], out.ab.remedies[0]
+    assert v.status == "kept" and r.kept and v.reason.startswith("faster: x1.")
+    assert r.interval == out.ab.interval and r.pairs == 4 and r.method == "treated / baseline, per round"
+
+
+def test_a_slower_remedy_is_rejected() -> None:
+    rng = np.random.default_rng(11)
+    out = judge(rounds(noisy(rng, 10, 4), noisy(rng, 6, 4), ["ddp.bucket_cap=0.001"]),
+                [Spec("ddp.bucket_cap", "0.001")], {})
+    assert out.ab.interval is not None and out.ab.interval[1] < 0.7
+    v = out.verdicts[0]
+    assert v.status == "rejected" and v.reason.startswith("the job is slower: x0.")
+
+
+def test_a_neutral_remedy_is_no_gain_unless_free() -> None:
+    rng = np.random.default_rng(3)
+    base, treated = noisy(rng, 10, 6), noisy(rng, 10, 6)
+    arms = rounds(base, treated, ["optim.foreach"])
+    out = judge(arms, [Spec("optim.foreach")], {})
+    lo, hi = out.ab.interval  # type: ignore[misc]
+    assert lo < 1 < hi  # the setup: ratios around 1 with noise
+    v = out.verdicts[0]
+    assert v.status == "rejected" and not out.ab.remedies[0].kept
+    assert v.reason.startswith("no established gain: x") and "faster" not in v.reason
+    # The same numbers for a remedy that costs nothing by construction: kept, labelled neutral.
+    assert BY_ID["debug.off"].free and BY_ID["debug.off"].safety == "safe"
+    assert {r.id for r in REMEDIES if r.free} == {"debug.off", "ddp.find_unused_false"}
+    free = judge(rounds(base, treated, ["debug.off"]), [Spec("debug.off")], {}).verdicts[0]
+    assert free.status == "kept" and free.reason.startswith("neutral, kept because it costs nothing (it only")
+    # ... but not when it is measured slower.
+    slow = judge(rounds(base, [x * 0.6 for x in treated], ["debug.off"]), [Spec("debug.off")], {}).verdicts[0]
+    assert slow.status == "rejected" and "slower" in slow.reason
+
+
+def test_fewer_than_three_rounds_establish_nothing() -> None:
     specs = [Spec("dataloader.workers", "2")]
-    arms = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 30, SAME, 1, ["dataloader.workers=2"]),
-            arm("A2", "baseline", 10.5, SAME, 2), arm("B2", "treated", 29, SAME, 2, ["dataloader.workers=2"])]
-    out = judge(arms, specs, {})
-    assert out.ab.speedup_min == pytest.approx(29 / 10.5, rel=1e-3) and out.ab.speedup_max == 3.0
-    assert out.loss.status == "identical"
-    assert out.verdicts[0].status == "kept" and out.ab.remedies[0].kept
-
-
-def test_slower_beyond_noise_is_rejected_within_noise_kept() -> None:
-    spec = [Spec("ddp.bucket_cap", "0.001")]
-    slow = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 6, SAME, 1, ["ddp.bucket_cap=0.001"]),
-            arm("A2", "baseline", 10.2, SAME, 2), arm("B2", "treated", 6.1, SAME, 2, ["ddp.bucket_cap=0.001"])]
-    v = judge(slow, spec, {}).verdicts[0]
-    assert v.status == "rejected" and "slower" in v.reason
-    flat = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 9.9, SAME, 1, ["ddp.bucket_cap=0.001"])]
-    assert judge(flat, spec, {}).verdicts[0].status == "kept"
+    two = judge(rounds([10, 10.5], [30, 29], ["dataloader.workers=2"]), specs, {})
+    assert two.ab.speedup_min == pytest.approx(29 / 10.5, rel=1e-3) and two.ab.speedup_max == 3.0
+    assert two.ab.interval is None and two.ab.pairs == 2 and two.loss.status == "identical"
+    assert two.verdicts[0].status == "rejected" and "interval not established" in two.verdicts[0].reason
+    three = judge(rounds([10, 10.5, 9.8], [30, 29, 31], ["dataloader.workers=2"]), specs, {})
+    assert three.verdicts[0].status == "kept" and three.ab.remedies[0].kept
 
 
 def test_changed_losses_reject_safe_and_numerics_has_a_tolerance() -> None:
     moved = [2.3, 2.21, 2.1]
-    safe = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 20, moved, 1, ["optim.foreach"]),
-            arm("A2", "baseline", 10, SAME, 2), arm("B2", "treated", 20, moved, 2, ["optim.foreach"])]
-    out = judge(safe, [Spec("optim.foreach")], {})
+    out = judge(rounds([10, 10], [20, 20], ["optim.foreach"], moved), [Spec("optim.foreach")], {})
     assert out.loss.status == "changed" and out.verdicts[0].status == "rejected"
-    num = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 20, moved, 1, ["optim.fused"])]
-    assert judge(num, [Spec("optim.fused")], {}).verdicts[0].status == "kept"
-    far = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 20, [2.3, 3.0, 2.1], 1, ["optim.fused"])]
+    num = judge(rounds([10, 10.2, 9.9], [20, 20.5, 19.8], ["optim.fused"], moved), [Spec("optim.fused")], {})
+    assert num.loss.status == "within tolerance" and num.verdicts[0].status == "kept"
+    far = rounds([10, 10.2, 9.9], [20, 20.5, 19.8], ["optim.fused"], [2.3, 3.0, 2.1])
     assert judge(far, [Spec("optim.fused")], {}).verdicts[0].status == "rejected"
 
 
 def test_a_baseline_that_does_not_reproduce_makes_the_check_inconclusive() -> None:
-    arms = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 20, [2.3, 2.205, 2.1], 1, ["optim.foreach"]),
-            arm("A2", "baseline", 10, [2.3, 2.21, 2.1], 2), arm("B2", "treated", 20, SAME, 2, ["optim.foreach"])]
+    arms = rounds([10, 10, 10.1], [20, 20, 20.2], ["optim.foreach"], [2.3, 2.205, 2.1])
+    arms[2].losses = {0: [2.3, 2.21, 2.1]}  # A2 differs from A1 by 0.01
     out = judge(arms, [Spec("optim.foreach")], {})
     assert out.loss.status == "inconclusive" and out.verdicts[0].status == "kept"
 
 
 def test_leave_one_out_blames_the_slow_remedy_only() -> None:
     s = ["dataloader.workers=2", "ddp.bucket_cap=0.001"]
-    arms = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 20, SAME, 1, s),
-            arm("C1-w", "ablated", 10, SAME, 1, s[1:], without="dataloader.workers"),
-            arm("C1-b", "ablated", 30, SAME, 1, s[:1], without="ddp.bucket_cap")]
+    arms = []
+    for k, (a, b, w, c) in enumerate([(10, 20, 10, 30), (10.2, 20.4, 10.1, 29), (9.9, 19.5, 10, 31)], start=1):
+        arms += [arm(f"A{k}", "baseline", a, SAME, k), arm(f"B{k}", "treated", b, SAME, k, s),
+                 arm(f"C{k}-w", "ablated", w, SAME, k, s[1:], without="dataloader.workers"),
+                 arm(f"C{k}-b", "ablated", c, SAME, k, s[:1], without="ddp.bucket_cap")]
     v = {x.spec.id: x for x in judge(arms, [parse(t)[0] for t in s], {}).verdicts}  # type: ignore[misc]
-    assert v["dataloader.workers"].status == "kept" and v["dataloader.workers"].speedup == 2.0
+    w = v["dataloader.workers"]
+    assert w.status == "kept" and w.speedup == 2.0 and w.stat is not None and w.stat.pairs == 3
+    assert w.stat.interval == pytest.approx(bootstrap([20 / 10, 20.4 / 10.1, 19.5 / 10]))
     assert v["ddp.bucket_cap"].status == "rejected" and "faster without it" in v["ddp.bucket_cap"].reason
 
 
 def test_refused_and_noop_and_failed() -> None:
     specs = [Spec("dataloader.pin_memory"), Spec("debug.off"), Spec("optim.foreach")]
-    arms = [arm("A1", "baseline", 10, SAME, 1), arm("B1", "treated", 10, SAME, 1, ["optim.foreach"])]
-    arms[1].specs = ["debug.off", "optim.foreach"]
+    arms = rounds([10, 10, 10], [10, 10, 10], ["optim.foreach"])
+    for a in arms[1::2]:
+        a.specs = ["debug.off", "optim.foreach"]
     out = judge(arms, specs, {"dataloader.pin_memory": "needs an accelerator"})
     status = {v.spec.id: v.status for v in out.verdicts}
-    assert status == {"dataloader.pin_memory": "refused", "debug.off": "no-op", "optim.foreach": "kept"}
+    # Every pair a tie: no sign, a point interval at 1, so no gain for optim.foreach.
+    assert status == {"dataloader.pin_memory": "refused", "debug.off": "no-op", "optim.foreach": "rejected"}
+    assert out.ab.interval == [1.0, 1.0] and out.ab.sign_p is None
     arms[1].exit_code = 1
-    assert judge(arms, [Spec("optim.foreach")], {}).verdicts[0].status == "rejected"
+    failed = judge(arms, [Spec("optim.foreach")], {}).verdicts[0]
+    assert failed.status == "rejected" and "the job failed" in failed.reason
+
+
+def test_rounds_are_counterbalanced() -> None:
+    plan = Plan(["dataloader.workers=1", "optim.foreach"], ["dataloader.workers=2", "optim.foreach"],
+                [Choice(Spec("optim.foreach"), "")])
+    order = [[a.label for a in round_order(k, round_arms(k, "/o", plan))] for k in (1, 2, 3, 4)]
+    assert order == [["A1", "B1", "V1", "C1-optim.foreach"], ["C2-optim.foreach", "V2", "B2", "A2"],
+                     ["A3", "B3", "V3", "C3-optim.foreach"], ["C4-optim.foreach", "V4", "B4", "A4"]]
+    arms = round_arms(2, "/o", plan)
+    assert {a.round for a in arms} == {2} and arms[3].specs == ["dataloader.workers=1"]
+    assert round_order(2, ["A", "B"]) == ["B", "A"] and round_order(3, ["A", "B"]) == ["A", "B"]
+    assert DEFAULT_REPEATS == 3
+
+
+def test_workers_n_plus_one_is_kept_only_when_established() -> None:
+    jf = JobFacts([rank(140, 95, 20)])  # 2 CPUs in the mask: the job refuses more than 4 x 2 workers
+    choices = [Choice(Spec("dataloader.workers", "1"), "DL-2"), Choice(Spec("dataloader.prefetch"), "f")]
+    kept, variant, info = workers_plan(choices, jf)
+    assert variant == ["dataloader.workers=2", "dataloader.prefetch"] and info == {
+        "advised": 1, "measured": [1, 2], "kept": 1, "notes": []}
+    # Latency-bound loading may use more workers than CPUs; the cap is 4 per CPU (8 here).
+    same, more, info2 = workers_plan([Choice(Spec("dataloader.workers", "3"), "DL-2")], jf)
+    assert str(same[0].spec) == "dataloader.workers=3" and more == ["dataloader.workers=4"]
+    high, none, info3 = workers_plan([Choice(Spec("dataloader.workers", "9"), "DL-2")], jf)
+    assert str(high[0].spec) == "dataloader.workers=8" and none is None and info3 is not None
+    assert info3["measured"] == [8] and "beyond 4 per CPU of the 2 CPU(s)" in info3["notes"][0]
+
+    def run_of(v_rates: list[float]) -> list[Arm]:
+        arms = rounds([10, 10, 10], [15, 15.2, 14.9], ["dataloader.workers=1", "dataloader.prefetch"])
+        for k, r in enumerate(v_rates, start=1):
+            arms.append(arm(f"V{k}", "variant", r, SAME, k, variant))
+        return arms
+
+    flat = run_of([15.1, 15.0, 15.0])  # N+1 / N: 1.007, 0.987, 1.007
+    assert pick_workers(flat, dict(info, notes=[]), kept) == kept
+    assert [a.label for a in flat if a.kind == "treated"] == ["B1", "B2", "B3"]
+    faster = run_of([18, 18.1, 18.3])
+    info2 = dict(info, notes=[])
+    won = pick_workers(faster, info2, kept)
+    assert str(won[0].spec) == "dataloader.workers=2" and info2["kept"] == 2 and info2["interval"][0] > 1
+    assert [a.label for a in faster if a.kind == "treated"] == ["V1", "V2", "V3"]
+    out = judge(faster, [c.spec for c in won], {})
+    assert out.ab.speedup_geomean == pytest.approx(round((1.8 * 18.1 / 10 * 1.83) ** (1 / 3), 4), abs=1e-4)
 
 
 def test_rates_use_the_slowest_rank_after_warm_up() -> None:

@@ -80,7 +80,10 @@ def test_cpu_only_gloo_trace(real):
 
 def test_traces_without_device_work_in_window_say_so(real):
     rep = real("mi250_rocm_minitoy")
-    assert [f.id for f in rep.findings] == ["HO-1"] and rep.healthy is True
+    assert [f.id for f in rep.findings] == ["HO-1"]
+    # Nothing wrong in the window, but no device activity in it either: no "healthy" verdict.
+    assert rep.healthy is None and [s["kind"] for s in rep.blind_spots] == ["no-verdict"]
+    assert "no device activity inside the analysed window" in rep.blind_spots[0]["text"]
 
 
 def test_two_ranks_together(real):

@@ -85,6 +85,13 @@ class Probe:
         accelerator = getattr(torch, "accelerator", torch.cuda)  # torch.accelerator is 2.6+
         self.accelerator = bool(collect.attempt(accelerator.is_available))
         self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        # How the process ends (facts.last_step / ended / own_profiler / own_traces).
+        self.progress: output.Progress | None = None
+        self.last_step: int | None = None
+        self.uncaught: str | None = None  # type name of an uncaught exception (sys.excepthook)
+        self.ended: str | None = None
+        self.own_profiler = False
+        self.own_traces: list[str] = []
 
     # ----------------------------------------------------------------- state
     @property
@@ -103,6 +110,7 @@ class Probe:
             self.cpu0 = sysinfo.own_cpu_s()
             self.children_cpu0 = sysinfo.reaped_children_cpu_s()
             self.last_flush = now
+            self._open_progress()
 
     def user_site(self, depth: int) -> str | None:
         """ "file:line" of the first caller frame (from ``depth`` up) outside torch and the probe."""
@@ -146,7 +154,40 @@ class Probe:
             self.window.abort()
         self.window = ProfilerWindow(self.window.start_step, self.window.end_step)
 
+    def _open_progress(self) -> None:
+        """Start this process's progress line (active processes only: ranks, not launchers)."""
+        try:
+            fault_point("progress")
+            self.progress = output.Progress(self.config.run_dir, self.pid)
+            self.progress.write(self.rank_identity()[0], -1, "run")
+        except Exception as exc:
+            ERRORS.record("progress", exc)
+            self.progress = None
+
+    def _write_progress(self, state: str = "run") -> None:
+        if self.progress is None:
+            return
+        try:
+            rank = self.identity[0] if self.identity else int(os.environ.get("RANK", 0))
+            self.progress.write(rank, -1 if self.last_step is None else self.last_step, state)
+        except Exception as exc:
+            ERRORS.record("progress", exc)
+            self.progress = None
+
+    def note_own_trace(self, path: object) -> None:
+        """The job exported a profiler trace (``export_chrome_trace``, tensorboard_trace_handler)."""
+        if not isinstance(path, str | os.PathLike):
+            return
+        full = os.path.abspath(os.fspath(path))
+        if full.startswith(os.path.abspath(self.config.run_dir) + os.sep):
+            return  # the probe's own window
+        self.own_profiler = True
+        if full not in self.own_traces and len(self.own_traces) < 100:
+            self.own_traces.append(full)
+
     def _after_step(self, closed: int) -> None:
+        self.last_step = closed
+        self._write_progress()
         if closed == 0 and not self.roots_attached:
             # Once: step 0 closes again when a better step source folds the first steps into it.
             self.roots_attached = True
@@ -201,6 +242,7 @@ class Probe:
             else:
                 window.next_step()
         except WindowSkipped as skipped:
+            self.own_profiler = self.own_profiler or skipped.own_profiler
             ERRORS.note(f"profiler window skipped: {skipped}")
         except Exception as exc:
             ERRORS.record("window", exc)
@@ -274,7 +316,10 @@ class Probe:
         return roots
 
     def payload(self) -> output.Payload:
-        return {"facts": msgspec.to_builtins(summary.rank_facts(self)), "analysis": self._analysis()}
+        facts = summary.rank_facts(self)
+        facts.last_step, facts.ended = self.last_step, self.ended
+        facts.own_profiler, facts.own_traces = self.own_profiler, list(self.own_traces)
+        return {"facts": msgspec.to_builtins(facts), "analysis": self._analysis()}
 
     def flush(self, payload: output.Payload | None = None) -> None:
         """Write this rank's summary to ``ranks/``; a failure is recorded, never raised."""
@@ -299,6 +344,8 @@ class Probe:
                 self._finish_window(window, self.clock.index + 1)
             except Exception as exc:
                 ERRORS.record("window", exc)
+        self.ended = f"exception:{self.uncaught}" if self.uncaught else "exit"
+        self._write_progress(self.ended)
         self.flush()
 
     def after_fork_in_child(self) -> None:
@@ -312,6 +359,11 @@ class Probe:
         self.current_loader = self.last_iter = self.last_iter_record = None
         self.nvml = None
         self.own_file = None
+        if self.progress is not None:
+            self.progress.forget()
+        self.progress = None
+        self.last_step = self.uncaught = self.ended = None
+        self.own_profiler, self.own_traces = False, []
         ERRORS.reset()
 
     # ------------------------------------------------------------ event sinks
@@ -375,9 +427,77 @@ def install(config: ProbeConfig) -> Probe | None:
     _probe = probe
     hooks.install_all(probe)
     shims.install_excepthook()
+    for what, watch in (("excepthook", _watch_uncaught), ("children", _watch_children),
+                        ("own profiler", _watch_own_traces)):
+        try:
+            watch(probe)
+        except Exception as exc:
+            ERRORS.record(what, exc)
     atexit.register(_finish)
     os.register_at_fork(after_in_child=_after_fork)
     return probe
+
+
+def _watch_uncaught(probe: Probe) -> None:
+    """Note the type of an uncaught exception (the exit code of the rank says no more than 1)."""
+    previous = sys.excepthook
+
+    def excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+        with contextlib.suppress(Exception):
+            probe.uncaught = etype.__name__
+        previous(etype, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _child_ended(run_dir: str, pid: int, returncode: int | None) -> None:
+    try:
+        output.record_exit(run_dir, pid, returncode)
+    except Exception as exc:
+        ERRORS.record("exit status", exc)
+
+
+def _watch_children(probe: Probe) -> None:
+    """Keep the exit status of probed children this process reaps: torchrun's ranks (subprocess)
+    and mp.spawn's (multiprocessing), which only their parent learns. One existence check per
+    reaped child; a file only for children that have a progress line (probed ranks)."""
+    import subprocess
+    from multiprocessing import popen_fork
+
+    run_dir = probe.config.run_dir
+    handle_exitstatus = subprocess.Popen._handle_exitstatus  # private API: feature-detected
+
+    def reaped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = handle_exitstatus(self, *args, **kwargs)
+        _child_ended(run_dir, self.pid, self.returncode)
+        return result
+
+    poll = popen_fork.Popen.poll
+
+    def polled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = self.returncode
+        result = poll(self, *args, **kwargs)
+        if before is None and result is not None:
+            _child_ended(run_dir, self.pid, result)
+        return result
+
+    subprocess.Popen._handle_exitstatus = reaped  # type: ignore[method-assign]
+    popen_fork.Popen.poll = polled  # type: ignore[method-assign]
+
+
+def _watch_own_traces(probe: Probe) -> None:
+    """Record the traces the job's own torch.profiler writes (``export_chrome_trace``, which
+    ``tensorboard_trace_handler`` calls too), so the report can name them."""
+    from torch.profiler import profiler as tp
+
+    from torchdoctor.probe import shims
+
+    cls = tp._KinetoProfile
+    cls.export_chrome_trace = shims.before_only(  # type: ignore[method-assign]
+        cls.export_chrome_trace,
+        lambda args: probe.note_own_trace(args[1]) if len(args) > 1 else None,
+        lambda exc: ERRORS.record("own profiler", exc),
+    )
 
 
 def _finish() -> None:

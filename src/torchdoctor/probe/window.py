@@ -84,7 +84,7 @@ class ProfilerWindow:
 
         if _profiler_running(torch):  # the job profiles itself: do not interfere
             self.done = True
-            raise WindowSkipped("the job runs its own profiler")
+            raise WindowSkipped(OWN_PROFILER, own_profiler=True)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -127,5 +127,13 @@ class ProfilerWindow:
                 prof.stop()
 
 
+OWN_PROFILER = "the job runs its own profiler"
+
+
 class WindowSkipped(Exception):
-    """The window is skipped on purpose (not a probe error)."""
+    """The window is skipped on purpose (not a probe error); ``own_profiler``: because the job
+    profiles itself (the report then points at the job's own traces)."""
+
+    def __init__(self, reason: str, own_profiler: bool = False) -> None:
+        super().__init__(reason)
+        self.own_profiler = own_profiler

@@ -41,6 +41,10 @@ class Remedy:
     # Picked together with this remedy: its own finding can only fire once that one is applied
     # (DL-6 "workers restarted every epoch" and DL-7 "bursty loader" need workers to be seen).
     follows: str | None = None
+    # Costs nothing by construction: it only removes work (a debug check, a graph traversal), so a
+    # measurement that cannot tell it from the baseline keeps it (``why_free`` says why).
+    free: bool = False
+    why_free: str = ""
 
 
 _DL_SAME = ("same batches in the same order: the sampler still runs in the main process and "
@@ -69,7 +73,8 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy("ddp.find_unused_false", ("DI-7",), "DistributedDataParallel(find_unused_parameters="
            "False): no traversal of the autograd graph every iteration", "safe",
            "the same gradients are reduced", "DDP saw no unused parameter (unused_parameter_size == 0); "
-           "with unused parameters DDP would stop with an error", target="DistributedDataParallel"),
+           "with unused parameters DDP would stop with an error", target="DistributedDataParallel",
+           free=True, why_free="it only skips DDP's search of the autograd graph for unused parameters"),
     Remedy("ddp.static_graph", ("DI-8",), "DistributedDataParallel(static_graph=True)", "safe",
            "the same gradients are reduced", "DDP reported can_set_static_graph (the same parameters "
            "are used in every iteration)", target="DistributedDataParallel"),
@@ -107,7 +112,8 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy("debug.off", ("HO-8",), "unset CUDA_LAUNCH_BLOCKING and TORCH_DISTRIBUTED_DEBUG=DETAIL, "
            "turn autograd anomaly detection off", "safe", "debug modes check, they do not compute",
            "none", snippet="# remove set_detect_anomaly(True) / detect_anomaly() from the training loop\n"
-           "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG"),
+           "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG", free=True,
+           why_free="it only turns debug checks off: synchronous launches, anomaly tracing, DDP consistency checks"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ..advice.workers import WORKERS_PER_CPU_CAP
 from . import runtime
 from ._shim import kwargs_shim
 from .runtime import Runtime
@@ -44,13 +45,12 @@ def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], di
         if isinstance(a.get("dataset"), torch.utils.data.IterableDataset):
             rt.skip(spec.id, "the dataset is an IterableDataset: each worker would replay the whole "
                     "stream unless the dataset shards itself (a code change)")
-        elif want > runtime.cpus():
-            # torch's own limit (check_worker_number_rationality): more workers than CPUs in the
-            # mask "might get DataLoader running slow or even freeze". Fewer may still oversubscribe
-            # the CPUs across local ranks; that is for `fix` to measure (latency-bound loading
-            # gains from it), and without a value the default stays within CPUs // local ranks.
-            rt.refuse(spec.id, f"num_workers={want} is beyond the {runtime.cpus()} CPU(s) in this process's "
-                      f"affinity mask ({runtime.local_world_size()} local rank(s))")
+        elif want > WORKERS_PER_CPU_CAP * runtime.cpus():
+            # Latency-bound loading gains from more workers than CPUs (they mostly wait; torch only
+            # warns beyond the CPUs), and `fix` measures it; beyond the advice's own cap a value is
+            # a typo or a runaway, not a tuning.
+            rt.refuse(spec.id, f"num_workers={want} is beyond {WORKERS_PER_CPU_CAP} per CPU of the "
+                      f"{runtime.cpus()} CPU(s) in this process's affinity mask")
         elif workers == want or (workers and not spec.value):
             rt.skip(spec.id, f"the DataLoader already has num_workers={workers}")
         else:

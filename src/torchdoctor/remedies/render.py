@@ -25,8 +25,9 @@ def _rate(x: float | None, unit: str) -> str:
 
 
 def progress(arm: Arm) -> None:
+    workers = next((s.partition("=")[2] for s in arm.specs if s.startswith("dataloader.workers=")), "?")
     what = {"baseline": "baseline", "treated": "treated ", "ablated": f"without {arm.without}",
-            "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
+            "variant": f"treated, {workers} workers", "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
     status = "" if arm.ok else f"  EXIT {arm.exit_code}"
     _err(f"{arm.label.split('-')[0]:<4} {what:<28} {_rate(arm.steps_per_s, 'steps/s'):>14}  "
          f"{_rate(arm.samples_per_s, 'samples/s'):>16}  {arm.wall_s:6.1f} s{status}")
@@ -52,6 +53,24 @@ def _median(xs: list[float | None]) -> float | None:
     return round(statistics.median(vals), 4) if vals else None
 
 
+def _order(arms: list[Arm], ablate: bool) -> str:
+    """How the arms of a round were ordered (fixer.round_order)."""
+    names = "A B" + (" V" if any(a.kind == "variant" for a in arms) else "") + (" C..." if ablate else "")
+    what = ("; V: the treated job with N+1 workers" if " V" in names else "") + (
+        "; C: the treated job without each remedy" if ablate else "")
+    return f"counterbalanced (ABBA): {names} in odd rounds, reversed in even rounds{what}"
+
+
+def _stat(geomean: float | None, interval: list[float] | None, pairs: int, sign_p: float | None) -> str:
+    """x1.31 [x1.22, x1.40] (4 pairs, p=0.125), or what is missing."""
+    if geomean is None:
+        return "–"
+    if interval is None:
+        return f"x{geomean:.2f} ({pairs} pair(s): no interval below 3)"
+    p = f", p={sign_p:.3g}" if sign_p is not None else ""
+    return f"x{geomean:.2f} [x{interval[0]:.2f}, x{interval[1]:.2f}] ({pairs} pairs{p})"
+
+
 def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: dict[str, str],
              changes: list[Change], opts: Any, out: str, diag_dir: str | None) -> dict[str, Any]:
     base = [a for a in arms if a.kind == "baseline" and a.samples_per_s]
@@ -59,7 +78,9 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
     return {
         "apply": opts.apply,
         "rounds": max((a.round for a in arms), default=0),
-        "order": "A B per round" + (", then the treated job without each remedy" if opts.ablate else ""),
+        "order": _order(arms, opts.ablate),
+        "statistic": outcome.ab.method,
+        "workers": outcome.workers,
         "ablation": "leave-one-out: treated steps/s over treated-without-it steps/s" if opts.ablate else None,
         "steps_limit": opts.steps,
         "steady_state": "steps after the first max(2, n//10) of each run (1 below 6 steps); slowest rank",
@@ -95,13 +116,17 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
         samples = ""
         if d["baseline_samples_per_s"] and d["treated_samples_per_s"]:
             samples = f"; samples/s {d['baseline_samples_per_s']:.4g} -> {d['treated_samples_per_s']:.4g}"
-        print(f"speed-up x{ab.speedup_median:.2f} (min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}; "
-              f"noise {outcome.noise:.0%}): {ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} "
-              f"steps/s{samples}")
+        print(f"speed-up {_stat(ab.speedup_geomean, ab.interval, ab.pairs, ab.sign_p)}: geometric mean of "
+              f"the per-round ratios [90% bootstrap interval] (sign test p); median x{ab.speedup_median:.2f}, "
+              f"min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}, noise {outcome.noise:.0%}: "
+              f"{ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} steps/s{samples}")
         print(f"learning: {outcome.loss.status}: {outcome.loss.text}")
+    if outcome.workers and outcome.workers.get("notes"):
+        print(f"workers: {'; '.join(outcome.workers['notes'])}" + (
+            f" ({outcome.workers['text']})" if outcome.workers.get("text") else ""))
     print("verdicts:")
     for r in ab.remedies:
-        sp = f"x{r.speedup:.2f}" if r.speedup is not None else "–"
+        sp = f"x{r.geomean:.2f}" if r.geomean is not None else "–"
         status, _, why = r.reason.partition(": ")
         print(f"  {status:<8} {sp:>6}  {r.id:<34} {why}")
     treated = [a for a in arms if a.kind == "treated"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..advice.workers import advise_workers
+from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers
 from ..facts import RankFacts
 from ..rules.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
@@ -86,9 +86,9 @@ def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:
     if r.target == "optimizer" and not any(rf.optimizers for rf in jf.ranks):
         return "the job steps no torch.optim optimizer"
     ids = {s.id for s in specs}
-    if r.id == "dataloader.workers" and spec.value and int(spec.value) > jf.cpus:
-        return (f"num_workers={spec.value} per rank is beyond the {jf.cpus} CPU(s) of the affinity mask "
-                f"({jf.local_ranks} local rank(s)): torch itself warns it may run slow or freeze")
+    if r.id == "dataloader.workers" and spec.value and int(spec.value) > WORKERS_PER_CPU_CAP * jf.cpus:
+        return (f"num_workers={spec.value} per rank is beyond {WORKERS_PER_CPU_CAP} per CPU of the {jf.cpus} "
+                f"CPU(s) of the affinity mask ({jf.local_ranks} local rank(s))")
     if r.id in ("dataloader.persistent_workers", "dataloader.prefetch") and "dataloader.workers" not in ids \
             and not any(d.num_workers for d in loaders):
         return "the DataLoader has no worker processes (num_workers=0)"

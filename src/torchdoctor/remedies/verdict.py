@@ -1,40 +1,128 @@
 """Verdicts of the A/B loop: is the treated job faster, does it still learn the same, and which
 remedy earns its place (no torch).
 
-- Speed-up: per round k, steps/s of B_k over A_k (A and B alternate, so slow drift of the machine
-  hits both); reported as the median with its min and max. The noise is the run-to-run spread of
-  the arms themselves (never below ``NOISE_FLOOR``); slower "beyond noise" means the median
-  speed-up is below 1 - noise and no round was faster.
+- Speed-up: per round k, the pair ratio r_k = steps/s of B_k over A_k (the arms of a round run back
+  to back, in ABBA order, so slow drift of the machine hits both and neither always runs first).
+  The estimate is the geometric mean of the r_k; its interval is a 90% two-sided percentile
+  bootstrap over the pair log-ratios (BOOTSTRAP_RESAMPLES resamples of the pairs with replacement,
+  numpy's default_rng(BOOTSTRAP_SEED), numpy.percentile with linear interpolation at 5 and 95),
+  so each bound is a 95% one-sided bound. Below MIN_PAIRS pairs no interval is given: it is "not
+  established". The interval is coarse with few pairs: with 3, the resamples repeating the
+  smallest ratio three times are 1/27 (3.7%) of all, so the lower bound is (up to resampling) the
+  log-mean of the smallest ratio taken twice and the middle one once. The exact two-sided sign test over the pairs (ties left out) is reported alongside.
+- Kept only when the interval's lower bound is > 1 (the gain is established), or when the remedy
+  is free and safe by construction (``Remedy.free``): then "neutral, kept because it costs
+  nothing". Rejected as slower when the upper bound is < 1; otherwise rejected: "no established
+  gain". The run-to-run spread of the arms (``noise``) is reported, not used to decide.
 - Learning: the loss of every step is compared with the same round's baseline over the same steps
   and seed. ``safe`` remedies must give identical losses (when the baseline reproduces itself;
   otherwise the check is inconclusive and says so); ``numerics`` remedies must stay within
   ``|delta| <= atol + rtol * |loss|`` at every step.
-- Each remedy's own share (``--ablate``): leave-one-out, steps/s of the treated job over the
-  treated job without that remedy, per round.
+- Each remedy's own share (``--ablate``): leave-one-out, the same statistic over the pairs
+  (treated_k / treated_k without that remedy).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..report.model import ABRemedy, ABResult
-from .catalogue import SAFETY_RANK, Spec
+from .catalogue import BY_ID, SAFETY_RANK, Spec
 from .measure import Arm, LossDiff, loss_diff
 
 NOISE_FLOOR = 0.03  # below 3% two runs of the same job on a shared machine are not told apart
 NUMERICS_RTOL = 0.05
 NUMERICS_ATOL = 1e-3
+MIN_PAIRS = 3  # fewer pairs give no interval
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20240612
+CONFIDENCE = 0.90  # two-sided: each bound is one-sided at 95%
+METHOD = (f"geometric mean of the per-round pair ratios; {CONFIDENCE:.0%} percentile bootstrap interval "
+          f"({BOOTSTRAP_RESAMPLES} resamples of the pair log-ratios, seed {BOOTSTRAP_SEED}; none below "
+          f"{MIN_PAIRS} pairs); exact two-sided sign test over the pairs")
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The paired statistic over per-round ratios (treated over reference, same round)."""
+
+    ratios: tuple[float, ...]
+    geomean: float | None  # exp(mean(log r)); None without pairs
+    interval: tuple[float, float] | None  # None below MIN_PAIRS pairs
+    sign_p: float | None  # exact two-sided binomial p over the pairs; None without untied pairs
+
+    @property
+    def pairs(self) -> int:
+        return len(self.ratios)
+
+    @property
+    def gain(self) -> bool:
+        """The interval lies above 1: faster, established."""
+        return self.interval is not None and self.interval[0] > 1
+
+    @property
+    def loss(self) -> bool:
+        """The interval lies below 1: slower, established."""
+        return self.interval is not None and self.interval[1] < 1
+
+    def text(self) -> str:
+        """E.g. "x1.31 (90% CI x1.22..x1.40 over 4 pairs, sign test p=0.125)"."""
+        if self.geomean is None:
+            return "no pair of runs measured"
+        if self.interval is None:
+            return (f"x{self.geomean:.2f} over {self.pairs} pair(s): interval not established "
+                    f"(it needs {MIN_PAIRS} rounds or more, --repeats {MIN_PAIRS})")
+        lo, hi = self.interval
+        p = f", sign test p={self.sign_p:.3g}" if self.sign_p is not None else ""
+        return f"x{self.geomean:.2f} ({CONFIDENCE:.0%} CI x{lo:.2f}..x{hi:.2f} over {self.pairs} pairs{p})"
+
+
+def sign_test(ratios: list[float]) -> float | None:
+    """Exact two-sided sign test of "faster as often as slower": 2 x P(X >= max(k, n-k)), X ~ B(n, 1/2).
+
+    k = pairs with r > 1 among the n pairs with r != 1 (ties carry no sign); capped at 1.
+    """
+    up, down = sum(r > 1 for r in ratios), sum(r < 1 for r in ratios)
+    n = up + down
+    if n == 0:
+        return None
+    tail = sum(math.comb(n, i) for i in range(max(up, down), n + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def bootstrap_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The CONFIDENCE percentile interval of the geometric mean (module docstring), None below MIN_PAIRS."""
+    if len(ratios) < MIN_PAIRS:
+        return None
+    logs = np.log(np.asarray(ratios, dtype=float))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    means = logs[rng.integers(0, len(logs), size=(BOOTSTRAP_RESAMPLES, len(logs)))].mean(axis=1)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return float(math.exp(lo)), float(math.exp(hi))
+
+
+def paired(ratios: list[float]) -> Paired:
+    """Geometric mean, bootstrap interval and sign test of per-round ratios."""
+    rs = [r for r in ratios if r > 0 and math.isfinite(r)]
+    geo = math.exp(statistics.fmean(math.log(r) for r in rs)) if rs else None
+    return Paired(tuple(rs), geo, bootstrap_interval(rs), sign_test(rs))
 
 
 @dataclass
 class Verdict:
     spec: Spec
     status: str  # kept | rejected | refused | no-op
-    speedup: float | None = None
+    speedup: float | None = None  # median pair ratio
     spread: tuple[float, float] | None = None
     reason: str = ""
+    stat: Paired | None = None
+    pairs_of: str = ""  # which pairs the statistic is over
 
 
 @dataclass
@@ -55,6 +143,7 @@ class Outcome:
     loss: LossCheck
     noise: float
     details: dict[str, Any] = field(default_factory=dict)
+    workers: dict[str, Any] | None = None  # the advised-N vs N+1 comparison of `fix`, if it ran
 
 
 def _spread(values: list[float]) -> float:
@@ -64,6 +153,7 @@ def _spread(values: list[float]) -> float:
 
 
 def _ratios(num: list[Arm], den: list[Arm]) -> list[float]:
+    """rate(num_k) / rate(den_k) for every round k where both ran fine."""
     by_round = {a.round: a for a in den}
     out = []
     for b in num:
@@ -71,6 +161,11 @@ def _ratios(num: list[Arm], den: list[Arm]) -> list[float]:
         if a is not None and a.steps_per_s and b.steps_per_s and a.ok and b.ok:
             out.append(b.steps_per_s / a.steps_per_s)
     return out
+
+
+def compare(num: list[Arm], den: list[Arm]) -> Paired:
+    """The paired statistic of ``num`` over ``den``, round by round (e.g. workers N+1 over N)."""
+    return paired(_ratios(num, den))
 
 
 def within(a: dict[int, list[float]], b: dict[int, list[float]], rtol: float, atol: float) -> bool:
@@ -110,18 +205,25 @@ def _stats(xs: list[float]) -> tuple[float, float, float]:
     return (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
 
 
+def _r(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
+def _interval(p: Paired | None) -> list[float] | None:
+    return [round(p.interval[0], 4), round(p.interval[1], 4)] if p is not None and p.interval else None
+
+
 def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol: float = NUMERICS_RTOL) -> Outcome:
     base = [a for a in arms if a.kind == "baseline"]
     treated = [a for a in arms if a.kind == "treated"]
     base_rates = [a.steps_per_s for a in base if a.ok and a.steps_per_s]
     treated_rates = [a.steps_per_s for a in treated if a.ok and a.steps_per_s]
-    speedups = _ratios(treated, base)
+    stat = compare(treated, base)
     noise = max(NOISE_FLOOR, _spread(base_rates), _spread(treated_rates))  # type: ignore[arg-type]
     # The treated job's class: the loosest of the remedies it actually ran with.
     loss = check_losses(base, treated, loss_class(treated[0].specs, "") if treated else "safe", rtol)
-    med, lo, hi = _stats(speedups)
+    med, lo, hi = _stats(list(stat.ratios))
     failed = [a for a in treated if not a.ok]
-    slower = bool(speedups) and med < 1 - noise and hi < 1
     applied = {rid for a in treated for rid in a.applied}
     refused = {rid: why for a in treated for rid, why in a.refused.items() if rid not in applied}
     verdicts = []
@@ -134,64 +236,101 @@ def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol:
             why = next((a.skipped[rid] for a in treated if rid in a.skipped), "the job never reached what it changes")
             verdicts.append(Verdict(spec, "no-op", reason=f"nothing to change: {why}"))
             continue
-        verdicts.append(_verdict(spec, arms, base, treated, failed, loss, slower, (med, lo, hi), noise, rtol))
+        verdicts.append(_verdict(spec, arms, base, treated, failed, loss, stat, rtol))
     ab = ABResult(
         baseline_steps_per_s=round(statistics.median(base_rates), 4) if base_rates else 0.0,
         treated_steps_per_s=round(statistics.median(treated_rates), 4) if treated_rates else 0.0,
         speedup_median=round(med, 4), speedup_min=round(lo, 4), speedup_max=round(hi, 4),
-        remedies=[ABRemedy(str(v.spec), v.status == "kept",
-                           round(v.speedup, 4) if v.speedup is not None else None,
-                           f"{v.status}: {v.reason}") for v in verdicts],
+        remedies=[_ab_remedy(v) for v in verdicts],
+        speedup_geomean=_r(stat.geomean), interval=_interval(stat), pairs=stat.pairs,
+        sign_p=_r(stat.sign_p), method=METHOD,
     )
     return Outcome(ab, verdicts, loss, noise)
 
 
-def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], failed: list[Arm],
-             loss: LossCheck, slower: bool, stats: tuple[float, float, float], noise: float,
-             rtol: float) -> Verdict:
-    """Kept or rejected: from the leave-one-out arms when there are any, else as part of the set."""
-    ablated = [a for a in arms if a.kind == "ablated" and a.without == spec.id]
-    if ablated:
-        return _own_share(spec, base, treated, ablated, failed, loss, noise, rtol)
-    med, lo, hi = stats
-    v = Verdict(spec, "rejected", med if treated and not failed else None, (lo, hi))
-    if failed:
-        v.reason = f"the job failed with the remedies (exit {failed[0].exit_code}); see {failed[0].run_dir}/job.log"
-    elif not loss.passed:
-        v.reason = f"the job learns differently: {loss.text}"
-    elif slower:
-        v.reason = f"the job is slower: x{med:.2f} (x{lo:.2f}..x{hi:.2f}; noise {noise:.0%})"
+def _ab_remedy(v: Verdict) -> ABRemedy:
+    p = v.stat
+    return ABRemedy(str(v.spec), v.status == "kept", _r(v.speedup), f"{v.status}: {v.reason}",
+                    geomean=_r(p.geomean) if p else None, interval=_interval(p), pairs=p.pairs if p else 0,
+                    sign_p=_r(p.sign_p) if p else None, method=v.pairs_of)
+
+
+def _free(spec: Spec) -> str | None:
+    """Why ``spec`` costs nothing by construction (catalogue ``free`` and ``safe``), else None."""
+    r = BY_ID.get(spec.id)
+    return r.why_free if r is not None and r.free and r.safety == "safe" else None
+
+
+def _decide(v: Verdict, stat: Paired, gain: str, loss_text: str, slower: str, none: str) -> Verdict:
+    """Kept, neutral-kept or rejected from the interval alone (failures and losses decided before)."""
+    if stat.loss:
+        v.reason = f"{slower}: {stat.text()}"
+    elif stat.gain:
+        v.status, v.reason = "kept", f"{gain}: {stat.text()}; losses {loss_text}"
+    elif (free := _free(v.spec)) is not None:
+        v.status = "kept"
+        v.reason = f"neutral, kept because it costs nothing ({free}): {stat.text()}; losses {loss_text}"
     else:
-        note = " with the set" if len(treated[0].specs) > 1 else ""
-        effect = "no measurable effect" if med < 1 + noise else "faster"
-        v.status, v.reason = "kept", f"{effect}{note}: x{med:.2f} (x{lo:.2f}..x{hi:.2f}); losses {loss.status}"
+        v.reason = f"{none}: {stat.text()}"
     return v
 
 
-def _own_share(spec: Spec, base: list[Arm], treated: list[Arm], ablated: list[Arm], failed: list[Arm],
-               loss: LossCheck, noise: float, rtol: float) -> Verdict:
+def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], failed: list[Arm],
+             loss: LossCheck, stat: Paired, rtol: float) -> Verdict:
+    """Kept or rejected: from the leave-one-out arms when there are any, else as part of the set."""
+    ablated = [a for a in arms if a.kind == "ablated" and a.without == spec.id]
+    if ablated:
+        return _own_share(spec, base, treated, _with_it(ablated, arms), ablated, failed, loss, rtol)
+    med, lo, hi = _stats(list(stat.ratios))
+    v = Verdict(spec, "rejected", med if treated and not failed and stat.pairs else None, (lo, hi), stat=stat,
+                pairs_of="treated / baseline, per round")
+    if failed:
+        v.reason = f"the job failed with the remedies (exit {failed[0].exit_code}); see {failed[0].run_dir}/job.log"
+        return v
+    if not loss.passed:
+        v.reason = f"the job learns differently: {loss.text}"
+        return v
+    note = " with the set" if len(treated[0].specs) > 1 else ""
+    return _decide(v, stat, f"faster{note}", loss.status, f"the job is slower{note}", f"no established gain{note}")
+
+
+def _with_it(ablated: list[Arm], arms: list[Arm]) -> list[Arm]:
+    """For each ablated arm, the treated (or variant) arm of its round that ran with exactly its
+    remedies plus the one it leaves out: the other half of its leave-one-out pair."""
+    out = []
+    for a in ablated:
+        for c in sorted(arms, key=lambda c: c.kind != "treated"):  # the treated arm first, then a variant
+            extra = set(c.specs) - set(a.specs)
+            if c.kind in ("treated", "variant") and c.round == a.round and set(a.specs) <= set(c.specs) \
+                    and len(extra) == 1 and next(iter(extra)).split("=")[0] == a.without:
+                out.append(c)
+                break
+    return out
+
+
+def _own_share(spec: Spec, base: list[Arm], treated: list[Arm], with_it: list[Arm], ablated: list[Arm],
+               failed: list[Arm], loss: LossCheck, rtol: float) -> Verdict:
     """Leave-one-out: what the job loses when only this remedy is taken away."""
-    share = _ratios(treated, ablated)
-    med, lo, hi = _stats(share)
-    v = Verdict(spec, "rejected", med if share else None, (lo, hi) if share else None)
+    share = compare(with_it, ablated)
+    med, lo, hi = _stats(list(share.ratios))
+    v = Verdict(spec, "rejected", med if share.pairs else None, (lo, hi) if share.pairs else None, stat=share,
+                pairs_of="treated / treated without it, per round (leave-one-out)")
     if failed and any(a.ok for a in ablated):
         v.reason = f"the job fails with it (exit {failed[0].exit_code}) and runs without it"
     elif not loss.passed and check_losses(base, ablated, loss_class(treated[0].specs, spec.id), rtol).passed:
         v.reason = f"the losses change with it and not without it: {loss.text}"
-    elif share and med < 1 - noise and hi < 1:
-        v.reason = f"the job is faster without it: own share x{med:.2f} (x{lo:.2f}..x{hi:.2f}; noise {noise:.0%})"
+    elif share.loss:
+        v.reason = f"the job is faster without it: own share {share.text()}"
     elif failed or not loss.passed:
         # Not the sole cause, but nothing shows it is harmless either: a fix must be proven.
         v.reason = "unproven: the set fails or learns differently with and without it"
     else:
-        effect = "no measurable effect on its own" if not share or med < 1 + noise else "own share"
-        v.status, v.reason = "kept", f"{effect}: x{med:.2f} (x{lo:.2f}..x{hi:.2f}), leave-one-out; losses {loss.status}"
+        return _decide(v, share, "own share, leave-one-out", loss.status, "the job is faster without it",
+                       "no established gain of its own, leave-one-out")
     return v
 
 
 def loss_class(specs: list[str], without: str) -> str:
     """Safety class of a set of remedies given as "id[=value]" strings, minus one of them."""
-    from .catalogue import BY_ID
-
     ids = [s.split("=")[0] for s in specs if s.split("=")[0] != without]
     return max((BY_ID[i].safety for i in ids if i in BY_ID), key=lambda c: SAFETY_RANK[c], default="safe")

@@ -1,4 +1,9 @@
-"""Terminal renderer (rich): per-rank numbers, where the idle time goes, the diagnosis matrix."""
+"""Terminal renderer (rich): per-rank numbers, where the idle time goes, the diagnosis matrix.
+
+The report's blind spots (what the tool could not see) come first, each its own sentence; the
+configuration follows in one line when it is not the default; "healthy" is said only when
+`Report.healthy` is True.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..metrics.model import RankResult
-from .model import Finding, Report
+from .model import Report
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -38,6 +43,12 @@ def make_console(stderr: bool = False) -> Console:
 
 def print_report(report: Report, console: Console | None = None, verbose: bool = False) -> None:
     console = console or make_console()
+    for spot in report.blind_spots:
+        style = "dim" if spot.get("kind") == "no-verdict" else "bold yellow"
+        console.print(Text(spot.get("text", ""), style))
+    line = config_line(report.config)
+    if line:
+        console.print(Text(line, "dim"))
     results = [r.analysis for r in report.ranks if r.analysis is not None]
     if results:
         console.print(rank_table(results))
@@ -49,9 +60,23 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
             console.print(host_table(first))
     elif report.ranks:
         console.print(f"{len(report.ranks)} rank(s) reported facts but no profiler trace was analysed.")
-    _print_findings(report.findings, console, verbose)
+    _print_findings(report, console, verbose)
     for w in report.warnings[:20]:
         console.print(f"[dim]warning: {escape(w.file)}: {escape(w.message)}[/dim]")
+
+
+def config_line(config: dict) -> str:
+    """The effective rule configuration in one line; "" when it is the default."""
+    ignore, thresholds = config.get("ignore") or [], config.get("thresholds") or {}
+    if not (config.get("file") or ignore or thresholds):
+        return ""
+    parts = [f"config: {config.get('file') or 'command line'}"]
+    if ignore:
+        parts.append("ignoring " + ", ".join(ignore))
+    if thresholds:
+        parts.append("thresholds " + "; ".join(
+            f"{rid} " + ", ".join(f"{k}={v:g}" for k, v in values.items()) for rid, values in thresholds.items()))
+    return " — ".join(parts)
 
 
 def rank_table(results: list[RankResult]) -> Table:
@@ -111,13 +136,22 @@ def _print_cross_rank(report: Report, console: Console) -> None:
     console.print(line)
 
 
-def _print_findings(findings: list[Finding], console: Console, verbose: bool) -> None:
+def _print_findings(report: Report, console: Console, verbose: bool) -> None:
+    findings = report.findings
     actionable = [f for f in findings if f.severity != "info"]
     if not findings:
-        console.print("[green]No findings: nothing in this run points to lost accelerator time.[/green]")
+        if report.healthy:
+            console.print("[green]No findings: nothing in this run points to lost accelerator time.[/green]")
+        elif report.blind_spots:  # they lead the report: what was not seen
+            console.print("No findings in what was recorded, and no verdict (see above).")
+        else:
+            console.print("No findings: nothing was analysed.")
         return
     if not actionable:
-        console.print("[green]Healthy: no warning-level findings.[/green]")
+        if report.healthy:
+            console.print("[green]Healthy: no warning-level findings.[/green]")
+        else:
+            console.print("No warning-level findings in what was recorded, and no verdict (see above).")
     else:
         top = actionable[0]
         console.print(Text.assemble(("Fix first: ", "bold"), (f"{top.title}", SEVERITY_STYLE[top.severity]),

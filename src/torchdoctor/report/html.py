@@ -462,7 +462,8 @@ def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | 
 
 
 def ab_figure(ab: ABResult) -> go.Figure:
-    """Before/after throughput with the spread of the repeated measurements, and per-remedy gains."""
+    """Before/after throughput with the spread of the repeated measurements, and per-remedy gains
+    (geometric mean of the pair ratios, with its bootstrap interval as the error bar)."""
     rem = ab.remedies
     cols = 2 if rem else 1
     fig = make_subplots(rows=1, cols=cols, horizontal_spacing=0.12,
@@ -484,7 +485,13 @@ def ab_figure(ab: ABResult) -> go.Figure:
                                f"speedup ×{ab.speedup_median:.3f} (min ×{ab.speedup_min:.3f}, "
                                f"max ×{ab.speedup_max:.3f})<extra></extra>"))
     if rem:
-        fig.add_bar(x=[pesc(r.id) for r in rem], y=[r.speedup if r.speedup is not None else 0 for r in rem],
+        ys = [(r.geomean if r.geomean is not None else r.speedup) or 0 for r in rem]
+        fig.add_bar(x=[pesc(r.id) for r in rem], y=ys,
+                    error_y={"type": "data", "symmetric": False, "color": "#1f2933", "thickness": 1.5,
+                             "array": [round(r.interval[1] - y, 4) if r.interval else 0
+                                       for r, y in zip(rem, ys, strict=True)],
+                             "arrayminus": [round(y - r.interval[0], 4) if r.interval else 0
+                                            for r, y in zip(rem, ys, strict=True)]},
                     marker_color=["#009E73" if r.kept else "#C4CDD5" for r in rem], row=1, col=2,
                     showlegend=False, text=["kept" if r.kept else "dropped" for r in rem],
                     textposition="auto", customdata=[pesc(short(r.reason, 200)) or "–" for r in rem],
@@ -600,7 +607,9 @@ def finding_html(i: int, f: Finding, open_: bool = False) -> str:
             "</details>")
 
 
-def matrix_html(findings: list[Finding]) -> str:
+def matrix_html(findings: list[Finding], healthy: bool | None = True) -> str:
+    if not findings and not healthy:  # the lead says what was not seen
+        return '<p class="muted">No findings in what was recorded.</p>'
     if not findings:
         return ('<div class="ok-panel">No findings: nothing in this run points to lost accelerator time.'
                 "</div>")
@@ -614,6 +623,14 @@ def matrix_html(findings: list[Finding]) -> str:
 
 
 def verdict_html(report: Report) -> str:
+    # What the tool could not see leads, each its own sentence, before any verdict.
+    spots = "".join(f'<div class="verdict sev-warning"><div class="vlabel">'
+                    f'{"No verdict" if s.get("kind") == "no-verdict" else "Not seen"}</div>'
+                    f'<div class="vtitle">{esc(s.get("text", ""))}</div></div>' for s in report.blind_spots)
+    return spots + _verdict_html(report)
+
+
+def _verdict_html(report: Report) -> str:
     actionable = [f for f in report.findings if f.severity != "info"]
     if actionable:
         top = actionable[0]
@@ -623,7 +640,7 @@ def verdict_html(report: Report) -> str:
         fix = f'<p class="vfix">{esc(top.fix.text)}</p>' if top.fix else ""
         return (f'<div class="verdict sev-{esc(top.severity)}"><div class="vlabel">Fix first</div>'
                 f'<div class="vtitle">{esc(top.title)} <span class="muted">({esc(gain)})</span></div>{fix}</div>')
-    if report.healthy or (report.ranks and not report.findings):
+    if report.healthy:
         return ('<div class="verdict healthy"><div class="vlabel">Healthy</div>'
                 '<div class="vtitle">No warning-level findings: nothing here points to lost accelerator time.'
                 "</div></div>")
@@ -714,12 +731,22 @@ def syncs_table_html(r: RankResult) -> str:
             + _table(["API", "called from", "typical cause", "count", "ms/step"], rows, "syncs", "lnlrr"))
 
 
+def _ab_interval(iv: list[float] | None) -> str:
+    return "–" if not iv else f"×{iv[0]:.3f}–×{iv[1]:.3f}"
+
+
 def ab_details_html(ab: ABResult) -> str:
-    rows = [[esc(r.id), "kept" if r.kept else "dropped", fmt(r.speedup, "×", 3), esc(r.reason or "–")]
+    rows = [[esc(r.id), "kept" if r.kept else "dropped", fmt(r.geomean, "×", 3), _ab_interval(r.interval),
+             str(r.pairs), fmt(r.sign_p, "", 3), fmt(r.speedup, "×", 3), esc(r.reason or "–")]
             for r in ab.remedies]
     parts = []
+    if ab.pairs:
+        parts.append(f"<p>Speed-up ×{ab.speedup_geomean or 0:.3f} (geometric mean over {ab.pairs} pairs), "
+                     f"interval {_ab_interval(ab.interval)}, sign test p {fmt(ab.sign_p, '', 3)}: "
+                     f"{esc(ab.method)}.</p>")
     if rows:
-        parts.append(_table(["remedy", "verdict", "speedup", "reason"], rows, "remedies", "llrl"))
+        parts.append(_table(["remedy", "verdict", "geo-mean", "interval", "pairs", "sign p", "median",
+                             "reason"], rows, "remedies", "llrrrrrl"))
     if ab.details:
         parts.append(_table(["detail", "value"],
                             [[esc(k), esc(fmt_value(v))] for k, v in list(ab.details.items())[:40]],
@@ -748,8 +775,12 @@ def header_html(report: Report, views: list[RankView]) -> str:
     if report.run:
         run = '<div class="files">' + " · ".join(
             f"<b>{esc(k)}</b> {esc(fmt_value(v))}" for k, v in list(report.run.items())[:8]) + "</div>"
+    from .console import config_line
+
+    line = config_line(report.config)
+    config = f'<div class="files">{esc(line)}</div>' if line else ""
     return (f'<header><div class="brand">torchdoctor <span class="muted">report</span></div>'
-            f'<div class="sub">{" · ".join(bits)}</div>{file_line}{run}</header>')
+            f'<div class="sub">{" · ".join(bits)}</div>{file_line}{run}{config}</header>')
 
 
 def problems_html(report: Report, views: list[RankView]) -> str:
@@ -788,7 +819,7 @@ class _Page:
                             + self.fig("fig-ab", ab_figure(rep.ab)) + ab_details_html(rep.ab) + "</section>")
         sections.append('<section><h2>Diagnosis matrix <span class="muted">ranked by the share of step time '
                         "the fix gives back; click a row for its evidence</span></h2>"
-                        + matrix_html(rep.findings) + "</section>")
+                        + matrix_html(rep.findings, rep.healthy) + "</section>")
         if views:
             sections.append(self.timeline_section())
             if len(views) > 1:

@@ -7,7 +7,7 @@ meaning bumps the version.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -15,43 +15,10 @@ from ..facts import RankFacts
 from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank
 
+# The finding model belongs to the rules that produce it; the report renders it.
+from ..rules.model import SEVERITY_ORDER, Claim, Evidence, Finding, Fix, Layer, Severity  # noqa: F401
+
 SCHEMA = "torchdoctor.report/1"
-Layer = Literal["input", "host", "compile", "distributed", "hardware"]
-Severity = Literal["critical", "warning", "info"]
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-
-
-class Evidence(msgspec.Struct, omit_defaults=True):
-    """One piece of evidence: a sentence plus the numbers and the offending names behind it."""
-
-    text: str
-    values: dict[str, Any] = {}
-    # Offending ops / kernels / steps / ranks by name, with where to find them.
-    items: list[dict[str, Any]] = []
-
-
-class Fix(msgspec.Struct, omit_defaults=True):
-    text: str
-    snippet: str = ""
-    language: str = "python"  # python | shell | diff
-
-
-class Finding(msgspec.Struct, omit_defaults=True):
-    id: str  # catalogue id, e.g. "DL-1"
-    layer: Layer
-    severity: Severity
-    title: str
-    # Share of the step time the fix is estimated to give back (the ranking key), 0..100.
-    recoverable_pct: float
-    recoverable_ms: float | None = None
-    evidence: list[Evidence] = []
-    fix: Fix | None = None
-    confidence: Literal["high", "medium", "low"] = "medium"
-    # What would confirm the finding when the evidence is indirect.
-    confirm: str = ""
-    remedy: str | None = None
-    ranks: list[int] = []
-    source: str = ""  # where the threshold comes from
 
 
 class ErrorEntry(msgspec.Struct):
@@ -76,6 +43,13 @@ class ABRemedy(msgspec.Struct):
     kept: bool
     speedup: float | None = None
     reason: str = ""
+    # The paired statistic behind the verdict (remedies/verdict.py): geometric mean of the per-round
+    # pair ratios, its bootstrap interval (None below 3 pairs), the exact two-sided sign test.
+    geomean: float | None = None
+    interval: list[float] | None = None
+    pairs: int = 0
+    sign_p: float | None = None
+    method: str = ""  # which pairs: "treated / baseline, per round" or the leave-one-out ones
 
 
 class ABResult(msgspec.Struct):
@@ -86,6 +60,12 @@ class ABResult(msgspec.Struct):
     speedup_max: float
     remedies: list[ABRemedy] = []
     details: dict[str, Any] = {}
+    # Treated over baseline, per round: geometric mean, bootstrap interval, pairs, sign test p.
+    speedup_geomean: float | None = None
+    interval: list[float] | None = None
+    pairs: int = 0
+    sign_p: float | None = None
+    method: str = ""  # how the interval and p were computed
 
 
 class Report(msgspec.Struct):
@@ -98,6 +78,13 @@ class Report(msgspec.Struct):
     findings: list[Finding] = []
     errors: list[ErrorEntry] = []
     warnings: list[ErrorEntry] = []
+    # True only when no finding is a warning or worse AND the tool saw what a verdict needs
+    # (device activity, or a CPU-only job's steps, over steady steps); None when it could not tell.
     healthy: bool | None = None
     run: dict[str, Any] = {}
     ab: ABResult | None = None
+    # The effective rule configuration: {"file": path or None, "ignore": [...], "thresholds": {...}}.
+    config: dict[str, Any] = {}
+    # What the tool could not see, each {"kind", "text", ...details}, leading the report; kinds in
+    # docs/json-schema.md. Any kind but "no-verdict" makes `analyze` exit 4.
+    blind_spots: list[dict[str, Any]] = []
