@@ -84,11 +84,19 @@ def test_healthy_version_is_fixed(healthy, sick):
 def test_the_diagnosis_names_the_pathologies(sick):
     findings = report_from_run_dir(str(sick[2])).findings
     by_id = {f.id: f for f in findings}
-    # Loading in the training process dominates, and the fix names the measured worker count:
-    # latency-bound loading (the process idles while it waits) on 2 CPUs -> 2 workers.
+    # Loading in the training process dominates, and the fix names the worker count the advice
+    # computes from this run's own facts (latency-bound: the process idles while it waits), so the
+    # assertion holds however loaded the machine is.
     dl2 = by_id["DL-2"]
-    assert dl2.severity == "critical" and dl2.recoverable_pct >= 40 and dl2.remedy == "dataloader.workers"
-    assert "num_workers=2" in dl2.fix.snippet and findings[0].id == "DL-2"
+    assert dl2.severity == "critical" and dl2.remedy == "dataloader.workers" and findings[0].id == "DL-2"
+    waits = [100 * wait_share(f) for f in sick[1]]
+    # Workers hide most of the wait, never more than it (the claims ledger caps it at the wait).
+    assert 0.5 * min(waits) <= dl2.recoverable_pct <= max(waits) + 5
+    from torchdoctor.remedies.select import choose
+
+    (workers,) = [c.spec for c in choose(findings, "safe") if c.spec.id == "dataloader.workers"]
+    n = int(workers.value)  # what `fix` applies is what the finding advises
+    assert f"num_workers={n}" in dl2.fix.snippet and n >= 2  # latency-bound: more than PL's 1 on 2 CPUs
     assert by_id["DI-7"].remedy == "ddp.find_unused_false" and by_id["DI-10"].remedy == "ddp.bucket_cap"
     collate = [f for f in findings if f.id == "HO-3" and "collate_fn" in f.title]
     assert collate and collate[0].recoverable_ms > 0  # priced from the probe's collate timing

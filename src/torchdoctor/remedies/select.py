@@ -114,7 +114,10 @@ def choose(findings: list[Finding], level: str) -> list[Choice]:
             continue
         if r.id in fired:
             fs = fired[r.id]
-            out.append(Choice(Spec(r.id), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
+            # The finding's own advice is the value (DL-2's worker count): advice and remedy agree.
+            value = next((str(e.values["advised_workers"]) for f in fs for e in f.evidence
+                          if "advised_workers" in e.values), None)
+            out.append(Choice(Spec(r.id, value), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
     chosen = {c.spec.id for c in out}
     for r in REMEDIES:
         if r.follows in chosen and r.id not in chosen and SAFETY_RANK[r.safety] <= rank:

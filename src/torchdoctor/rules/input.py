@@ -204,7 +204,8 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
             v, "DL-2", "input",
             f"The DataLoader runs in the training process (num_workers=0): each step waits "
             f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.",
-            gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).")],
+            gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).",
+                                                                 {"advised_workers": n})],
             fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} ({how}), then tune.",
                     f"DataLoader(dataset, batch_size=..., num_workers={n}, pin_memory=True,\n"
                     f"           persistent_workers=True, prefetch_factor=2)"),
