@@ -16,7 +16,8 @@ Cases per family: healthy; healthy under CPU contention ("healthy+load"); each p
 each pair (``--quick``: no pairs, one repeat). The contention is one pure-Python busy loop
 (``while True: pass``) at nice 0 pinned to the last CPU of the driver's affinity mask, started
 just before the job and killed when it ends: it takes up to one core's time from the job (on 2
-cores, half the machine). Rounds run every case once, families interleaved, in forward order on
+cores, half the machine); a "+load" run trains ``Family.load_steps`` steps (a 2-thread job runs
+up to ~30x slower beside it). Rounds run every case once, families interleaved, in forward order on
 even rounds and reversed on odd ones, so drift in the machine's load hits all cases alike;
 ``--healthy-runs N`` extra healthy runs per family (alternately without and with the load) are
 spread evenly over the sequence.
@@ -118,6 +119,9 @@ class Family:
     module: str  # the job's module (ddp: the demo under torchrun)
     steps: int
     profile: str  # the profiler window handed to `torchdoctor run --profile-steps`
+    # Steps of a "+load" case: a 2-thread job shares a core with the busy loop and runs up to ~30x
+    # slower (its OpenMP barriers wait for the descheduled thread); fewer steps bound the run's time.
+    load_steps: int = 48
 
     @property
     def pathologies(self) -> tuple[str, ...]:
@@ -217,7 +221,7 @@ def schedule(fams: Sequence[Family], repeats: int, healthy_runs: int, quick: boo
 
 
 def job_command(fam: Family, case: Case) -> list[str]:
-    flags = ["--steps", str(fam.steps)]
+    flags = ["--steps", str(fam.load_steps if case.load else fam.steps)]
     flags += ["--pathologies", ",".join(case.injected)] if case.injected else ["--healthy"]
     if fam.name == "ddp":
         return demo_command(flags, DEMO_RANKS)
