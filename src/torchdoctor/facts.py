@@ -167,6 +167,13 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # (all of it with num_workers=0 or when readiness is unknown). The rest is the handoff of ready
     # batches (queue, unpickling, shared memory), which more workers do not shorten.
     dataloader_unready_ms: float | None = None
+    # DataLoader iterators created in this step (a new epoch: ``for batch in loader`` starting
+    # again) and the time spent creating them (non-persistent workers start here).
+    epoch_starts: int = 0
+    loader_iter_ms: float = 0.0
+    # Time autograd's anomaly mode spent recording a stack trace for every graph node the forward
+    # created (torch.autograd.set_detect_anomaly(True)): its forward cost, measured.
+    anomaly_stack_ms: float = 0.0
 
 
 class RankFacts(msgspec.Struct, omit_defaults=True):

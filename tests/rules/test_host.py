@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
-from torchdoctor.facts import BackendFacts, CpuFacts, DataLoaderFacts, ModuleDeviceFacts, OptimizerFacts
+from torchdoctor.facts import (
+    BackendFacts,
+    CpuFacts,
+    DataLoaderFacts,
+    ModuleDeviceFacts,
+    OptimizerFacts,
+    StepTiming,
+)
 from torchdoctor.metrics.model import CopySite, LaunchStats, SyncSite, SyncStats
 
+from .conftest import MS as MS_NS
 from .conftest import cpu_facts, cpu_result, gpu_facts, gpu_result, idle, only, run, run_all
 
 
@@ -222,3 +231,21 @@ def test_ho13_threads_oversubscribe_cpus():
 def test_ho13_silent_when_threads_fit():
     f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=1, local_world_size=2))
     assert run("HO-13", (None, f)) == []
+
+
+def test_ho8_prices_anomaly_mode_from_its_nan_checks_and_stack_recording():
+    r = cpu_result()
+    r.signals.anomaly_checks = [600, 5 * 12 * MS_NS]  # 12 ms per step of the 5-step window
+    steps = [StepTiming(step=i, total_ms=100.0, anomaly_stack_ms=8.0) for i in range(10)]
+    got = only(run("HO-8", (r, cpu_facts(backends=BackendFacts(anomaly_detection=True), steps=steps))), "HO-8")
+    assert got.recoverable_ms == pytest.approx(20.0) and got.recoverable_pct == pytest.approx(20.0)
+    assert got.severity == "critical" and not got.confirm and got.remedy == "debug.off"
+    assert got.evidence[-1].values == {"nan_check_ops": 600, "nan_check_ms": 12.0, "stack_ms": 8.0}
+
+
+def test_ho8_finds_anomaly_mode_in_a_trace_alone():
+    r = cpu_result()
+    r.signals.anomaly_checks = [600, 5 * 12 * MS_NS]
+    got = only(run("HO-8", (r, None)), "HO-8")
+    assert got.recoverable_ms == pytest.approx(12.0)
+    assert "forward's stack recording" in got.evidence[-1].text  # said unmeasured, not priced

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from msgspec.structs import replace as msgspec_replace
 
 from torchdoctor.facts import CpuFacts, DataLoaderFacts, StepTiming
@@ -197,3 +198,61 @@ def test_dl1_tells_the_handoff_of_ready_batches_from_a_slow_loader():
 
 def test_dl1_handoff_below_five_percent_is_not_reported():
     assert [f for f in run_all((None, workers_facts(3.0, 0.0, 1.0))) if f.id == "DL-1"] == []
+
+
+def epoch_steps(n: int, every: int, step_ms: float, start_ms: float, start_wait: float,
+                unready_at_starts: bool = True) -> list[StepTiming]:
+    """`n` steady steps of `step_ms`; every `every`-th starts an epoch and takes `start_ms`, of
+    which `start_wait` waits for the first batch (not ready); other steps wait 1 ms for ready batches."""
+    out = []
+    for i in range(n):
+        start = i % every == every - 1
+        out.append(StepTiming(step=i, total_ms=start_ms if start else step_ms,
+                              dataloader_ms=start_wait if start else 1.0,
+                              dataloader_unready_ms=start_wait if start and unready_at_starts else 0.0,
+                              epoch_starts=int(start)))
+    return out
+
+
+def test_dl6_prices_the_timed_epoch_starts_and_claims_their_wait_once():
+    # 40 steps of 50 ms, 4 epoch starts of 350 ms (150 ms of it waiting for the first batch):
+    # excess 4 x 300 over a total of 36 x 50 + 4 x 350 = 3200 ms -> 37.5% of the average step.
+    steps = epoch_steps(40, 10, 50.0, 350.0, 150.0)
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=640, batch_size=64)],
+                  steps=steps)
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert got.severity == "critical" and got.remedy == "dataloader.persistent_workers"
+    assert got.recoverable_pct == pytest.approx(37.5, abs=0.01)
+    assert "300.0 ms longer, every 10 steps" in got.title
+    claims = {c.budget: c.asked_ms for c in got.claims}
+    assert claims["data.wait"] == pytest.approx(4 * 149.0 / 3200 * 50.0)  # waits above the 1 ms median
+    # DL-1 (generic) then finds nothing of that wait left to call input-bound.
+    assert not [x for x in run_all((None, f)) if x.id == "DL-1" and x.severity != "info"]
+
+
+def test_dl6_without_a_timed_epoch_start_assumes_and_says_so():
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=6400, batch_size=64)],
+                  steps=[StepTiming(step=i, total_ms=50.0) for i in range(40)])
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert got.severity == "info" and got.confidence == "low" and got.confirm
+    assert got.recoverable_ms == pytest.approx(2.0)  # 0.1 s x 2 workers / 100 steps per epoch
+
+
+def test_dl1_names_an_epoch_start_refill_and_offers_no_worker_remedy():
+    # Persistent workers that keep up inside an epoch: the unready wait is all at epoch starts.
+    steps = epoch_steps(40, 5, 50.0, 90.0, 40.0)
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=True, ready_share=0.9)], steps=steps,
+                  cpu=CpuFacts(affinity=[0, 1]))
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "start of each epoch (every ~5 steps" in got.title and got.remedy is None
+    assert "sampler" in got.fix.snippet
+    assert run("DL-6", (None, f)) == []
+
+
+def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():
+    steps = [StepTiming(step=i, total_ms=60.0, dataloader_ms=10.0, dataloader_unready_ms=10.0,
+                        epoch_starts=int(i % 10 == 9)) for i in range(40)]
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=True)], steps=steps,
+                  cpu=CpuFacts(affinity=[0, 1]))
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "cannot keep up on average" in got.title and got.remedy == "dataloader.workers"

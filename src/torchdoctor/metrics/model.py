@@ -349,6 +349,9 @@ class RuleSignals(msgspec.Struct):
     # Time inside DistributedDataParallel.forward not covered by any op it calls: DDP's own work
     # (with find_unused_parameters=True, mostly the autograd-graph search).
     ddp_forward_self_ns: int = 0
+    # Autograd anomaly mode's NaN checks: aten::isnan / aten::_is_any_true / aten::item run by the
+    # autograd engine on every backward node's outputs ([count, total ns] in the window).
+    anomaly_checks: list[int] = []
     # HW-2: fp16/bf16 GEMMs with dims that are not multiples of 8 (needs record_shapes).
     misaligned_gemms: MisalignedGemms | None = None
     # HW-4: SM fill of compute kernels (needs Kineto's `blocks per SM` kernel args).

@@ -72,6 +72,7 @@ def rule_signals(ctx: Context, cause_sets: dict[str, iv.Intervals]) -> RuleSigna
     out.alloc_calls = int(alloc.sum())
     out.alloc_ns = int((tr.end[alloc] - tr.ts[alloc]).sum())
     optimizer_internals(ctx, out)
+    out.anomaly_checks = anomaly_checks(ctx)
     out.markers = markers(ctx)
     out.collectives = collectives(ctx)
     out.ddp_forward_self_ns = self_time(ctx, "DistributedDataParallel.forward")
@@ -233,6 +234,38 @@ def optimizer_internals(ctx: Context, out: RuleSignals) -> None:
         out.optimizer_impl = "single_tensor"
     zero = inside_zero & tr.mask(Cat.CPU_OP) & tr.name_mask(lambda n: n == "aten::zero_")
     out.zero_grad_fills_per_step = round(int(zero.sum()) / steps, 2)
+
+
+ANOMALY_CHECK_OPS = frozenset({"aten::isnan", "aten::_is_any_true", "aten::item"})
+
+
+def anomaly_checks(ctx: Context) -> list[int]:
+    """[count, total ns] of autograd anomaly mode's NaN checks in the window ([] when none).
+
+    With ``set_detect_anomaly(True)`` the autograd engine checks every output of every backward
+    node: ``isnan(out)._is_any_true().item()``, recorded as those host ops directly inside the
+    node's ``autograd::engine::evaluate_function:`` range (after the node's own op). Without
+    anomaly mode the engine runs none of them there. Durations are the ops' own ranges (their
+    children, e.g. aten::ne under aten::isnan, are inside them).
+    """
+    tr = ctx.tr
+    host_ops = ctx.host & tr.mask(Cat.CPU_OP)
+    cand = host_ops & ctx.in_window & tr.name_mask(ANOMALY_CHECK_OPS.__contains__)
+    if not (cand & tr.name_mask(lambda n: n == "aten::_is_any_true")).any():
+        return []  # the common case: no anomaly mode, nothing to walk
+    count = total = 0
+    for tid in np.unique(tr.tid[cand]):
+        ops = np.flatnonzero(host_ops & (tr.tid == tid))
+        ts, ends = tr.ts[ops], tr.end[ops]
+        for i in np.flatnonzero(cand & (tr.tid == tid)):
+            # Innermost enclosing op other than the check itself (nesting is shallow).
+            k = int(np.searchsorted(ts, tr.ts[i], side="right"))
+            parent = next((ops[j] for j in range(k - 1, max(k - 64, 0) - 1, -1)
+                           if ops[j] != i and ends[j] >= tr.end[i]), None)
+            if parent is not None and tr.names[tr.name[parent]].startswith("autograd::engine::evaluate_function:"):
+                count += 1
+                total += int(tr.end[i] - tr.ts[i])
+    return [count, total] if count else []
 
 
 def _inside(ctx: Context, outer: np.ndarray) -> np.ndarray:

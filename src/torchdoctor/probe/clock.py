@@ -37,6 +37,12 @@ class Phase(enum.IntEnum):
     # Part of the DATALOADER wait spent on batches that were not ready when asked for (all of it
     # when readiness is unknown). Not a phase of its own: left out of the split of the step.
     DATA_UNREADY = 5
+    # Also outside the split: time in ``DataLoader.__iter__`` (a new epoch: workers started, or
+    # persistent ones reset), the count of such epoch starts, and the time autograd's anomaly
+    # mode spent recording the forward's stack traces (part of FORWARD / BACKWARD already).
+    LOADER_ITER = 6
+    EPOCH_STARTS = 7
+    ANOMALY_STACKS = 8
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -137,6 +143,9 @@ class StepClock:
                     other_ms=round(max(0.0, total_ms - sum(ms[: Phase.DATA_UNREADY])), 3),
                     samples=samples or None,
                     dataloader_unready_ms=ms[Phase.DATA_UNREADY],
+                    loader_iter_ms=ms[Phase.LOADER_ITER],
+                    epoch_starts=int(acc[Phase.EPOCH_STARTS]),
+                    anomaly_stack_ms=ms[Phase.ANOMALY_STACKS],
                 )
             )
         return out

@@ -15,6 +15,8 @@ DDP                    shim on ``DistributedDataParallel.__init__``; logging dat
 autocast               shim on ``torch.amp.autocast_mode.autocast.__enter__``
 host syncs             shims on ``Tensor.item``, ``Tensor.tolist``, ``Tensor.numpy``
 foreign profiler       shims on profiler start: the probe's window yields to the job's profiler
+anomaly-mode stacks    timer around ``torch.fx.traceback.format_stack`` (what anomaly mode calls
+                       for every node the forward creates), active only while anomaly mode is on
 =====================  =====================================================================
 
 Every callback is guarded: an exception is recorded once (``errors.ERRORS``) and the site is
@@ -57,6 +59,39 @@ def _guard(where: str, fn: Callable[..., None]) -> Callable[..., None]:
     return hook
 
 
+def _anomaly_stacks(probe: Probe) -> None:
+    """Time the stack traces autograd's anomaly mode records in the forward.
+
+    With ``set_detect_anomaly(True)`` every graph node the forward creates stores the Python
+    stack, which autograd gets by calling ``torch.fx.traceback.format_stack`` (looked up on the
+    module at each call, so a wrapper there sees every one). The wrapper only adds a timer on the
+    training thread while anomaly mode is on; under torch.compile (fx/Dynamo call it while
+    tracing) and everywhere else it is a plain pass-through. Feature-detected.
+    """
+    import torch
+    import torch.fx.traceback as fx_traceback
+
+    orig = getattr(fx_traceback, "format_stack", None)
+    enabled = getattr(torch, "is_anomaly_enabled", None)
+    if orig is None or enabled is None or getattr(orig, "_torchdoctor_timed", False):
+        return
+    is_compiling = probe.is_compiling
+
+    def format_stack(*args: Any, **kwargs: Any) -> Any:
+        if ("anomaly" in BROKEN or threading.get_ident() != probe.main_thread or is_compiling()
+                or not enabled()):
+            return orig(*args, **kwargs)
+        t0 = perf_counter()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            probe.clock.add(Phase.ANOMALY_STACKS, perf_counter() - t0)
+
+    format_stack._torchdoctor_timed = True  # type: ignore[attr-defined]
+    format_stack.__wrapped__ = orig  # type: ignore[attr-defined]
+    fx_traceback.format_stack = format_stack
+
+
 def install_all(probe: Probe) -> None:
     """Install every observer; one that cannot be installed is recorded and the others still are."""
     for name, install in (
@@ -68,6 +103,7 @@ def install_all(probe: Probe) -> None:
         ("syncs", _syncs),
         ("profiler", _profiler_guard),
         ("distributed", _distributed),
+        ("anomaly", _anomaly_stacks),
     ):
         try:
             fault_point(f"install.{name}")
@@ -98,11 +134,14 @@ def _dataloader(probe: Probe) -> None:
     before, after = _site_recorder(probe, "dataloader.init")
     loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
 
-    def iter_after(_: Any, args: tuple[Any, ...], it: Any) -> None:
+    def iter_after(t0: float | None, args: tuple[Any, ...], it: Any) -> None:
         probe.loader_setup -= 1
         if it is shims.FAILED or "dataloader.iter" in BROKEN:
             return
         fault_point("dataloader.iter")
+        if t0 is not None:  # an epoch starts (main thread): its cost, and the mark DL-6/DL-1 read
+            probe.clock.add(Phase.LOADER_ITER, perf_counter() - t0)
+            probe.clock.add(Phase.EPOCH_STARTS, 1.0)
         loader = args[0]
         record = probe.loader_by_obj.get(loader)
         if record is None:
@@ -120,8 +159,9 @@ def _dataloader(probe: Probe) -> None:
             if getattr(worker, "pid", None):
                 record.worker_pids.add(worker.pid)
 
-    def iter_before(args: tuple[Any, ...]) -> None:
+    def iter_before(args: tuple[Any, ...]) -> float | None:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
+        return perf_counter() if threading.get_ident() == probe.main_thread else None
 
     loader_cls.__iter__ = shims.around(
         loader_cls.__iter__, iter_before, iter_after, _failed("dataloader.iter")

@@ -414,42 +414,68 @@ def launch_outliers(inputs: RuleInputs) -> list[Finding]:
 def debug_switches(inputs: RuleInputs) -> list[Finding]:
     """Debug / slow-mode switches left on (TTG "Disable debugging APIs"; CUDA guide on CUDA_LAUNCH_BLOCKING).
 
-    Presence is the threshold (catalogue). Their cost is not measured here, so no gain is
-    claimed: `torchdoctor fix --apply debug.off` measures it.
+    Presence is the threshold (catalogue). Anomaly detection is priced by measurement: the NaN
+    checks the autograd engine runs after every backward node (their host ops in the profiler
+    window, metrics/signals.py::anomaly_checks) plus the stack traces it records for every node
+    the forward creates (timed by the probe, StepTiming.anomaly_stack_ms). A trace alone shows the
+    checks, so anomaly mode is found without live facts too. The other switches' cost is not
+    measured here: no gain is claimed for them, and `torchdoctor fix --apply debug.off` measures it.
     """
     def one(v: View) -> Finding | None:
         f = v.f
-        if f is None:
-            return None
-        b = f.backends
+        checks = v.r.signals.anomaly_checks if v.r is not None and v.r.signals is not None else []
+        check_ms = v.ms(checks[1]) if checks else 0.0
+        stack_ms = v.facts_median("anomaly_stack_ms") or 0.0
+        anomaly = bool(f is not None and f.backends.anomaly_detection) or bool(checks)
         heavy, light = [], []
-        if env_on(f, "CUDA_LAUNCH_BLOCKING") and v.accel:
+        if f is not None and env_on(f, "CUDA_LAUNCH_BLOCKING") and v.accel:
             heavy.append("CUDA_LAUNCH_BLOCKING=1 (every launch waits for its kernel)")
-        if b.anomaly_detection:
+        if anomaly:
             heavy.append("autograd anomaly detection (torch.autograd.set_detect_anomaly)")
-        if (f.env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"):
-            heavy.append("TORCH_DISTRIBUTED_DEBUG=DETAIL (collective fingerprint checks)")
-        if b.sync_debug_mode:
-            light.append(f"torch.cuda.set_sync_debug_mode({b.sync_debug_mode})")
-        if b.deterministic_algorithms:
-            light.append("torch.use_deterministic_algorithms(True)")
-        if b.cudnn_deterministic and v.accel:
-            light.append("cudnn.deterministic=True")
-        if env_on(f, "TORCH_NCCL_BLOCKING_WAIT"):
-            light.append("TORCH_NCCL_BLOCKING_WAIT=1")
-        if f.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
-            light.append(f"NCCL_DEBUG={f.env['NCCL_DEBUG']}")
+        if f is not None:
+            b = f.backends
+            if f.env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+                heavy.append("TORCH_DISTRIBUTED_DEBUG=DETAIL (collective fingerprint checks)")
+            if b.sync_debug_mode:
+                light.append(f"torch.cuda.set_sync_debug_mode({b.sync_debug_mode})")
+            if b.deterministic_algorithms:
+                light.append("torch.use_deterministic_algorithms(True)")
+            if b.cudnn_deterministic and v.accel:
+                light.append("cudnn.deterministic=True")
+            if env_on(f, "TORCH_NCCL_BLOCKING_WAIT"):
+                light.append("TORCH_NCCL_BLOCKING_WAIT=1")
+            if f.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+                light.append(f"NCCL_DEBUG={f.env['NCCL_DEBUG']}")
         if not heavy and not light:
             return None
+        gain = check_ms + stack_ms if anomaly else 0.0
+        evidence = [Evidence(("Read from the live run: " if f is not None else "Seen in the trace: ")
+                             + "; ".join(heavy + light) + ".", {"heavy": heavy, "light": light})]
+        if anomaly:
+            parts = []
+            if checks:
+                parts.append(f"NaN checks after every backward node: {checks[0]} host ops, {fmt_ms(check_ms)} "
+                             "per step (profiler window)")
+            if stack_ms:
+                parts.append(f"stack traces recorded for every node the forward creates: {fmt_ms(stack_ms)} "
+                             "per step (timed by the probe)")
+            unseen = ([] if checks else ["the NaN checks (no profiler window with backward ops)"]) + \
+                     ([] if stack_ms or f is not None else ["the forward's stack recording (not in a trace)"])
+            evidence.append(Evidence(
+                "Anomaly mode costs " + ("; ".join(parts) if parts else "an unmeasured amount")
+                + (f"; not measured: {', '.join(unseen)}" if unseen else "") + ".",
+                {"nan_check_ops": checks[0] if checks else 0, "nan_check_ms": round(check_ms, 3),
+                 "stack_ms": round(stack_ms, 3)}))
+        measured = gain > 0
         return finding(
-            v, "HO-8", "host", "Debug switches are on: " + "; ".join(heavy + light) + ".", 0.0,
-            sev="warning" if heavy else "info",
-            evidence=[Evidence("Read from the live run: " + "; ".join(heavy + light) + ".",
-                               {"heavy": heavy, "light": light})],
+            v, "HO-8", "host", "Debug switches are on: " + "; ".join(heavy + light)
+            + (f"; anomaly mode alone costs {fmt_ms(gain)} per step." if measured else "."), gain,
+            sev=None if measured else ("warning" if heavy else "info"),
+            evidence=evidence,
             fix=Fix("Turn them off outside debugging sessions.",
                     "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG\n"
                     "torch.autograd.set_detect_anomaly(False)", "shell"),
-            confidence="high", confirm="`torchdoctor fix --apply debug.off` measures the gain",
+            confidence="high", confirm="" if measured else "`torchdoctor fix --apply debug.off` measures the gain",
             remedy="debug.off", source="TTG disable debugging APIs; CUDA guide CUDA_LAUNCH_BLOCKING")
     return per_rank(inputs, one)
 

@@ -8,6 +8,8 @@ above the typical wait (prefetch) and DL-1 the typical wait (more or faster work
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..advice.workers import advise_workers, workers_wait_on_io
@@ -39,17 +41,62 @@ MIN_STEPS = 8
 WORKER_START_S = 0.1
 
 
+# The data wait sits at epoch starts when at least this share of the unready wait falls there.
+EPOCH_START_SHARE = 0.7
+
+
 # --- shared numbers ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EpochStarts:
+    """What the first step of each epoch costs, from the probe's steady-state step timings.
+
+    A step that created a DataLoader iterator (``StepTiming.epoch_starts``) starts an epoch. Sums
+    are over the steady steps; shares are of their total time, i.e. of the job's average step
+    (epoch starts are rare, slow steps: the median step and the profiler window miss them).
+    """
+
+    steps: int  # steady steps seen
+    starts: int  # epoch starts among them
+    excess_share: float  # sum over epoch starts of (step - median step) / total time
+    wait_share: float  # sum over epoch starts of (data wait - median data wait) / total time
+    unready_at_starts: float  # share of all unready data wait that falls in epoch-start steps
+    excess_ms: float  # mean excess of one epoch start, ms
+
+    every: float  # steps per epoch: the median spacing of epoch starts (steps / starts if one)
+
+
+def epoch_starts(v: View) -> EpochStarts | None:
+    """The epoch starts among the probe's steady steps (None: no live timings or no epoch start)."""
+    timed = v.timed
+    starts = [s for s in timed if s.epoch_starts]
+    if len(timed) < MIN_STEPS or not starts:
+        return None
+    total = sum(s.total_ms for s in timed)
+    med_step = float(np.median([s.total_ms for s in timed]))
+    med_wait = float(np.median([s.dataloader_ms for s in timed]))
+    unready = [s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms for s in timed]
+    at_starts = sum(u for u, s in zip(unready, timed, strict=True) if s.epoch_starts)
+    excess = sum(max(0.0, s.total_ms - med_step) for s in starts)
+    wait = sum(max(0.0, s.dataloader_ms - med_wait) for s in starts)
+    gaps = np.diff([s.step for s in starts])
+    return EpochStarts(len(timed), len(starts), excess / total, min(excess, wait) / total,
+                       at_starts / sum(unready) if sum(unready) > 0 else 0.0, excess / len(starts),
+                       float(np.median(gaps)) if gaps.size else len(timed) / len(starts))
+
+
 
 def step_waits(v: View) -> tuple[list[float], list[float]]:
     """(data wait, step time) per step, ms, from whichever source saw more steps.
 
     The profiler window holds a few steps; the probe times every other step of a live run, which
     is what a distribution (bursts, p95) needs. The probe's wait counts only batches that were not
-    ready yet (``dataloader_unready_ms``) when it knows: a ready batch's handoff is no burst.
+    ready yet (``dataloader_unready_ms``) when it knows: a ready batch's handoff is no burst. Steps
+    that start an epoch are left out: their wait is the queue's refill, which no prefetch depth
+    carries across epochs (DL-6 / DL-1 speak of it).
     """
     rows = v.r.steps if v.r is not None else []
-    timed = v.timed
+    timed = [s for s in v.timed if not s.epoch_starts]
     if len(timed) > len(rows):
         return ([s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms for s in timed],
                 [s.total_ms for s in timed])
@@ -228,6 +275,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
     def one(v: View) -> Finding | None:
         wait = data_wait_ms(v)
         nw = num_workers(v)
+        at_starts = False
         if nw == 0:
             rest = v.left("data.wait")
             why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
@@ -235,15 +283,24 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             starved_or_handoff = v.left("data.wait")
             handoff = starved_or_handoff * handoff_share(v)
             rest = starved_or_handoff - handoff
-            why = "the loader cannot keep up on average"
+            ep = epoch_starts(v)
+            at_starts = ep is not None and ep.unready_at_starts >= EPOCH_START_SHARE
+            why = (f"the wait sits at the start of each epoch (every ~{ep.every:.0f} steps, "
+                   f"{ep.unready_at_starts:.0%} of the unready wait): the workers' queue drains at the end of "
+                   "an epoch and refills at the next, and more workers do not shorten the first batch"
+                   if at_starts and ep is not None else "the loader cannot keep up on average")
             if v.pct(rest) < 0.5:
                 return _handoff(v, handoff, wait)
         if v.pct(rest) < 0.5:
             return None
         known = nw is not None
+        epoch_bound = nw != 0 and at_starts
         fix_text = ("Make each batch cheaper to produce: move decoding/augmentation to the GPU "
                     "(torchvision.transforms.v2 on tensors, DALI), pre-decode the data set, use a faster "
                     "storage format; then add workers." if nw == 0 else
+                    "Make epochs longer (a sampler that spans several passes over the data) or the first "
+                    "batch of an epoch cheaper; keep the workers alive (persistent_workers=True)."
+                    if epoch_bound else
                     "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
                     "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
                     "augmentation to the GPU.")
@@ -252,10 +309,12 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             f"Input-bound: each step waits {fmt_ms(rest)} ({v.pct(rest):.0f}% of the step) for the "
             f"DataLoader; {why}.",
             rest, evidence=_dl_evidence(v, wait),
-            fix=Fix(fix_text, "DataLoader(dataset, num_workers=N, pin_memory=True, persistent_workers=True)"),
+            fix=Fix(fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
+                    "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)" if epoch_bound else
+                    "DataLoader(dataset, num_workers=N, pin_memory=True, persistent_workers=True)"),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
-            remedy=None if nw == 0 else "dataloader.workers",
+            remedy=None if nw == 0 or epoch_bound else "dataloader.workers",
             source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%", budget="data.wait")
     return per_rank(inputs, one)
 
@@ -434,32 +493,56 @@ def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-@rule("DL-6")
+@rule("DL-6", budgets=("data.wait", "step"))
 def workers_restart(inputs: RuleInputs) -> list[Finding]:
     """Workers restarted every epoch (num_workers > 0, persistent_workers=False).
 
     PL warns for workers without persistence (spawn); GPP's first_step_outlier sees the stall.
-    Gain per step: WORKER_START_S x workers / steps per epoch (documented assumption: fork start).
+    Gain, measured on a live run: what the epoch-start steps take beyond the median step
+    (worker start-up and worker_init_fn, the workers' shutdown at the end of the epoch, the
+    parent's slowdown while they start), as a share of the average step; its data-wait part is
+    claimed from ``data.wait`` so DL-1 does not count it again. It includes the first batch's
+    production, which persistent workers wait for too (a slight over-estimate). Without epoch
+    starts in the steady steps: WORKER_START_S x workers / steps per epoch (assumed fork start), info.
     """
     def one(v: View) -> Finding | None:
         if v.f is None:
             return None
         for d in v.f.dataloaders:
-            if d.num_workers and d.persistent_workers is False:
-                per_epoch = None
-                if d.dataset_len and d.batch_size:
-                    per_epoch = max(1, d.dataset_len // d.batch_size)
-                gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
+            if not (d.num_workers and d.persistent_workers is False):
+                continue
+            per_epoch = max(1, d.dataset_len // d.batch_size) if d.dataset_len and d.batch_size else None
+            ep = epoch_starts(v)
+            facts = {"num_workers": d.num_workers, "steps_per_epoch": per_epoch}
+            if ep is not None and v.step_ms:
+                gain, wait = ep.excess_share * v.step_ms, ep.wait_share * v.step_ms
+                every = per_epoch or round(ep.every)
                 return finding(
                     v, "DL-6", "input",
-                    f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",
-                    gain, sev="info",
-                    evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
-                                       f"{per_epoch or '?'} steps per epoch.", {"num_workers": d.num_workers,
-                                                            "steps_per_epoch": per_epoch})],
+                    f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False): "
+                    f"each epoch's first step takes {fmt_ms(ep.excess_ms)} longer, every {every} steps "
+                    f"({v.pct(gain):.0f}% of the average step).",
+                    gain, evidence=[Evidence(
+                        f"{ep.starts} epoch start(s) in {ep.steps} steady steps; each took {fmt_ms(ep.excess_ms)} more "
+                        "than the median step (worker start-up, worker_init_fn, shutdown), of which the batch "
+                        "wait is part. Persistent workers still wait for the first batch of an epoch.",
+                        {**facts, "epoch_starts": ep.starts, "steps": ep.steps,
+                         "excess_ms_per_epoch": round(ep.excess_ms, 3)})],
                     fix=Fix("Keep the workers alive across epochs.", "DataLoader(..., persistent_workers=True)"),
                     confidence="medium", remedy="dataloader.persistent_workers",
-                    confirm="watch the first step of each epoch (`torchdoctor run` step timings)",
-                    source="PL persistent_workers warning; GPP first_step_outlier")
+                    source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
+                    budget={"data.wait": wait, "step": max(0.0, gain - wait)})
+            gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
+            return finding(
+                v, "DL-6", "input",
+                f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",
+                gain, sev="info",
+                evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
+                                   f"{per_epoch or '?'} steps per epoch; no epoch start was timed, so the "
+                                   f"start-up is assumed ({WORKER_START_S:g} s per worker, fork).", facts)],
+                fix=Fix("Keep the workers alive across epochs.", "DataLoader(..., persistent_workers=True)"),
+                confidence="low", remedy="dataloader.persistent_workers",
+                confirm="run past an epoch boundary under `torchdoctor run` to time the restarts",
+                source="PL persistent_workers warning; GPP first_step_outlier")
         return None
     return per_rank(inputs, one)

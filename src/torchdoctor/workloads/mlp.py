@@ -36,7 +36,7 @@ BLOCKS = 4
 BATCH = 64
 FETCH_MS = 0.4  # per record: 25.6 ms per batch in the training process; two workers keep up
 WORKER_INIT_MS = 100.0  # per worker start: open the record index
-EPOCH_BATCHES = 12
+EPOCH_BATCHES = 32
 
 SPEC = _jobs.JobSpec(
     prog="python -m torchdoctor.workloads.mlp",

@@ -1,0 +1,59 @@
+"""What the probe times at epoch starts (DataLoader iterators) and in autograd's anomaly mode, live."""
+
+from __future__ import annotations
+
+import json
+
+from probe.livejob import facts_of, load_run, run_wrapped, script
+
+JOB = """
+import time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def slow_start(worker_id):
+    time.sleep(0.15)  # a worker's start-up (opening an index): paid again at every epoch
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(96, 16), torch.randint(0, 4, (96,)))
+loader = DataLoader(data, batch_size=16, num_workers=1, persistent_workers=False, worker_init_fn=slow_start)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+for epoch in range(4):  # 6 steps per epoch
+    for x, y in loader:
+        torch.autograd.set_detect_anomaly(step >= 12)  # on from the third epoch
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+print("ok", step)
+"""
+
+
+def test_epoch_starts_and_anomaly_stacks_are_timed(tmp_path):
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, options=("--profile-steps", "19:22", "--json", str(tmp_path / "r.json")))
+    assert result.returncode == 0 and result.stdout == "ok 24\n", result.stderr
+    facts = facts_of(run_dir)
+    steps = {s["step"]: s for s in facts["steps"]}
+    # Each epoch's first step created the iterator: marked, and its creation timed.
+    assert [i for i, s in sorted(steps.items()) if s.get("epoch_starts")] == [0, 6, 12, 18]
+    assert all(steps[i]["loader_iter_ms"] > 0 for i in (6, 12, 18))
+    # ... and that step waited for the worker's 150 ms start-up, the others did not.
+    assert all(steps[i]["dataloader_ms"] >= 140 for i in (6, 12, 18))
+    assert all(s["dataloader_ms"] < 140 for i, s in steps.items() if i % 6)
+    # Anomaly mode's stack recording is timed only while it is on (from step 12).
+    assert all(steps[i].get("anomaly_stack_ms", 0.0) == 0.0 for i in range(1, 12))
+    assert all(steps[i]["anomaly_stack_ms"] > 0 for i in range(13, 24) if i in steps)
+    (entry,) = load_run(run_dir)["ranks"]
+    checks = entry["analysis"]["signals"]["anomaly_checks"]
+    # 3 profiled steps x 3 backward nodes with outputs to check (addmm, relu, addmm; and the loss).
+    assert checks[0] >= 3 * 3 and checks[1] > 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    ho8 = next(f for f in report["findings"] if f["id"] == "HO-8")
+    assert ho8["recoverable_ms"] > 0 and "anomaly mode alone costs" in ho8["title"]
+    dl6 = next(f for f in report["findings"] if f["id"] == "DL-6")
+    assert dl6["recoverable_pct"] > 0 and "each epoch's first step takes" in dl6["title"]
