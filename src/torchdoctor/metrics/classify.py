@@ -36,9 +36,14 @@ _CONV = re.compile(
     r"im2col|col2im|depthwise|scudnn|cudnn_(infer|train)",
     re.IGNORECASE,
 )
+# GEMM libraries by their kernel names: cuBLAS (`ampere_sgemm_*`, `sm80_xmma_gemm_*`; Hopper and
+# Blackwell cuBLASLt's `nvjet_*` and `sm90_xmma_*`/`sm100_xmma_*`), CUTLASS 2 and 3
+# (`cutlass_80_tensorop_*`, `cutlass3x_sm90_*`, `cutlass::Kernel2<...>`), WGMMA/GMMA/HMMA kernels,
+# rocBLAS/hipBLASLt (Tensile's `Cijk_*`), Triton (Inductor templates `triton_tem_*`, `triton_mm`,
+# user `matmul_kernel`s). Checked after attention and convolution, whose kernels are GEMMs too.
 _GEMM = re.compile(
-    r"gemm|gemv|cutlass|cublas|matmul|xmma|^ampere_|^volta_|^turing_|^sm\d+_|Kernel2|"
-    r"dot_kernel|triton_tem|splitKreduce|bmm|hipblaslt|rocblas|Cijk_",
+    r"gemm|gemv|cutlass|cublas|matmul|xmma|nvjet|wgmma|gmma|hmma|tensorop|^ampere_|^volta_|^turing_|"
+    r"^sm\d+_|Kernel2|dot_kernel|triton_tem|triton_b?mm|splitKreduce|bmm|hipblaslt|rocblas|Cijk_",
     re.IGNORECASE,
 )
 _REDUCTION = re.compile(
@@ -68,6 +73,44 @@ def kernel_kind(name: str) -> KernelKind:
         if pattern.search(name):
             return kind
     return KernelKind.OTHER
+
+
+# --- math path of GEMM / convolution kernels ------------------------------------------------------
+
+# Tensor-core (NVIDIA) / matrix-core (AMD MFMA, Tensile's `MI32x32x8`) kernels by name: TBP's list
+# (tensor_core.py) plus newer cuBLAS/CUTLASS/cuDNN/rocBLAS spellings. Data-type words (bf16, fp16,
+# tf32) only mean tensor cores on a kernel already classified GEMM or CONV.
+_TENSOR_CORE = re.compile(
+    r"h884|s884|h1688|s1688|hmma|i8816|16816|1688|tensorop|xmma|wgmma|gmma|nvjet|tf32|bf16|f16f16|"
+    r"e4m3|e5m2|fp16|_half|c10::Half|BFloat16|MI\d+x\d+x\d+|dgrad_1x1_stride_2x2|first_layer_wgrad_kernel|"
+    r"conv1x1",
+    re.IGNORECASE,
+)
+# Plain FP32 (SIMT) GEMM/conv kernels: cuBLAS sgemm, cuDNN scudnn, complex/FFT paths, gemv on floats.
+_FP32_SIMT = re.compile(r"sgemm|scudnn|gcgemm|fft2d|_engine<float|gemv2?[NT]_kernel.*float|gemmSN_", re.IGNORECASE)
+# cuBLAS xmma kernels that run FP32 FMAs name the instruction (`..._f32f32_f32f32_f32_..._ffma_...`):
+# `xmma` alone does not mean tensor cores.
+_FFMA = re.compile(r"_ffma_|_ffma$", re.IGNORECASE)
+
+
+class MathPath(IntEnum):
+    """How a GEMM/conv kernel does its arithmetic, as far as its name says."""
+
+    UNKNOWN = 0  # e.g. Triton GEMMs: the dtype decides, the name does not say
+    TENSOR_CORE = 1
+    FP32_SIMT = 2
+
+
+@lru_cache(maxsize=65536)
+def math_path(name: str) -> MathPath:
+    """Tensor cores, plain FP32, or unknown, for a kernel that kernel_kind calls GEMM or CONV."""
+    if _FFMA.search(name):
+        return MathPath.FP32_SIMT
+    if _TENSOR_CORE.search(name):
+        return MathPath.TENSOR_CORE
+    if _FP32_SIMT.search(name):
+        return MathPath.FP32_SIMT
+    return MathPath.UNKNOWN
 
 
 # --- host side -------------------------------------------------------------------------------

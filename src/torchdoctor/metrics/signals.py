@@ -12,7 +12,7 @@ import numpy as np
 
 from ..trace.model import Cat
 from . import intervals as iv
-from .classify import KernelKind, memcpy_kind
+from .classify import KernelKind, MathPath, math_path, memcpy_kind
 from .context import Context
 from .device import lookup, top_by_name
 from .gemm import misaligned_gemms
@@ -37,14 +37,6 @@ CLOCK_SLACK_NS = 5_000
 CLUSTER_GAP_MIN_NS = 500_000
 # A per-parameter optimizer loop issues at least this many in-place ops (and kernels) per step.
 SINGLE_TENSOR_MIN_OPS = 20
-# Tensor-core kernels by name: TBP's list (tensor_core.py) plus newer cuBLAS/CUTLASS/cuDNN/rocBLAS
-# spellings; plain FP32 (SIMT) GEMM/conv kernels by name.
-_TENSOR_CORE = re.compile(
-    r"h884|s884|h1688|s1688|hmma|i8816|16816|1688|tensorop|xmma|wgmma|gmma|nvjet|tf32|bf16|f16f16|"
-    r"fp16|_half|c10::Half|BFloat16|MI\d+x\d+x\d+|dgrad_1x1_stride_2x2|first_layer_wgrad_kernel|conv1x1",
-    re.IGNORECASE,
-)
-_FP32_SIMT = re.compile(r"sgemm|scudnn|gcgemm|fft2d|_engine<float|gemv2?[NT]_kernel.*float|gemmSN_", re.IGNORECASE)
 _LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
 _OPT_CLASS = re.compile(r"^Optimizer\.step#(\w+)\.step")
 _DL_ITER = re.compile(r"^enumerate\(DataLoader\)#(\w+)\.__next__")
@@ -189,8 +181,8 @@ def matmul_paths(ctx: Context, out: RuleSignals) -> np.ndarray:
     tr = ctx.tr
     kern = tr.mask(Cat.KERNEL) & ctx.in_window
     mm = kern & np.isin(ctx.kind, [KernelKind.GEMM, KernelKind.CONV])
-    tc_names = tr.name_mask(lambda n: bool(_TENSOR_CORE.search(n)))
-    simt_names = tr.name_mask(lambda n: bool(_FP32_SIMT.search(n))) & ~tc_names
+    tc_names = tr.name_mask(lambda n: math_path(n) == MathPath.TENSOR_CORE)
+    simt_names = tr.name_mask(lambda n: math_path(n) == MathPath.FP32_SIMT)
     out.matmul_ns = iv.total(ctx.clipped_union(mm))
     out.tensor_core_ns = iv.total(ctx.clipped_union(mm & tc_names))
     simt = mm & simt_names

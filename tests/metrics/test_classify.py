@@ -1,0 +1,71 @@
+"""metrics/classify: one place that names a kernel's kind and math path, for every GEMM library."""
+
+from __future__ import annotations
+
+import pytest
+
+from kineto_builder import TraceBuilder
+from torchdoctor.metrics.classify import KernelKind, MathPath, kernel_kind, math_path
+from torchdoctor.metrics.rank import analyze_rank
+from torchdoctor.trace.load import load_trace
+
+# Hopper cuBLASLt's GEMM kernels (torch 2.x on H100/H200) carry no "gemm" in their names.
+NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
+TC_GEMMS = [
+    NVJET,
+    "nvjet_hsh_192x128_64x5_2x1_v_bz_coopB_TNT",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+    "void cutlass::device_kernel<cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_void_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized_cooperative_epi_tma>(Params)",
+    "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)",
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_tn_align1>(Params)",
+    "sm100_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize256x128x64_cublas",
+    "Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI32x32x8x1_SN_1LDSB0_GRVW8_ISA942",  # hipBLASLt/Tensile MFMA
+    "sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x128_cublas",  # FP8
+]
+SIMT_GEMMS = [
+    "ampere_sgemm_128x64_nn",
+    "volta_sgemm_128x32_nt",
+    "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_execute_kernel_cublas",
+]
+UNKNOWN_PATH_GEMMS = ["triton_tem_fused_mm_0", "triton_mm", "matmul_kernel"]  # Triton: the dtype decides
+
+
+@pytest.mark.parametrize("name", TC_GEMMS)
+def test_tensor_core_gemms(name):
+    assert kernel_kind(name) == KernelKind.GEMM and math_path(name) == MathPath.TENSOR_CORE
+
+
+@pytest.mark.parametrize("name", SIMT_GEMMS)
+def test_fp32_simt_gemms(name):
+    assert kernel_kind(name) == KernelKind.GEMM and math_path(name) == MathPath.FP32_SIMT
+
+
+@pytest.mark.parametrize("name", UNKNOWN_PATH_GEMMS)
+def test_triton_gemms_are_gemms_of_unknown_path(name):
+    assert kernel_kind(name) == KernelKind.GEMM and math_path(name) == MathPath.UNKNOWN
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_cudnn", KernelKind.CONV),
+    ("fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", KernelKind.ATTENTION),
+    ("triton_poi_fused_add_cos_sin_0", KernelKind.ELEMENTWISE),
+    ("triton_red_fused_sum_0", KernelKind.REDUCTION),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", KernelKind.COMM),
+])
+def test_other_library_kernels_keep_their_kind(name, kind):
+    assert kernel_kind(name) == kind
+
+
+def test_hopper_nvjet_gemm_counts_as_gemm_and_tensor_core_in_a_trace(tmp_path):
+    b = TraceBuilder(device_name="NVIDIA H100 80GB HBM3")
+    b.step(1, 0.0, 10_000.0)
+    b.gemm("aten::mm", 100.0, 40.0, [[4096, 4096], [4096, 4096]], kernel=NVJET, kernel_at=200.0, kernel_dur=900.0)
+    b.gemm("aten::mm", 1200.0, 40.0, [[4096, 4096], [4096, 4096]], kernel=NVJET, kernel_at=1300.0,
+           kernel_dur=900.0)
+    r = analyze_rank(load_trace(str(b.write(tmp_path / "t.json"))))
+    [top] = r.kernels.top
+    assert (top.name, top.kind, top.count) == (NVJET, "gemm", 2)
+    gemm = next(k for k in r.kernels.by_kind if k.kind == "gemm")
+    assert gemm.ns == 1_800_000
+    sig = r.signals
+    assert sig.matmul_ns == sig.tensor_core_ns == 1_800_000 and sig.fp32_simt_ns == 0
