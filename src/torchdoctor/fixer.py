@@ -100,12 +100,22 @@ def run_arm(command: Sequence[str], arm: Arm, opts: FixOptions, profile: tuple[i
     return arm
 
 
+def estimates_of(findings: Sequence[Any]) -> dict[str, float]:
+    """Remedy id -> the share of the step (%) its findings say it gives back (summed, at most 100):
+    what `fix` then measures, so the two can be shown side by side."""
+    out: dict[str, float] = {}
+    for f in findings:
+        if f.remedy:
+            out[f.remedy] = min(100.0, round(out.get(f.remedy, 0.0) + f.recoverable_pct, 2))
+    return out
+
+
 def _what_to_try(command: Sequence[str], opts: FixOptions, out: str
                  ) -> tuple[list[select.Choice], dict[str, str], dict[str, str], select.JobFacts | None, str | None, int]:
     """(choices, refused by precondition, unknown ids, facts, diagnosis run dir, exit code)."""
     if opts.apply not in LEVELS:
         specs, unknown = catalogue.parse_all(opts.apply.split(","))
-        return [select.Choice(s, "asked for") for s in specs], {}, unknown, None, None, 0
+        return [select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0
     diag_dir = opts.from_run
     if diag_dir is None:
         diag_dir = os.path.join(out, "diagnose")
@@ -307,7 +317,12 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
     changes = changes_for(kept, applied)
-    render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir)
+    estimates = None
+    if diag_dir is not None:
+        from torchdoctor.session import report_from_run_dir
+
+        estimates = estimates_of(report_from_run_dir(diag_dir).findings)
+    render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir, estimates)
     return 0, outcome
 
 

@@ -77,15 +77,27 @@ def _anomaly_stacks(probe: Probe) -> None:
         return
     is_compiling = probe.is_compiling
 
+    def timed() -> bool:
+        if "anomaly" in BROKEN or threading.get_ident() != probe.main_thread:
+            return False
+        try:
+            fault_point("anomaly")
+            return not is_compiling() and bool(enabled())
+        except Exception as exc:
+            ERRORS.record("anomaly", exc)
+            return False
+
     def format_stack(*args: Any, **kwargs: Any) -> Any:
-        if ("anomaly" in BROKEN or threading.get_ident() != probe.main_thread or is_compiling()
-                or not enabled()):
+        if not timed():
             return orig(*args, **kwargs)
         t0 = perf_counter()
         try:
             return orig(*args, **kwargs)
         finally:
-            probe.clock.add(Phase.ANOMALY_STACKS, perf_counter() - t0)
+            try:
+                probe.clock.add(Phase.ANOMALY_STACKS, perf_counter() - t0)
+            except Exception as exc:  # never into autograd's call
+                ERRORS.record("anomaly", exc)
 
     format_stack._torchdoctor_timed = True  # type: ignore[attr-defined]
     format_stack.__wrapped__ = orig  # type: ignore[attr-defined]

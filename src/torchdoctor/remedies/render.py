@@ -100,11 +100,37 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
     }
 
 
+def gain_pct(speedup: float | None) -> float | None:
+    """The share of the baseline step a speed-up gives back: (A - B) / A = 1 - 1/speed-up, in %."""
+    return None if not speedup else round(100.0 * (1.0 - 1.0 / speedup), 1)
+
+
+def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None) -> dict[str, Any] | None:
+    """The diagnosis' estimate next to what the A/B measured: for the treated set (the estimates of
+    its remedies summed) and, with --ablate, for each remedy (its leave-one-out gain)."""
+    ab = outcome.ab
+    if estimates is None or not ab.speedup_geomean:
+        return None
+    applied = [r for r in ab.remedies if r.geomean is not None or r.kept]
+    ids = [r.id for r in applied]
+    own = {r.id: r for r in applied if r.method and "without" in r.method}
+    return {
+        "estimated_pct": round(min(100.0, sum(estimates.get(i, 0.0) for i in ids)), 1),
+        "measured_pct": gain_pct(ab.speedup_geomean),
+        "measured_interval_pct": [gain_pct(x) for x in ab.interval] if ab.interval else None,
+        "per_remedy": [{"id": i, "estimated_pct": estimates.get(i), "measured_pct": gain_pct(own[i].geomean),
+                        "measured_interval_pct": [gain_pct(x) for x in own[i].interval] if own[i].interval else None}
+                       for i in ids if i in own],
+    }
+
+
 def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: dict[str, str],
-           changes: list[Change], opts: Any, out: str, diag_dir: str | None) -> None:
+           changes: list[Change], opts: Any, out: str, diag_dir: str | None,
+           estimates: dict[str, float] | None = None) -> None:
     from ..report.model import ABRemedy
 
     outcome.details = _details(outcome, arms, choices, unknown, changes, opts, out, diag_dir)
+    outcome.details["estimate_vs_measured"] = evm = estimate_vs_measured(outcome, estimates)
     outcome.ab.details = outcome.details
     outcome.ab.remedies.extend(ABRemedy(rid, False, None, f"refused: {why}") for rid, why in unknown.items())
     if opts.quiet:
@@ -121,6 +147,13 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
               f"min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}, noise {outcome.noise:.0%}: "
               f"{ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} steps/s{samples}")
         print(f"learning: {outcome.loss.status}: {outcome.loss.text}")
+        if evm is not None:
+            iv = evm["measured_interval_pct"]
+            print(f"estimate vs measured: the findings behind these remedies claimed {evm['estimated_pct']:.1f}% of "
+                  f"the step; the A/B gave back {evm['measured_pct']:.1f}%"
+                  + (f" [{iv[0]:.1f}%, {iv[1]:.1f}%]" if iv else "") + " (1 - 1/speed-up)"
+                  + "".join(f"; {r['id']} {r['estimated_pct'] or 0:.1f}% vs {r['measured_pct']:.1f}%"
+                            for r in evm["per_remedy"] if r["measured_pct"] is not None))
     if outcome.workers and outcome.workers.get("notes"):
         print(f"workers: {'; '.join(outcome.workers['notes'])}" + (
             f" ({outcome.workers['text']})" if outcome.workers.get("text") else ""))

@@ -5,12 +5,13 @@
 Every record read waits FETCH_MS (the storage round trip) and parses its bytes with numpy; a
 worker opens its record index once at start-up (WORKER_INIT_MS, ``worker_init_fn``), as a
 worker that connects to a store or maps a shard index does. An epoch is EPOCH_BATCHES batches,
-so epochs are short and the workers' start-up recurs when they are not persistent. The model is
-a residual MLP (LayerNorm, GELU) trained with AdamW on cross-entropy.
+so epochs are short and the workers' start-up recurs when they are not persistent. (Even
+persistent workers refill their queue at every epoch start, a first-batch wait that only longer
+epochs remove: EPOCH_BATCHES keeps it near 3% of the step, below the point where a hand-tuned job
+would change its sampler.) The model is a residual MLP (LayerNorm, GELU) trained with AdamW on
+cross-entropy.
 
-Measured on 2 quiet cores (torch 2.13, under ``torchdoctor run``): healthy ~38 ms per step;
-main_process_loader +40%, non_persistent_workers +47%, oversubscribed_threads +33%,
-anomaly_detection +22% of the pathological step.
+Measured gains on 2 cores: benchmarks/results/accuracy.md (the mlp rows).
 
 Pathologies (all on by default, ``--healthy`` turns all off; see ``_jobs``):
 main_process_loader, non_persistent_workers, oversubscribed_threads, anomaly_detection.
@@ -35,7 +36,7 @@ HIDDEN = 512
 BLOCKS = 4
 BATCH = 64
 FETCH_MS = 0.4  # per record: 25.6 ms per batch in the training process; two workers keep up
-WORKER_INIT_MS = 100.0  # per worker start: open the record index
+WORKER_INIT_MS = 300.0  # per worker start: open the record index (connect to the store, map the shard)
 EPOCH_BATCHES = 32
 
 SPEC = _jobs.JobSpec(

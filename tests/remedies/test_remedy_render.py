@@ -1,0 +1,60 @@
+"""The diagnosis' estimate shown next to what `fix` measured (remedies/render.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.fixer import estimates_of
+from torchdoctor.remedies.render import estimate_vs_measured, gain_pct
+from torchdoctor.remedies.verdict import LossCheck, Outcome
+from torchdoctor.report.model import ABRemedy, ABResult
+from torchdoctor.rules.model import Finding
+
+
+def finding(fid: str, pct: float, remedy: str | None) -> Finding:
+    return Finding(id=fid, layer="input", severity="warning", title=fid, recoverable_pct=pct, remedy=remedy)
+
+
+def test_estimates_sum_per_remedy_and_cap_at_the_step():
+    got = estimates_of([finding("DL-2", 41.4, "dataloader.workers"), finding("DL-1", 8.0, "dataloader.workers"),
+                        finding("HO-3", 9.0, None), finding("DI-7", 70.0, "ddp.find_unused_false"),
+                        finding("DI-9", 45.0, "ddp.find_unused_false")])
+    assert got == {"dataloader.workers": 49.4, "ddp.find_unused_false": 100.0}
+
+
+def test_gain_is_the_share_of_the_baseline_step_given_back():
+    assert gain_pct(2.0) == 50.0 and gain_pct(1.25) == 20.0 and gain_pct(0.8) == -25.0 and gain_pct(None) is None
+
+
+def outcome(remedies: list[ABRemedy], geomean: float = 1.6, interval=(1.5, 1.7)) -> Outcome:
+    ab = ABResult(1.0, geomean, geomean, geomean, geomean, remedies=remedies, speedup_geomean=geomean,
+                  interval=list(interval), pairs=3)
+    return Outcome(ab, [], LossCheck("identical", ""), 0.05)
+
+
+def test_estimate_next_to_measured_for_the_set_and_each_remedy():
+    loo = "treated / treated without it, per round (leave-one-out)"
+    o = outcome([ABRemedy("dataloader.workers", True, geomean=1.5, interval=[1.4, 1.6], pairs=3, method=loo),
+                 ABRemedy("debug.off", True, geomean=1.07, interval=[0.98, 1.1], pairs=3, method=loo),
+                 ABRemedy("optim.fused", False, reason="refused: no accelerator")])
+    got = estimate_vs_measured(o, {"dataloader.workers": 30.0, "debug.off": 8.0, "optim.fused": 12.0})
+    assert got["estimated_pct"] == 38.0  # the refused remedy ran in no arm: not in the set's estimate
+    assert got["measured_pct"] == 37.5 and got["measured_interval_pct"] == [33.3, 41.2]
+    assert got["per_remedy"] == [
+        {"id": "dataloader.workers", "estimated_pct": 30.0, "measured_pct": 33.3, "measured_interval_pct": [28.6, 37.5]},
+        {"id": "debug.off", "estimated_pct": 8.0, "measured_pct": 6.5, "measured_interval_pct": [-2.0, 9.1]},
+    ]
+
+
+def test_no_comparison_without_a_diagnosis_or_a_speed_up():
+    assert estimate_vs_measured(outcome([ABRemedy("debug.off", True, geomean=1.1)]), None) is None
+    o = outcome([ABRemedy("debug.off", True, geomean=1.1)])
+    o.ab.speedup_geomean = None
+    assert estimate_vs_measured(o, {"debug.off": 5.0}) is None
+
+
+def test_without_ablation_only_the_set_is_compared():
+    set_method = "treated / baseline, per round"
+    got = estimate_vs_measured(outcome([ABRemedy("debug.off", True, geomean=1.6, method=set_method)]),
+                               {"debug.off": 30.0})
+    assert got["per_remedy"] == [] and got["estimated_pct"] == pytest.approx(30.0)
