@@ -135,6 +135,13 @@ class KernelStat(msgspec.Struct):
     min_ns: int
     max_ns: int
     std_ns: float
+    # Roofline (metrics/roofline.py): FLOPs of the invocations launched by GEMM ops with shapes,
+    # their achieved TFLOP/s and % of the device's dense peak; null when unknown, `roofline` says why
+    # (or which peak was used).
+    flops: int | None = None
+    achieved_tflops: float | None = None
+    pct_of_peak: float | None = None
+    roofline: str = ""
 
 
 class KindTime(msgspec.Struct):
@@ -157,6 +164,9 @@ class KernelBreakdown(msgspec.Struct):
     top: list[KernelStat] = []
     memcpy: list[MemcpyRow] = []
     distinct_kernels: int = 0
+    # The device table entry the peaks come from (hardware/devices.toml), or why there is none.
+    device_key: str | None = None
+    device_note: str = ""
 
 
 class HostBreakdown(msgspec.Struct):
