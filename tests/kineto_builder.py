@@ -27,13 +27,16 @@ class TraceBuilder:
 
     # --- host ---------------------------------------------------------------------------
     def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID, cat: str = "cpu_op",
-           dims: list | None = None, types: list[str] | None = None) -> TraceBuilder:
-        """A host op; `dims`/`types` are its `Input Dims` / `Input type` (record_shapes=True)."""
+           dims: list | None = None, types: list[str] | None = None, concrete: list[str] | None = None) -> TraceBuilder:
+        """A host op; `dims`/`types`/`concrete` are its `Input Dims` / `Input type` / `Concrete Inputs`
+        (record_shapes=True; torch >= 2.1 writes scalars and int lists as text in Concrete Inputs)."""
         args: dict[str, Any] = {"External id": len(self.events)}
         if dims is not None:
             args["Input Dims"] = dims
         if types is not None:
             args["Input type"] = types
+        if concrete is not None:
+            args["Concrete Inputs"] = concrete
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
                             "args": args})
         return self
@@ -48,6 +51,15 @@ class TraceBuilder:
         corr = self.runtime("cudaLaunchKernel", ts + dur / 4, dur / 2, tid=tid)
         at = ts + dur if kernel_at is None else kernel_at
         self.kernel(kernel, at, dur if kernel_dur is None else kernel_dur, stream=stream, corr=corr)
+        return corr
+
+    def launching(self, name: str, ts: float, dur: float, kernel: str, kernel_at: float, kernel_dur: float,
+                  dims: list | None = None, types: list[str] | None = None, concrete: list[str] | None = None,
+                  tid: int = MAIN_TID, stream: int = 7) -> int:
+        """A host op with shapes that launches one kernel (op > launch > kernel); returns the correlation."""
+        self.op(name, ts, dur, tid=tid, dims=dims, types=types, concrete=concrete)
+        corr = self.runtime("cudaLaunchKernel", ts + dur / 4, dur / 2, tid=tid)
+        self.kernel(kernel, kernel_at, kernel_dur, stream=stream, corr=corr)
         return corr
 
     def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> TraceBuilder:

@@ -9,8 +9,8 @@ import pytest
 
 from kineto_builder import TraceBuilder
 from real_traces import trace
+from torchdoctor.metrics.opwork import MAX_FLOPS, gemm_work
 from torchdoctor.metrics.rank import analyze_rank
-from torchdoctor.metrics.roofline import MAX_FLOPS, gemm_flops
 from torchdoctor.trace.load import load_trace
 
 NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
@@ -28,8 +28,8 @@ def test_hand_checked_gemms_of_a100_8rank_rank3():
     # mm(grad^T[100, 1024], x[1024, 256]) (a weight gradient): 2*100*1024*256 FLOPs.
     mm = ("aten::mm", "[[100, 1024], [1024, 256]]", '["float", "float"]')
     assert addmm in shapes and mm in shapes
-    assert gemm_flops(addmm[0], json.loads(addmm[1]), json.loads(addmm[2])) == (100_663_296, "float")
-    assert gemm_flops(mm[0], json.loads(mm[1]), json.loads(mm[2])) == (52_428_800, "float")
+    assert gemm_work(addmm[0], json.loads(addmm[1]), json.loads(addmm[2])).flops == 100_663_296
+    assert gemm_work(mm[0], json.loads(mm[1]), json.loads(mm[2])).flops == 52_428_800
 
 
 def test_a100_8rank_rank3_top_gemm_against_the_a100_tf32_peak():
@@ -79,10 +79,12 @@ def test_unknown_device_gives_flops_but_no_percent(tmp_path):
     ("aten::matmul", [[4, 10, 16], [16, 24]], 2 * 4 * 10 * 16 * 24),
 ])
 def test_gemm_flops_batch_and_linear(op, dims, want):
-    assert gemm_flops(op, dims, [BF16] * len(dims)) == (want, BF16)
+    w = gemm_work(op, dims, [BF16] * len(dims))
+    assert (w.flops, w.dtype) == (want, BF16)
 
 
 def test_absurd_shapes_are_dropped_not_overflowed():
     huge = 10**8
-    assert gemm_flops("aten::mm", [[huge, huge], [huge, huge]], [BF16, BF16]) is None
+    w = gemm_work("aten::mm", [[huge, huge], [huge, huge]], [BF16, BF16])
+    assert w.flops is None and "absurd" in w.why
     assert 2 * huge**3 > MAX_FLOPS

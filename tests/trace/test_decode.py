@@ -252,7 +252,8 @@ def launch_args_sample() -> TraceBuilder:
     b.op("aten::mm", 40.0, 20.0, dims=MM_DIMS, types=["c10::BFloat16", "c10::BFloat16"])  # same shape: one entry
     b.op("aten::addmm", 70.0, 20.0, dims=[[512], [64, 100], [100, 512], [], []],
          types=["float", "float", "float", "Scalar", "Scalar"])
-    b.op("aten::add", 100.0, 5.0, dims=[[64, 64], [64, 64], []], types=["float", "float", "Scalar"])  # not a GEMM
+    b.op("aten::add", 100.0, 5.0, dims=[[64, 64], [64, 64], []], types=["float", "float", "Scalar"])  # sized for bytes
+    b.op("aten::view", 106.0, 1.0, dims=[[64, 64], []], types=["float", ""])  # launches nothing: not kept
     b.op("aten::mm", 110.0, 5.0)  # a GEMM recorded without shapes
     b.kernel("k_full", 200.0, 10.0, launch_at=190.0, blocks_per_sm=0.5, warps_per_sm=8, occupancy=12)
     b.kernel("k_absent", 220.0, 10.0, launch_at=211.0)
@@ -277,11 +278,12 @@ EXPECTED_LAUNCH = {
     # Kineto writes -1 without the device's SM count: absent. A 0% occupancy is a real value.
     "k_unknown_sms": [(None, None, 0.0, None)],
     "Memcpy HtoD (Pinned -> Device)": [(None, None, None, None)],
-    "aten::mm": [(None, None, None, (b"[[1024,1705],[1705,512]]", b'["c10::BFloat16","c10::BFloat16"]'))] * 2
+    "aten::mm": [(None, None, None, (b"[[1024,1705],[1705,512]]", b'["c10::BFloat16","c10::BFloat16"]', b""))] * 2
     + [(None, None, None, None)],
     "aten::addmm": [(None, None, None, (b"[[512],[64,100],[100,512],[],[]]",
-                                        b'["float","float","float","Scalar","Scalar"]'))],
-    "aten::add": [(None, None, None, None)],
+                                        b'["float","float","float","Scalar","Scalar"]', b""))],
+    "aten::add": [(None, None, None, (b"[[64,64],[64,64],[]]", b'["float","float","Scalar"]', b""))],
+    "aten::view": [(None, None, None, None)],
 }
 
 
@@ -291,7 +293,7 @@ def test_launch_args_and_gemm_shapes_become_columns(tmp_path):
     for name, want in EXPECTED_LAUNCH.items():
         assert got[name] == want, name
     assert tr.blocks_per_sm.dtype == np.float32 and tr.shape.dtype == np.int32
-    assert len(tr.shapes) == 2  # interned: the two identical aten::mm shapes share one entry
+    assert len(tr.shapes) == 3  # interned: the two identical aten::mm shapes share one entry
     # Events without args at all (the step annotation, runtime calls) have every column absent.
     assert all(v == (None, None, None, None) for v in got["ProfilerStep#1"] + got["cudaLaunchKernel"])
 
@@ -347,7 +349,7 @@ def test_launch_args_survive_the_lenient_path(tmp_path):
     assert got["k_bad"] == [(None, None, 50.0, None)]
     assert "no_ts" not in got and "k_no_ts" not in got
     assert "2 events dropped: missing or non-numeric ts/dur" in tr.warnings
-    assert got["aten::bmm"] == [(None, None, None, (b"[[2,3,4],[2,4,5]]", b'["c10::Half","c10::Half"]'))]
+    assert got["aten::bmm"] == [(None, None, None, (b"[[2,3,4],[2,4,5]]", b'["c10::Half","c10::Half"]', b""))]
 
 
 def test_event_and_args_structs_sit_in_different_allocator_size_classes():
@@ -369,7 +371,9 @@ def test_sparse_launch_and_shape_lookups(tmp_path):
     assert np.isnan(blocks[1:]).all() and np.isnan(occ[1:]).all()
     assert tr.launch_idx.tolist() == sorted(tr.launch_idx.tolist())  # sorted event indices
     mm = tr.shape_of(by_name["aten::mm"])
-    assert mm.tolist()[:2] == [0, 0] and mm.tolist()[2] == -1 and tr.shape_of(by_name["aten::add"]).tolist() == [-1]
+    assert mm.tolist()[:2] == [0, 0] and mm.tolist()[2] == -1
+    # aten::add is sized (elementwise bytes); views launch nothing and are not kept.
+    assert tr.shape_of(by_name["aten::add"]).tolist() == [2]
     # The dense views agree with the lookups.
     assert np.array_equal(tr.blocks_per_sm[idx], blocks, equal_nan=True)
     assert tr.shape[by_name["aten::mm"]].tolist() == mm.tolist()

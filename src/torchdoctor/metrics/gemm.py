@@ -58,7 +58,12 @@ def leaf_gemm_ops(ctx: Context) -> np.ndarray:
     thread: counting only the innermost op counts every GEMM once.
     """
     tr = ctx.tr
-    ops = np.flatnonzero(tr.mask(Cat.CPU_OP) & ctx.in_window & tr.name_mask(MATRIX_INPUTS.__contains__))
+    return innermost(ctx, np.flatnonzero(tr.mask(Cat.CPU_OP) & ctx.in_window & tr.name_mask(MATRIX_INPUTS.__contains__)))
+
+
+def innermost(ctx: Context, ops: np.ndarray) -> np.ndarray:
+    """The ops of `ops` that hold no other op of `ops` on their thread (sorted indices)."""
+    tr = ctx.tr
     if ops.size < 2:
         return ops
     # By thread, start, and longest first: a parent comes right before the first op it calls.
@@ -117,7 +122,7 @@ def misaligned_gemms(ctx: Context, top_n: int = 8) -> MisalignedGemms | None:
     for j, (i, sid) in enumerate(zip(leaves.tolist(), shape.tolist(), strict=True)):
         key = (int(tr.name[i]), sid)
         if key not in info:
-            info[key] = _classify(tr.names[key[0]], *tr.shapes[key[1]])
+            info[key] = _classify(tr.names[key[0]], *tr.shapes[key[1]][:2])
         got = info[key]
         if got is not None:
             half[j] = True

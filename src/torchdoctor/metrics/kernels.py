@@ -11,25 +11,32 @@ from .classify import KERNEL_KIND_LABELS, KernelKind, memcpy_kind
 from .context import Context
 from .device import pct
 from .model import KernelBreakdown, KernelStat, KindTime, MemcpyRow
-from .roofline import kernel_flops, roofline
+from .roofline import fill_stat
+from .work import KernelWork, kernel_work
 
 
-def kernel_breakdown(ctx: Context, top_n: int = 15) -> KernelBreakdown:
+def kernel_breakdown(ctx: Context, top_n: int = 15, dev: Identification | None = None,
+                     work: KernelWork | None = None) -> KernelBreakdown:
     """Device work in the window, by kind and by kernel.
 
     by_kind: per KernelKind, the union of its intervals (overlap within a kind is not double
     counted) and its share of device busy time; kinds may overlap each other (comm under compute).
     top: kernels ranked by total time, with count and mean/min/max/std computed over single
     invocations — unlike HTA, whose stats collapse to per-kernel totals past `num_kernels` names.
-    memcpy: copies by direction and host memory kind (pageable copies cannot be asynchronous).
+    memcpy: copies by direction and host memory kind (pageable copies cannot be asynchronous),
+    with bytes / ns as achieved_gbps.
     Top kernels also carry roofline numbers (metrics/roofline.py) against the device that the
-    trace's deviceProperties match in the device table (hardware/devices.py), if any.
+    trace's deviceProperties match in the device table (hardware/devices.py), if any; `dev` and
+    `work` (metrics/work.py) are computed here when not given.
     """
     tr = ctx.tr
     m = ctx.device_work & ctx.in_window
     idx = np.flatnonzero(m)
+    dev = dev or from_trace_properties(tr.device_properties)
     if idx.size == 0:
-        return KernelBreakdown()
+        # Still say which device the roofs would come from, and why there is no roofline.
+        note = "; ".join(x for x in (dev.reason, "no kernels in the window: no roofline") if x)
+        return KernelBreakdown(device_key=dev.device.key if dev.device else None, device_note=note)
     busy = iv.total(ctx.busy)
     kinds = ctx.kind[idx]
     by_kind = []
@@ -42,8 +49,8 @@ def kernel_breakdown(ctx: Context, top_n: int = 15) -> KernelBreakdown:
     by_kind.sort(key=lambda r: -r.ns)
 
     kern = idx[tr.cat[idx] == Cat.KERNEL]
-    dev = from_trace_properties(tr.device_properties)
-    flops, dtypes = kernel_flops(ctx) if kern.size else (None, {})
+    if work is None and kern.size:
+        work = kernel_work(ctx)
     top: list[KernelStat] = []
     distinct = 0
     if kern.size:
@@ -68,7 +75,8 @@ def kernel_breakdown(ctx: Context, top_n: int = 15) -> KernelBreakdown:
                 min_ns=int(mins[j]), max_ns=int(maxs[j]), std_ns=round(float(stds[j]), 1),
             ))
             members = kern[order][bounds[j]:bounds[j] + counts[j]]
-            _add_roofline(top[-1], ctx, members, flops, dtypes, dev)
+            if work is not None:
+                fill_stat(top[-1], ctx, members, work, dev)
 
     cp = idx[tr.cat[idx] == Cat.MEMCPY]
     rows: dict[tuple[str, str], list[int]] = {}
@@ -79,27 +87,7 @@ def kernel_breakdown(ctx: Context, top_n: int = 15) -> KernelBreakdown:
         acc[0] += int(sel.size)
         acc[1] += int((tr.end[sel] - tr.ts[sel]).sum())
         acc[2] += int(np.clip(tr.nbytes[sel], 0, None).sum())
-    memcpy = [MemcpyRow(d, h, c, ns, b) for (d, h), (c, ns, b) in sorted(rows.items(), key=lambda r: -r[1][1])]
+    memcpy = [MemcpyRow(d, h, c, ns, b, round(b / ns, 2) if ns > 0 else None)
+              for (d, h), (c, ns, b) in sorted(rows.items(), key=lambda r: -r[1][1])]
     return KernelBreakdown(by_kind=by_kind, top=top, memcpy=memcpy, distinct_kernels=distinct,
                            device_key=dev.device.key if dev.device else None, device_note=dev.reason)
-
-
-def _add_roofline(stat: KernelStat, ctx: Context, members: np.ndarray, flops: np.ndarray | None,
-                  dtypes: dict[int, str], dev: Identification) -> None:
-    """FLOPs, achieved TFLOP/s and % of peak over the invocations whose FLOPs are known."""
-    if stat.kind != "gemm":
-        stat.roofline = "FLOPs counted for GEMM kernels only"
-        return
-    known = members[~np.isnan(flops[members])] if flops is not None else members[:0]
-    if known.size == 0:
-        stat.roofline = "no GEMM op with recorded shapes launched it (record_shapes off, or a Triton/compiled GEMM)"
-        return
-    tr = ctx.tr
-    stat.flops = int(flops[known].sum())
-    ns = int((tr.end[known] - tr.ts[known]).sum())
-    achieved, pct, stat.roofline = roofline(stat.flops, ns, dtypes[int(known[0])], stat.name, dev.device,
-                                            dev.reason)
-    stat.achieved_tflops = None if achieved is None else round(achieved, 3)
-    stat.pct_of_peak = None if pct is None else round(pct, 2)
-    if known.size < members.size:
-        stat.roofline += f"; {known.size} of {members.size} invocations with known FLOPs"

@@ -135,12 +135,18 @@ class KernelStat(msgspec.Struct):
     min_ns: int
     max_ns: int
     std_ns: float
-    # Roofline (metrics/roofline.py): FLOPs of the invocations launched by GEMM ops with shapes,
-    # their achieved TFLOP/s and % of the device's dense peak; null when unknown, `roofline` says why
-    # (or which peak was used).
+    # Roofline (metrics/roofline.py defines each): FLOPs and bytes of the invocations whose
+    # launching op had recorded shapes, achieved TFLOP/s and GB/s, % of the device's dense peak
+    # and of its memory bandwidth, FLOP per byte, and which roof bounds it; null when unknown,
+    # `roofline` says why (or which peak was used).
     flops: int | None = None
     achieved_tflops: float | None = None
     pct_of_peak: float | None = None
+    bytes: int | None = None
+    achieved_gbps: float | None = None
+    pct_of_bandwidth: float | None = None
+    intensity: float | None = None
+    bound: str | None = None
     roofline: str = ""
 
 
@@ -157,6 +163,8 @@ class MemcpyRow(msgspec.Struct):
     count: int
     ns: int
     bytes: int
+    # bytes / ns of the copies (1e9 bytes/s); null without copy time.
+    achieved_gbps: float | None = None
 
 
 class KernelBreakdown(msgspec.Struct):

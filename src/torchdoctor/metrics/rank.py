@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 
+from ..hardware.devices import from_trace_properties
 from ..trace.model import RankTrace
 from . import intervals as iv
 from .collectives import collectives
@@ -16,6 +17,7 @@ from .kernels import kernel_breakdown
 from .model import Headline, RankResult, StepRow, WindowInfo
 from .signals import rule_signals
 from .steps import choose_window
+from .work import kernel_work
 
 _COMPILED = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 
@@ -45,13 +47,15 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         head.step_ms_median = round(float(np.median([s.dur for s in win.steps])) / 1e6, 4)
     rows = step_rows(ctx, split_rows)
     busy, gaps = timeline_sketch(ctx, cause_sets) if ctx.has_device else ([], [])
+    dev = from_trace_properties(tr.device_properties)
+    work = kernel_work(ctx) if ctx.has_device else None
     return RankResult(
         rank=tr.rank, file=label or tr.path, device=tr.device_name, device_kind=device_kind(ctx),
         window=WindowInfo(win.start, win.end, [s.number for s in win.steps], win.mode,
                           list(win.skipped_warmup), win.boundaries),
         metrics=head, world_size=tr.world_size, backend=tr.backend, rank_source=tr.rank_source,
         steps=rows, stream_idle=stream_idle(ctx), idle_causes=causes, syncs=syncs(ctx),
-        launches=launches(ctx), kernels=kernel_breakdown(ctx), host=split, comm_ops=comm_ops(ctx),
+        launches=launches(ctx), kernels=kernel_breakdown(ctx, dev=dev, work=work), host=split, comm_ops=comm_ops(ctx),
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
         compile_regions=compiled_regions(tr), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx),

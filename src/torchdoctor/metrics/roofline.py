@@ -1,30 +1,30 @@
-"""Roofline numbers for GEMM kernels: FLOPs from their ops' recorded shapes, achieved TFLOP/s, % of peak.
+"""Roofline numbers of the top kernels: achieved FLOP/s and bytes/s, intensity, % of peak, the bound.
 
-FLOPs of one GEMM op call = 2·M·N·K·batch (a multiply and an add per product term; `gemm_dims`
-defines M, K, N; batch = product of the leading dims of the first matrix for bmm/baddbmm/
-addbmm/matmul, 1 for mm/addmm; linear folds its leading dims into M). Bias adds and alpha/beta
-scaling are left out (O(M·N), under 1% for K ≥ 100). The op's FLOPs go to the longest GEMM-kind
-kernel it launched (launch calls on its thread inside its span, joined by correlation id): split-K
-reductions and other helper kernels get none. A kernel launched by no GEMM op with shapes (no
-`record_shapes`, a Triton/compiled GEMM, cuDNN) has unknown FLOPs, never zero.
+Work per invocation comes from metrics/work.py (FLOPs and bytes of the op that launched it,
+metrics/opwork.py defines them). Over the invocations of one kernel name whose work is known:
 
-Peak: the device table's dense peak (hardware/devices.toml) for the precision the kernel ran in:
-bf16/fp16/fp8 by the op's `Input type`; fp32 ops on a tensor-core kernel (classify.math_path) ran
-in TF32, else FP32.
+- achieved_tflops = Σ FLOPs / Σ their durations; pct_of_peak = 100 × that / the device table's
+  dense peak for the precision run: bf16/fp16/fp8/fp64 by the op's `Input type`; fp32 ops on a
+  tensor-core kernel (classify.math_path) ran in TF32, else FP32.
+- achieved_gbps = Σ bytes / Σ their durations (1e9 bytes/s); pct_of_bandwidth = 100 × that /
+  the device's DRAM/HBM bandwidth. Bytes are the op's minimum traffic (each operand once), so
+  this is a lower bound on the DRAM traffic and can exceed 100% only by cache reuse.
+- intensity = Σ FLOPs / Σ bytes over invocations with both known (FLOP per byte).
+- bound: "compute" when the intensity is at or above the device's ridge point (peak FLOP/s /
+  peak bytes/s for that precision), else "memory"; elementwise and reduction kernels with known
+  bytes are "memory": they do O(1) FLOPs per element moved (≤ ~1 FLOP/byte), under every ridge
+  in the table (the lowest, V100 FP32, is 17 FLOP/byte). None when neither applies.
 """
 
 from __future__ import annotations
 
-import math
-
-import msgspec
 import numpy as np
 
-from ..hardware.devices import DeviceSpec
-from ..trace.model import Cat
-from .classify import KernelKind, MathPath, math_path
+from ..hardware.devices import DeviceSpec, Identification
+from .classify import MathPath, math_path
 from .context import Context
-from .gemm import MATRIX_INPUTS, gemm_dims, leaf_gemm_ops
+from .model import KernelStat
+from .work import KernelWork
 
 # Kineto's `Input type` spellings -> the device table's precision keys.
 PRECISION = {
@@ -32,61 +32,13 @@ PRECISION = {
     "BFloat16": "bf16", "bfloat16": "bf16", "double": "fp64", "c10::Float8_e4m3fn": "fp8",
     "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
 }
-BATCHED = frozenset({"aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul"})
-# A product past this is a corrupt shape, not a GEMM (1e21 FLOPs: hours on any device): dropped.
-MAX_FLOPS = 10**21
-_lists = msgspec.json.Decoder(list)
-
-
-def gemm_flops(op: str, dims: list, types: list) -> tuple[int, str] | None:
-    """(FLOPs, Kineto dtype) of one GEMM op call, None when its shapes are not a GEMM or absurd."""
-    got = gemm_dims(op, dims, types)
-    if got is None:
-        return None
-    dtype, d = got
-    a = dims[MATRIX_INPUTS[op][0]]
-    batch = math.prod(a[:-2]) if op in BATCHED else 1
-    flops = 2 * d["M"] * d["N"] * d["K"] * batch
-    return (flops, dtype) if 0 < flops <= MAX_FLOPS else None
-
-
-def kernel_flops(ctx: Context) -> tuple[np.ndarray, dict[int, str]]:
-    """(FLOPs per event, float64 with NaN where unknown; Kineto dtype by kernel event index)."""
-    tr = ctx.tr
-    flops = np.full(len(tr), np.nan)
-    dtypes: dict[int, str] = {}
-    ops = leaf_gemm_ops(ctx)
-    sid = tr.shape_of(ops)
-    ops, sid = ops[sid >= 0], sid[sid >= 0]
-    if ops.size == 0:
-        return flops, dtypes
-    gemm_k = np.flatnonzero(tr.mask(Cat.KERNEL) & (ctx.kind == KernelKind.GEMM) & (tr.correlation >= 0))
-    by_corr: dict[int, list[int]] = {}
-    for k in gemm_k.tolist():
-        by_corr.setdefault(int(tr.correlation[k]), []).append(k)
-    calls = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0))
-    cache: dict[tuple[int, int], tuple[int, str] | None] = {}
-    for tid in np.unique(tr.tid[ops]):
-        mine = calls[tr.tid[calls] == tid]
-        mine = mine[np.argsort(tr.ts[mine], kind="stable")]
-        for i, s in zip(ops[tr.tid[ops] == tid].tolist(), sid[tr.tid[ops] == tid].tolist(), strict=True):
-            key = (int(tr.name[i]), s)
-            if key not in cache:
-                cache[key] = _decode(tr.names[key[0]], *tr.shapes[s])
-            got = cache[key]
-            if got is None:
-                continue
-            lo, hi = np.searchsorted(tr.ts[mine], [tr.ts[i], tr.end[i]], side="left")
-            kern = [k for c in tr.correlation[mine[lo:hi]].tolist() for k in by_corr.get(int(c), ())]
-            if kern:
-                k = max(kern, key=lambda j: int(tr.end[j] - tr.ts[j]))
-                flops[k] = got[0] if np.isnan(flops[k]) else flops[k] + got[0]
-                dtypes[k] = got[1]
-    return flops, dtypes
+MEMORY_KINDS = ("elementwise", "reduction")
+# Below this fill a kernel's grid leaves SMs empty for its whole run (Kineto's `blocks per SM`).
+TINY_GRID = 1.0
 
 
 def precision(dtype: str, kernel_name: str) -> str | None:
-    """The device table's precision key for a GEMM of this dtype run by this kernel."""
+    """The device table's precision key for a GEMM/conv of this dtype run by this kernel."""
     p = PRECISION.get(dtype)
     if p == "fp32" and math_path(kernel_name) == MathPath.TENSOR_CORE:
         return "tf32"
@@ -108,13 +60,93 @@ def roofline(flops: float, ns: int, dtype: str, kernel_name: str,
     return achieved, 100.0 * achieved / peak, f"{prec} dense peak of {device.label}{_scope(device)}: {peak:g} TFLOP/s"
 
 
+def bandwidth_note(device: DeviceSpec) -> str:
+    return f"memory bandwidth of {device.label}{_scope(device)}: {device.mem_bw_gbs:g} GB/s"
+
+
+def fill_stat(stat: KernelStat, ctx: Context, members: np.ndarray, work: KernelWork, dev: Identification) -> None:
+    """The roofline fields of one top kernel over its invocations `members` (module docstring)."""
+    tr = ctx.tr
+    dur = (tr.end[members] - tr.ts[members]).astype(np.int64)
+    f, b = work.flops[members], work.nbytes[members]
+    fk, bk = np.isfinite(f), np.isfinite(b)
+    notes: list[str] = []
+    if not (fk.any() or bk.any()):
+        why = next((work.why(k) for k in members.tolist() if work.why_id[k] >= 0), "")
+        stat.roofline = why or _unknown_reason(stat.kind)
+        _grid_note(stat, ctx, members, [])
+        return
+    dtype = next((work.dtype(k) for k in members[fk | bk].tolist() if work.dtype_id[k] >= 0), "")
+    device = dev.device
+    if fk.any():
+        stat.flops = int(f[fk].sum())
+        achieved, pct, note = roofline(stat.flops, int(dur[fk].sum()), dtype, stat.name, device, dev.reason)
+        stat.achieved_tflops = _r(achieved, 3)
+        stat.pct_of_peak = _r(pct, 2)
+        notes.append(note)
+        if fk.sum() < members.size:
+            notes.append(f"{int(fk.sum())} of {members.size} invocations with known FLOPs")
+    else:
+        notes.append("FLOPs not counted for this kind" if stat.kind not in ("gemm", "conv") else "FLOPs unknown")
+    if bk.any():
+        stat.bytes = int(b[bk].sum())
+        ns = int(dur[bk].sum())
+        stat.achieved_gbps = _r(stat.bytes / ns if ns > 0 else None, 2)
+        if device is not None and device.mem_bw_gbs and stat.achieved_gbps is not None:
+            stat.pct_of_bandwidth = _r(100.0 * stat.achieved_gbps / device.mem_bw_gbs, 2)
+            notes.append(bandwidth_note(device))
+        elif device is None and not fk.any():
+            notes.append(dev.reason)
+    both = fk & bk
+    if both.any() and b[both].sum() > 0:
+        stat.intensity = _r(float(f[both].sum() / b[both].sum()), 2)
+    stat.bound = bound(stat, dtype, device)
+    _grid_note(stat, ctx, members, notes)
+    stat.roofline = "; ".join(n for n in notes if n)
+
+
+def bound(stat: KernelStat, dtype: str, device: DeviceSpec | None) -> str | None:
+    """"compute" / "memory" / None (module docstring)."""
+    if stat.intensity is not None and device is not None:
+        prec = precision(dtype, stat.name)
+        ridge = device.ridge_flop_per_byte(prec) if prec else None
+        if ridge is not None:
+            return "compute" if stat.intensity >= ridge else "memory"
+    if stat.kind in MEMORY_KINDS and stat.bytes is not None:
+        return "memory"
+    return None
+
+
+def _grid_note(stat: KernelStat, ctx: Context, members: np.ndarray, notes: list[str]) -> None:
+    """Say when the grid is smaller than the device (blocks per SM < 1): SMs sit empty, so the
+    kernel cannot reach its roof whatever its efficiency per SM."""
+    blocks, _, _ = ctx.tr.launch_of(members)
+    dur = (ctx.tr.end[members] - ctx.tr.ts[members]).astype(np.float64)
+    ok = np.isfinite(blocks) & (dur > 0)
+    if not ok.any():
+        return
+    b = float((blocks[ok] * dur[ok]).sum() / dur[ok].sum())
+    if b < TINY_GRID:
+        low = any(p is not None and p < 50 for p in (stat.pct_of_peak, stat.pct_of_bandwidth))
+        text = (f"tiny grid: {b:.2f} blocks per SM leaves {100 * (1 - b):.0f}% of the SMs empty"
+                + (", which caps it at a low % of peak" if low else ""))
+        if notes:
+            notes.append(text)
+        else:
+            stat.roofline = f"{stat.roofline}; {text}" if stat.roofline else text
+
+
+def _unknown_reason(kind: str) -> str:
+    if kind == "comm":
+        return "communication kernel: its traffic is the collective's (see collectives), no roofline"
+    if kind in ("gemm", "conv"):
+        return "no GEMM/convolution op with recorded shapes launched it (record_shapes off, or a Triton/compiled kernel)"
+    return "no op with recorded shapes launched it alone (record_shapes off, compiled code, or a library call)"
+
+
 def _scope(device: DeviceSpec) -> str:
     return f" ({device.scope})" if device.scope else ""
 
 
-def _decode(op: str, dims_json: bytes, types_json: bytes) -> tuple[int, str] | None:
-    try:
-        dims, types = _lists.decode(dims_json), _lists.decode(types_json) if types_json else []
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return gemm_flops(op, dims, types)
+def _r(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(x, nd)

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .model import CATEGORY_NAMES, IGNORED_CATEGORIES, SHAPE_OPS, Cat
+from .model import CATEGORY_NAMES, CONV_OPS, IGNORED_CATEGORIES, Cat, keeps_shapes
 
 BLOCK_BYTES = 16 << 20
 # Timestamps beyond this (µs) are corrupt: 2^53 ns is ~104 days past 1970 in µs terms, Kineto
@@ -62,9 +62,11 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
     warps_per_sm: float = msgspec.field(default=math.nan, name="warps per SM")
     occupancy_pct: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
-    # record_shapes=True: kept as raw JSON text (no list is built) and read only for SHAPE_OPS.
+    # record_shapes=True: kept as raw JSON text (no list is built) and read only for the ops
+    # model.keeps_shapes accepts (Concrete Inputs: for convolutions only).
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     # Collective metadata of record_param_comms ops, and (Kineto 2026, pytorch/kineto #1444/#1483)
     # of the device rows linked to them. Raw: any JSON type decodes; only collectives are read.
     coll_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Collective name")
@@ -188,10 +190,10 @@ class Columns:
     cats: dict[str, int] = field(default_factory=dict)
     # Per piece: 9 dense columns, then the sparse rows (launch args, shapes; see `finish`).
     parts: list[tuple] = field(default_factory=list)
-    # (Input Dims, Input type) compact JSON texts of SHAPE_OPS events, interned; the shape rows
-    # hold ids into it.
-    shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
-    _shape_ids: dict[bytes, dict[bytes, int]] = field(default_factory=dict)
+    # (Input Dims, Input type, Concrete Inputs) compact JSON texts of the ops model.keeps_shapes
+    # accepts, interned; the shape rows hold ids into it.
+    shapes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
+    _shape_ids: dict[bytes, dict[bytes | tuple[bytes, bytes], int]] = field(default_factory=dict)
     # Collective descriptors (name, dtype, in nelems, out nelems, group size, process group),
     # interned; the collective rows hold ids into it and the sequence number of each call.
     colls: list[tuple[str, str, int, int, int, str]] = field(default_factory=list)
@@ -202,9 +204,11 @@ class Columns:
     dec: Decoders = FAST
     # Set when float timestamps were too large for ns precision: the file is decoded again exactly.
     needs_exact: bool = False
-    # Per interned category / name id: is it a kernel category / a SHAPE_OPS name (grown lazily).
+    # Per interned category / name id: is it a kernel category / an op whose shapes are kept / a
+    # convolution (grown lazily).
     _kernel_cats: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     _shape_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    _conv_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     _comm_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def drop(self, why: str, n: int = 1) -> None:
@@ -286,8 +290,9 @@ class Columns:
         return k[some], b[some], w[some], o[some]
 
     def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
-        """(positions, ids into `shapes`) of the piece's SHAPE_OPS events that have Input Dims."""
-        wanted = self._shape_names = _grow_flags(self._shape_names, self.names, SHAPE_OPS.__contains__)
+        """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them."""
+        wanted = self._shape_names = _grow_flags(self._shape_names, self.names, keeps_shapes)
+        conv = self._conv_names = _grow_flags(self._conv_names, self.names, CONV_OPS.__contains__)
         pos: list[int] = []
         ids: list[int] = []
         if wanted.any():
@@ -296,7 +301,8 @@ class Columns:
                 dims = bytes(a.input_dims)
                 if dims:
                     pos.append(i)
-                    ids.append(self.shape_id(dims, bytes(a.input_type)))
+                    # Concrete values only where read: other ops' would split the interning.
+                    ids.append(self.shape_id(dims, bytes(a.input_type), bytes(a.concrete) if conv[name[i]] else b""))
         return np.array(pos, np.int64), np.array(ids, np.int32)
 
     def _coll_rows(self, cat: np.ndarray, name: np.ndarray, args: list[Args]
@@ -334,14 +340,16 @@ class Columns:
             self.colls.append(key)
         return got
 
-    def shape_id(self, dims: bytes, types: bytes) -> int:
-        # Two-level lookup: no tuple per event (tuples are GC-tracked and would trigger collections
-        # that walk the whole decoded block).
+    def shape_id(self, dims: bytes, types: bytes, concrete: bytes = b"") -> int:
+        # Two-level lookup keyed by the dims first (the pair tuple is only built for the rare
+        # ops with concrete values; tuples are GC-tracked and would trigger collections that walk
+        # the whole decoded block).
         by_type = self._shape_ids.setdefault(dims, {})
-        got = by_type.get(types)
+        key: bytes | tuple[bytes, bytes] = (types, concrete) if concrete else types
+        got = by_type.get(key)
         if got is None:
-            got = by_type[types] = len(self.shapes)
-            self.shapes.append((_compact_json(dims), _compact_json(types)))
+            got = by_type[key] = len(self.shapes)
+            self.shapes.append((_compact_json(dims), _compact_json(types), _compact_json(concrete) if concrete else b""))
         return got
 
     def _ids(self, vals: list) -> np.ndarray:
@@ -415,7 +423,7 @@ class Sparse:
     blocks_per_sm: np.ndarray  # float32, NaN when absent
     warps_per_sm: np.ndarray
     occupancy: np.ndarray
-    shape_idx: np.ndarray  # SHAPE_OPS events with recorded shapes
+    shape_idx: np.ndarray  # host ops with recorded shapes that model.keeps_shapes accepts
     shape_ids: np.ndarray  # int32 ids into Columns.shapes
     coll_idx: np.ndarray  # events that name a collective (record_param_comms, linked device rows)
     coll_ids: np.ndarray  # int32 ids into Columns.colls

@@ -53,10 +53,33 @@ CATEGORY_NAMES: dict[str, Cat] = {
 IGNORED_CATEGORIES = frozenset({"Trace", "torchdoctor", "ac2g", "fwdbwd", "async_cpu_to_gpu",
                                 "cpu_instant_event", "overhead", "cuda_profiler_range"})
 
-# Host ops whose `Input Dims` / `Input type` (record_shapes=True) the decoder keeps: the GEMMs.
-# Other ops' shapes are skipped unparsed (they are most of a trace's args by volume).
+# GEMM host ops (their `Input Dims` / `Input type` give M, N, K: metrics/gemm.py, metrics/opwork.py).
 SHAPE_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm",
                        "aten::matmul", "aten::linear"})
+# Convolution ops: their `Concrete Inputs` (stride, padding, dilation, groups as text) are kept too.
+CONV_OPS = frozenset({"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+                      "aten::cudnn_convolution", "aten::miopen_convolution", "aten::cudnn_convolution_relu",
+                      "aten::cudnn_convolution_add_relu"})
+# aten ops that launch no kernel (views, allocation, metadata): the most frequent ops of a
+# record_shapes trace; their shapes are skipped unparsed (they are most of its args by volume).
+NO_KERNEL_OPS = frozenset({
+    "aten::as_strided", "aten::view", "aten::t", "aten::transpose", "aten::empty", "aten::empty_strided",
+    "aten::empty_like", "aten::reshape", "aten::_reshape_alias", "aten::detach", "aten::detach_",
+    "aten::slice", "aten::narrow", "aten::expand", "aten::expand_as", "aten::select", "aten::unsqueeze",
+    "aten::squeeze", "aten::permute", "aten::result_type", "aten::resize_", "aten::alias", "aten::_unsafe_view",
+    "aten::unbind", "aten::split", "aten::chunk", "aten::record_stream", "aten::lift_fresh", "aten::numpy_T",
+    "aten::flatten", "aten::unflatten", "aten::view_as", "aten::set_", "aten::stride", "aten::size",
+    "aten::is_nonzero", "aten::broadcast_tensors", "aten::split_with_sizes", "aten::movedim", "aten::_to_copy",
+    "aten::to", "aten::contiguous", "aten::clone", "aten::zeros", "aten::ones", "aten::full",
+})
+
+
+def keeps_shapes(name: str) -> bool:
+    """Whether the decoder keeps this host op's recorded shapes: GEMMs, convolutions, and aten ops
+    that may launch an elementwise/reduction kernel (metrics/opwork.py sizes their tensors).
+    Composite ops (`to`, `clone`, `zeros`) are left out: the op that launches is nested in them."""
+    return name in SHAPE_OPS or name in CONV_OPS or (name.startswith("aten::") and name not in NO_KERNEL_OPS)
+
 
 # Categories that occupy the device (HTA's "GPU events" minus cuda_sync, which is a wait, not work).
 DEVICE_WORK = (Cat.KERNEL, Cat.MEMCPY, Cat.MEMSET)
@@ -74,8 +97,9 @@ class RankTrace:
     Sparse columns, for the few events that carry them (sorted event indices + values):
     `launch_idx` with `launch_blocks` / `launch_warps` / `launch_occupancy`, Kineto's kernel args
     `blocks per SM`, `warps per SM`, `est. achieved occupancy %` (float32, NaN when that one is
-    absent); `shape_idx` with `shape_ids`, for SHAPE_OPS events recorded with record_shapes, ids
-    into `shapes` = (Input Dims, Input type) as compact JSON text; `coll_idx` with `coll_ids` and
+    absent); `shape_idx` with `shape_ids`, for host ops `keeps_shapes` accepts recorded with
+    record_shapes, ids into `shapes` = (Input Dims, Input type, Concrete Inputs) as compact JSON
+    text (Concrete Inputs for CONV_OPS only, else b""); `coll_idx` with `coll_ids` and
     `coll_seq`, for events that name a collective (record_param_comms ops and, in 2026 Kineto, the
     device rows linked to them): ids into `colls` = (collective name, dtype, in nelems, out nelems,
     group size, process group name) and the call's sequence number in its group (-1 when absent). `launch_of` / `shape_of` look
@@ -100,7 +124,7 @@ class RankTrace:
     launch_occupancy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     shape_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     shape_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    shapes: list[tuple[bytes, bytes]] = field(default_factory=list)
+    shapes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
     coll_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     coll_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

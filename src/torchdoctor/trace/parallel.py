@@ -117,7 +117,7 @@ def merge(parts: list[Columns], dec: Decoders) -> Columns:
         name_map = np.array(_intern(out.names, local_names) or [0], np.int32)
         local_cats = sorted(c.cats, key=c.cats.__getitem__)
         cat_map = np.array(_intern(out.cats, local_cats) or [0], np.int16)
-        shape_map = np.array([out.shape_id(d, t) for d, t in c.shapes], np.int32)
+        shape_map = np.array([out.shape_id(*sh) for sh in c.shapes], np.int32)
         coll_map = np.array([out.coll_id(k) for k in c.colls] or [0], np.int32)
         for (cat, name, ts, end, pid, tid, stream, corr, nbytes, launch, (shape_pos, shape_ids),
              (coll_pos, coll_ids, coll_seq)) in c.parts:
