@@ -167,6 +167,37 @@ class MemcpyRow(msgspec.Struct):
     achieved_gbps: float | None = None
 
 
+class RooflineRow(msgspec.Struct):
+    """One kind (and precision) of kernel in the window against its roof (metrics/rooflinesum.py)."""
+
+    kind: str
+    precision: str | None
+    ns: int  # device time of every kernel of this kind (and precision, when known) in the window
+    known_ns: int  # the part whose FLOPs (GEMM/conv) or bytes (elementwise/reduction) are known
+    flops: int | None = None
+    bytes: int | None = None
+    achieved_tflops: float | None = None
+    achieved_gbps: float | None = None
+    pct_of_peak: float | None = None
+    pct_of_bandwidth: float | None = None
+
+
+class Roofline(msgspec.Struct):
+    """Per rank: the device the roofs come from, kinds against their roofs, and MFU (rooflinesum.py)."""
+
+    device_key: str | None = None
+    device_note: str = ""
+    peak_tflops: dict[str, float] = {}
+    mem_bw_gbs: float | None = None
+    rows: list[RooflineRow] = []
+    model_flops: int | None = None
+    flops_per_step: float | None = None
+    step_ns: float | None = None
+    mfu_pct: float | None = None
+    mfu_precision: str | None = None
+    mfu_note: str = ""
+
+
 class KernelBreakdown(msgspec.Struct):
     by_kind: list[KindTime] = []
     top: list[KernelStat] = []
@@ -240,6 +271,8 @@ class RankResult(msgspec.Struct):
     signals: RuleSignals | None = None
     # Collective calls with their recorded metadata (metrics/collectives.py); None without it.
     collectives: Collectives | None = None
+    # Kernel kinds against the device's roofs, and MFU (metrics/rooflinesum.py); None without kernels.
+    roofline: Roofline | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

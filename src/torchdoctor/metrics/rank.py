@@ -15,6 +15,7 @@ from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch,
 from .host import comm_ops, host_split, launches, syncs
 from .kernels import kernel_breakdown
 from .model import Headline, RankResult, StepRow, WindowInfo
+from .rooflinesum import roofline_summary
 from .signals import rule_signals
 from .steps import choose_window
 from .work import kernel_work
@@ -58,7 +59,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         launches=launches(ctx), kernels=kernel_breakdown(ctx, dev=dev, work=work), host=split, comm_ops=comm_ops(ctx),
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
         compile_regions=compiled_regions(tr), signals=rule_signals(ctx, cause_sets),
-        collectives=collectives(ctx),
+        collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
     )
 
 

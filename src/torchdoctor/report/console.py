@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..metrics.model import RankResult
 from .model import Report
+from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -58,6 +59,8 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
             console.print(idle_table(first))
         elif first.device_kind == "cpu" and first.host.phases_ms:
             console.print(host_table(first))
+        for line in roofline_lines(first):
+            console.print(Text(f"rank {first.rank} {line}"))
     elif report.ranks:
         console.print(f"{len(report.ranks)} rank(s) reported facts but no profiler trace was analysed.")
     _print_findings(report, console, verbose)

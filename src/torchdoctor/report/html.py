@@ -45,6 +45,7 @@ from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank, comm_wait_ms
 from .labels import BUSY_COLOR, CAUSE_COLOR, CAUSE_ORDER, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms
 from .model import ABResult, Evidence, Finding, RankReport, Report
+from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
 # Bounds that keep the page light whatever the job size (thousands of ranks, long windows).
@@ -413,6 +414,40 @@ def kernels_figure(r: RankResult) -> go.Figure | None:
     return fig
 
 
+def roofline_figure(r: RankResult) -> go.Figure | None:
+    """Log-log roofline: the top kernels with known FLOPs and bytes (intensity, achieved TFLOP/s)
+    under the device's roofs min(peak, bandwidth x intensity) of the precisions they ran in."""
+    roof = r.roofline
+    pts = [k for k in r.kernels.top if k.intensity and k.achieved_tflops]
+    if roof is None or roof.device_key is None or not roof.mem_bw_gbs or not pts:
+        return None
+    bw = roof.mem_bw_gbs
+    precs = sorted({x.precision for x in roof.rows if x.precision and x.precision in roof.peak_tflops})
+    ridges = [roof.peak_tflops[p] * 1e3 / bw for p in precs]
+    xs = [k.intensity for k in pts]
+    lo, hi = min([*xs, *ridges]) / 4, max([*xs, *ridges]) * 4
+    fig = go.Figure()
+    for p, ridge in zip(precs, ridges, strict=True):
+        peak = roof.peak_tflops[p]
+        fig.add_trace(go.Scatter(x=[lo, ridge, hi], y=[bw * lo / 1e3, peak, peak], mode="lines",
+                                 line={"width": 1.5, "dash": "dot"}, name=pesc(f"{p} roof ({peak:g} TFLOP/s)"),
+                                 hovertemplate=pesc(f"{p}: {peak:g} TFLOP/s, {bw:g} GB/s, ridge {ridge:.0f} FLOP/B")
+                                 + "<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=xs, y=[k.achieved_tflops for k in pts], mode="markers", name="top kernels",
+        marker={"size": [max(6.0, min(22.0, 6 + 16 * k.total_ns / max(p.total_ns for p in pts))) for k in pts],
+                "color": [KIND_COLOR.get(k.kind, "#888888") for k in pts], "line": {"width": 1, "color": "#1f2933"}},
+        customdata=[[pesc(short(k.name, 90)), pesc(k.kind), fmt(k.pct_of_peak, "%"), pesc(k.bound or "?")]
+                    for k in pts],
+        hovertemplate="%{customdata[0]}<br>%{customdata[1]}: %{y:.3g} TFLOP/s at %{x:.3g} FLOP/B"
+                      "<br>%{customdata[2]} of peak, %{customdata[3]}-bound<extra></extra>"))
+    fig.update_layout(**base_layout(360, margin={"l": 70, "r": 20, "t": 40, "b": 50}))
+    style_axes(fig)
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte)")
+    fig.update_yaxes(type="log", title_text="achieved TFLOP/s")
+    return fig
+
+
 def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | None:
     """Ranks × steps of step time and exposed communication: a straggler is the row that waits
     least (light in exposed comm) while its peers' rows are dark."""
@@ -713,11 +748,22 @@ def idle_table_html(r: RankResult) -> str:
 def kernels_table_html(r: RankResult) -> str:
     steps = max(len(r.window.steps), 1)
     rows = [[_name_cell(k.name), esc(k.kind), str(k.count), f"{k.total_ns / 1e6 / steps:.2f}",
-             f"{k.mean_ns / 1e3:.1f}", f"{k.max_ns / 1e3:.1f}"] for k in r.kernels.top[:15]]
+             f"{k.mean_ns / 1e3:.1f}", f"{k.max_ns / 1e3:.1f}", fmt(k.achieved_tflops, "", 2), fmt(k.pct_of_peak, "%"),
+             fmt(k.achieved_gbps, "", 0), fmt(k.pct_of_bandwidth, "%"), esc(k.bound or "–")]
+            for k in r.kernels.top[:15]]
     if not rows:
         return ""
     return ("<h3>Top kernels by device time</h3>"
-            + _table(["kernel", "kind", "count", "ms/step", "mean µs", "max µs"], rows, "kernels", "nlrrrr"))
+            + _table(["kernel", "kind", "count", "ms/step", "mean µs", "max µs", "TFLOP/s", "% peak", "GB/s",
+                      "% bw", "bound"], rows, "kernels", "nlrrrrrrrrl"))
+
+
+def roofline_html(r: RankResult, fig_html: str) -> str:
+    """The rank's roofline sentences and plot (an unknown device says so plainly)."""
+    lines = roofline_lines(r)
+    if not lines:
+        return ""
+    return ("<h3>Roofline</h3>" + "".join(f"<p>{esc(x)}</p>" for x in lines) + fig_html)
 
 
 def syncs_table_html(r: RankResult) -> str:
@@ -886,7 +932,9 @@ class _Page:
                 + (f"<h3>Kernel categories <span class=\"muted\">device time per step</span></h3>{kfig}"
                    if kfig else "")
                 + "</div><div>" + idle_table_html(r) + "</div></div>"
-                + kernels_table_html(r) + syncs_table_html(r) + "</div>")
+                + kernels_table_html(r)
+                + roofline_html(r, self.fig(f"fig-roofline-{v.key}", roofline_figure(r)))
+                + syncs_table_html(r) + "</div>")
         return (f'<section><h2>Per-rank detail {select}</h2>' + "".join(panels) + "</section>")
 
     def document(self, body: str) -> str:
