@@ -26,9 +26,20 @@ def test_hw1_fp32_matmuls_on_ampere_warn_with_tf32_fix():
     assert abs(got.recoverable_pct - 20.0) < 0.1
 
 
-def test_hw1_before_ampere_is_info_with_autocast():
+def test_hw1_before_ampere_advises_fp16_gradscaler_and_names_no_remedy_that_refuses_it():
+    # V100 (7.0): no TF32, no bf16. The autocast remedy is bf16-only and refuses fp16, so the
+    # finding names no automatic remedy; its advice is the fp16 + GradScaler code change.
     got = only(run("HW-1", (fp32(cc="7.0"), None)), "HW-1")
-    assert got.severity == "info" and got.remedy == "precision.autocast"
+    assert got.severity == "info" and got.remedy is None
+    assert "GradScaler" in got.fix.snippet and "float16" in got.fix.snippet and "bf16-only" in got.fix.text
+    from torchdoctor.remedies.catalogue import BY_ID
+    assert "fp16 is refused" in BY_ID["precision.autocast"].preconditions  # what the remedy accepts
+
+
+def test_hw1_unknown_capability_routes_to_the_bf16_autocast_it_advises():
+    got = only(run("HW-1", (fp32(cc=None), None)), "HW-1")
+    assert got.remedy == "precision.autocast" and "bf16 autocast" in got.fix.text
+    assert "bfloat16" in got.fix.snippet
 
 
 def test_hw1_from_facts_only():

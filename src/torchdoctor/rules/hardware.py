@@ -113,15 +113,26 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
             ev.append(Evidence("Precision settings of the live run.",
                                {"allow_tf32": b.cuda_matmul_allow_tf32, "float32_matmul_precision": b.float32_matmul_precision,
                                 "autocast": b.autocast_used}))
+        remedy: str | None
         if ampere:
             fix = Fix("Allow TF32 for FP32 matmuls (numerics change within tolerance), or train in bf16 autocast.",
                       "torch.set_float32_matmul_precision('high')\n"
                       "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)")
             remedy = "precision.tf32"
-        else:
-            fix = Fix("Train with mixed precision (fp16 autocast + GradScaler): this GPU has no TF32.",
+        elif cc is not None:
+            # Before Ampere there is neither TF32 nor bf16: fp16 needs a GradScaler in the loop, a
+            # code change. The automatic autocast remedy is bf16-only (patch_model refuses fp16 and
+            # GPUs without bf16), so no remedy is named: advice and `fix` agree.
+            fix = Fix("Train with mixed precision (fp16 autocast + GradScaler): this GPU has neither TF32 nor "
+                      "bf16. A code change (torchdoctor fix's autocast remedy is bf16-only).",
                       "scaler = torch.amp.GradScaler()\nwith torch.autocast('cuda', dtype=torch.float16):\n"
-                      "    loss = model(x)\nscaler.scale(loss).backward()")
+                      "    loss = model(x)\nscaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()")
+            remedy = None
+        else:
+            # Compute capability unknown: bf16 autocast is the path the remedy can take; it refuses
+            # (and says so) on a GPU without bf16, where fp16 + GradScaler is the code change.
+            fix = Fix("Train in bf16 autocast (on a GPU without bf16: fp16 autocast + GradScaler, a code change).",
+                      "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)")
             remedy = "precision.autocast"
         return finding(
             v, "HW-1", "hardware",
