@@ -99,10 +99,32 @@ class EmbeddingFacts(msgspec.Struct, omit_defaults=True):
     replicated: bool = True
 
 
+class GraphBreakFacts(msgspec.Struct, omit_defaults=True):
+    """One graph break as Dynamo recorded it while compiling (``torch._dynamo.utils.graph_break_reasons``)."""
+
+    reason: str  # the first line of Dynamo's message: its graph-break type, or a legacy reason
+    # Graph-break registry id ("GB0124") with its explanation and hints, when this torch has one.
+    gb_id: str | None = None
+    explanation: str | None = None
+    hints: list[str] = []
+    # The user's innermost frame in the break's stack ("file:line"), its source line and function;
+    # torch's and torchdoctor's frames are never named. None: the stack held no user frame.
+    location: str | None = None
+    source: str | None = None
+    function: str | None = None
+    # The break itself is in torch's code, reached from ``location`` (e.g. torch.optim's deliberate
+    # break around ``step()``), or the stack held no user frame at all.
+    in_torch: bool = False
+    # Times Dynamo met this break (same reason, same line) while compiling: once per compiled
+    # frame, resume function or recompile that reaches it, not once per step.
+    compiles: int = 1
+
+
 class CompileFacts(msgspec.Struct, omit_defaults=True):
     used: bool = False
     graph_breaks: int | None = None
     graph_break_reasons: list[str] = []
+    breaks: list[GraphBreakFacts] = []
     recompiles: int | None = None
     recompile_reasons: list[str] = []
     unique_graphs: int | None = None

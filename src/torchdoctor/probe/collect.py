@@ -24,6 +24,7 @@ from torchdoctor.facts import (
     ModuleDeviceFacts,
     OptimizerFacts,
 )
+from torchdoctor.probe.breaks import graph_breaks as breaks_of
 
 T = TypeVar("T")
 
@@ -310,6 +311,7 @@ def compile_facts() -> CompileFacts:
         used=bool(frames.get("total") or stats.get("unique_graphs")),
         graph_breaks=sum(breaks.values()),
         graph_break_reasons=[str(r)[:300] for r, _ in breaks.most_common(10)],
+        breaks=attempt(lambda: breaks_of(utils)) or [],
         recompiles=len(reasons),
         recompile_reasons=[r[:300] for r in reasons[:10]],
         unique_graphs=stats.get("unique_graphs"),

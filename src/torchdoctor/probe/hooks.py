@@ -21,6 +21,12 @@ anomaly-mode stacks    timer around ``torch.fx.traceback.format_stack`` (what an
 
 Every callback is guarded: an exception is recorded once (``errors.ERRORS``) and the site is
 skipped from then on; the torch call itself always happens, with the caller's arguments.
+
+None of it is seen by torch.compile (``unseen``): a hook or shim that Dynamo traces returns at
+once under ``is_compiling()`` (folded to a constant: nothing enters the graph, no guard on probe
+state), and their frames are never handed to Dynamo when torch calls them eagerly. The cost:
+inside a compiled region (a ``Module.compile``'d forward, a compiled optimizer step) the probe
+does not time or count what the compiled code runs.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torchdoctor.probe import collect, shims
+from torchdoctor.probe import collect, shims, unseen
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
 from torchdoctor.probe.errors import ERRORS, fault_point
@@ -46,17 +52,23 @@ def _failed(where: str) -> Callable[[BaseException], None]:
 
 
 def _guard(where: str, fn: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a hook torch calls directly: it returns None whatever happens."""
+    """Wrap a hook torch calls directly: it returns None whatever happens.
+
+    Traced by Dynamo (an optimizer hook inside a compiled ``step``) it folds away before it reads
+    anything (a read of ``BROKEN`` would become a guard); called eagerly, Dynamo never sees it.
+    """
+    is_compiling = unseen.compiling()
 
     def hook(*args: Any) -> None:
-        if where in BROKEN:
+        if is_compiling() or where in BROKEN:
             return
         try:
             fn(*args)
         except Exception as exc:
             ERRORS.record(where, exc)
 
-    return hook
+    unseen.hide(fn)
+    return unseen.hide(hook)
 
 
 def _anomaly_stacks(probe: Probe) -> None:
@@ -78,11 +90,11 @@ def _anomaly_stacks(probe: Probe) -> None:
     is_compiling = probe.is_compiling
 
     def timed() -> bool:
-        if "anomaly" in BROKEN or threading.get_ident() != probe.main_thread:
+        if is_compiling() or "anomaly" in BROKEN or threading.get_ident() != probe.main_thread:
             return False
         try:
             fault_point("anomaly")
-            return not is_compiling() and bool(enabled())
+            return bool(enabled())
         except Exception as exc:
             ERRORS.record("anomaly", exc)
             return False
@@ -101,6 +113,7 @@ def _anomaly_stacks(probe: Probe) -> None:
 
     format_stack._torchdoctor_timed = True  # type: ignore[attr-defined]
     format_stack.__wrapped__ = orig  # type: ignore[attr-defined]
+    unseen.hide_all(timed, format_stack)
     fx_traceback.format_stack = format_stack
 
 
@@ -297,7 +310,7 @@ def _time_collate(probe: Probe, it: Any, record: LoaderRecord) -> None:
                 record.collate_s += perf_counter() - t0
 
     timed_collate._torchdoctor_timed = True  # type: ignore[attr-defined]
-    fetcher.collate_fn = timed_collate
+    fetcher.collate_fn = unseen.hide(timed_collate, recursive=False)  # it calls the user's collate
 
 
 def _optimizer(probe: Probe) -> None:
@@ -394,6 +407,7 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
             if probe.fwd_depth == 0:
                 probe.clock.add(Phase.FORWARD, perf_counter() - probe.fwd_t0)
 
+    unseen.hide_all(pre, post)  # torch calls them eagerly around a compiled module's frames
     return pre, post
 
 

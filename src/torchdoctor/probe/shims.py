@@ -13,6 +13,10 @@ Two things would otherwise make a job behave visibly differently under the probe
 
 Callbacks never let an exception escape: a failing callback is recorded in ``errors.ERRORS``
 and the original is still called with the original arguments.
+
+torch.compile sees neither (``unseen``): a shim traced by Dynamo calls the original at once
+(``is_compiling()`` folds to True, so the callbacks add nothing to the graph), and the frames of the
+shim and of its callbacks are never handed to Dynamo when torch calls them eagerly.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from torchdoctor.probe import unseen
+
 # Contains "importlib" and "_bootstrap" on purpose: see the module docstring.
 SHIM_FILENAME = "<torchdoctor probe shim: importlib._bootstrap-transparent>"
 
@@ -30,8 +36,10 @@ _SKIP = object()  # "before" failed: do not call "after"
 FAILED = object()  # passed to "after" as the result when the original raised
 
 _TEMPLATE = """
-def around(orig, before, after, failed, skip, failed_result):
+def around(orig, before, after, failed, skip, failed_result, compiling):
     def shim(*args, **kwargs):
+        if compiling():
+            return orig(*args, **kwargs)
         try:
             token = before(args)
         except Exception as exc:
@@ -50,8 +58,10 @@ def around(orig, before, after, failed, skip, failed_result):
     return shim
 
 
-def before_only(orig, before, failed):
+def before_only(orig, before, failed, compiling):
     def shim(*args, **kwargs):
+        if compiling():
+            return orig(*args, **kwargs)
         try:
             before(args)
         except Exception as exc:
@@ -74,16 +84,18 @@ def around(
 
     ``result`` is ``FAILED`` when the original raised (the exception then propagates unchanged).
     """
-    shim = _namespace["around"](orig, before, after, failed, _SKIP, FAILED)
-    return functools.update_wrapper(shim, orig)
+    shim = _namespace["around"](orig, before, after, failed, _SKIP, FAILED, unseen.compiling())
+    unseen.hide_all(before, after, failed)
+    return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)
 
 
 def before_only(
     orig: Callable[..., Any], before: Before, failed: Callable[[BaseException], None]
 ) -> Callable[..., Any]:
     """Cheapest shim: ``before(args)`` then the original (used on hot tensor methods)."""
-    shim = _namespace["before_only"](orig, before, failed)
-    return functools.update_wrapper(shim, orig)
+    shim = _namespace["before_only"](orig, before, failed, unseen.compiling())
+    unseen.hide_all(before, failed)
+    return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)
 
 
 def _strip(tb: types.TracebackType | None) -> types.TracebackType | None:

@@ -2,7 +2,8 @@
 
 The wrapper's code is compiled under the probe's shim file name, so warnings raised inside torch
 with ``stacklevel=2`` still name the user's line, and the probe's excepthook drops the wrapper's
-frame from tracebacks (see ``torchdoctor.probe.shims``).
+frame from tracebacks (see ``torchdoctor.probe.shims``). Like the probe's shims it is invisible to
+torch.compile (``torchdoctor.probe.unseen``): traced by Dynamo it calls the constructor unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from torchdoctor.probe import unseen
 from torchdoctor.probe.shims import SHIM_FILENAME
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -19,8 +21,10 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 Adjust = Callable[[tuple[Any, ...], dict[str, Any]], "tuple[Call, Call] | None"]
 
 _TEMPLATE = """
-def kwargs_shim(orig, adjust, rejected, failed):
+def kwargs_shim(orig, adjust, rejected, failed, compiling):
     def shim(*args, **kwargs):
+        if compiling():
+            return orig(*args, **kwargs)
         try:
             plan = adjust(args, kwargs)
         except Exception as exc:
@@ -55,5 +59,6 @@ def kwargs_shim(
     user's own, after ``rejected(exc)`` records why: only for constructors that have no side
     effects before they validate (never DDP, whose constructor runs collectives).
     """
-    shim = _namespace["kwargs_shim"](orig, adjust, rejected, failed)
-    return functools.update_wrapper(shim, orig)
+    shim = _namespace["kwargs_shim"](orig, adjust, rejected, failed, unseen.compiling())
+    unseen.hide_all(adjust, rejected, failed)
+    return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from torchdoctor.probe import unseen
+
 from .runtime import Runtime
 
 IDS = ("precision.autocast", "compile", "cudagraphs")
@@ -88,12 +90,15 @@ def install(torch: Any, rt: Runtime) -> None:
     main = threading.get_ident()
     depth = [0]
     handles: list[Any] = []
+    # Global hooks are traced inside every compiled module call: there they fold away (a compiled
+    # call's outer module still runs them eagerly), and Dynamo never sees their eager frames.
+    is_compiling = unseen.compiling()
 
     def is_model(module: Any) -> bool:
         return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
     def pre(module: Any, args: Any) -> None:
-        if threading.get_ident() != main:
+        if is_compiling() or threading.get_ident() != main:
             return
         depth[0] += 1
         if depth[0] != 1 or not is_model(module):
@@ -110,9 +115,11 @@ def install(torch: Any, rt: Runtime) -> None:
             rt.broken(IDS, exc)
 
     def post(module: Any, args: Any, out: Any) -> None:
-        if threading.get_ident() == main and depth[0] > 0:
+        if not is_compiling() and threading.get_ident() == main and depth[0] > 0:
             depth[0] -= 1
 
+    unseen.hide(pre, recursive=False)  # it compiles the model: what that runs stays visible
+    unseen.hide(post)
     handles.append(nn_module.register_module_forward_pre_hook(pre))
     handles.append(nn_module.register_module_forward_hook(post, always_call=True))
     for rid in IDS:

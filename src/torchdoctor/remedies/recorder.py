@@ -13,6 +13,7 @@ import sys
 import weakref
 from typing import Any
 
+from torchdoctor.probe import unseen
 from torchdoctor.probe.shims import before_only
 
 from .runtime import ENV_STEPS, Runtime, say
@@ -56,8 +57,13 @@ def install(torch: Any, rt: Runtime) -> None:
 
     primary: list[Any] = []
     post_handle: list[Any] = []
+    # Inside a compiled optimizer step the hooks fold away (see probe/unseen.py): those steps are
+    # not counted, the job's graphs stay its own.
+    is_compiling = unseen.compiling()
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         if not primary or primary[0]() is None:
             primary[:] = [weakref.ref(opt)]
         if primary[0]() is not opt:  # with several optimizers, the first one counts steps
@@ -70,7 +76,8 @@ def install(torch: Any, rt: Runtime) -> None:
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
         # Registered at the first step, i.e. after the probe's own hook: the probe closes step N
         # before we end the job.
-        if not post_handle:
+        if not is_compiling() and not post_handle:
             post_handle.append(optim.register_optimizer_step_post_hook(post))
 
+    unseen.hide_all(pre, post)
     optim.register_optimizer_step_pre_hook(pre)
