@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from torchdoctor.facts import BackendFacts, CompileFacts
+from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts
 from torchdoctor.metrics.model import KindTime
+from torchdoctor.rules.compile_breaks import advice
 
 from .conftest import MS, gpu_facts, gpu_result, only, run
 
@@ -31,6 +32,46 @@ def test_cg2_graph_breaks():
     f = gpu_facts(compile=CompileFacts(used=True, graph_breaks=3, graph_break_reasons=["Tensor.item"]))
     got = only(run("CG-2", (None, f)), "CG-2")
     assert got.severity == "warning" and "3 time" in got.title
+
+
+BREAKS = [
+    GraphBreakFacts("Failed to trace builtin operator", gb_id="GB0059",
+                    explanation="Dynamo does not know how to trace builtin operator `print` with argument types ['str']",
+                    location="/job/train.py:21", source='print("loss", loss)', function="forward", compiles=3),
+    GraphBreakFacts("Unsupported Tensor.item() call with capture_scalar_outputs=False", gb_id="GB0124",
+                    location="/job/train.py:22", source="scale = h.mean().item()", function="forward"),
+    GraphBreakFacts("Data-dependent branching", gb_id="GB0170", location="/job/train.py:19",
+                    source="if h.sum() > 0:", function="forward"),
+    GraphBreakFacts("Attempted to call function marked as skipped", gb_id="GB0007",
+                    location="/job/train.py:25", source="y = scipy_fn(h)", function="forward"),
+    GraphBreakFacts("Skip calling `torch.compiler.disable()`d function", gb_id="GB0098",
+                    location="/job/train.py:27", source="h = debug_hook(h)", function="forward"),
+    GraphBreakFacts("DDPOptimizer split the graph at a bucket boundary", location="/job/train.py:30"),
+    GraphBreakFacts("Call to `torch._dynamo.graph_break()`", gb_id="GB0025", location="/job/train.py:38",
+                    source="opt.step()", function="train_step", in_torch=True),
+    GraphBreakFacts("Some new break type", hints=["Do the registry's thing."], location="/job/train.py:40"),
+]
+
+
+def test_cg2_names_each_break_at_the_users_line_with_its_fix():
+    f = gpu_facts(compile=CompileFacts(used=True, graph_breaks=8, breaks=BREAKS))
+    got = only(run("CG-2", (None, f)), "CG-2")
+    assert "train.py:21, train.py:22, train.py:19, train.py:25 and 4 more" in got.title
+    items = [e.items[0] for e in got.evidence[1:]]
+    assert [i["kind"] for i in items] == ["logging", "scalar", "branch", "unsupported", "disabled", "ddp", "torch", "other"]
+    assert [i["fix"] for i in items] == [advice(b)[0] for b in BREAKS]
+    assert items[-1]["fix"] == "Do the registry's thing."
+    first = got.evidence[1].text
+    assert "/job/train.py:21 in forward(): `print(\"loss\", loss)`" in first and "[GB0059]" in first and "3x" in first
+    assert "torch.where" in got.fix.snippet and "capture_scalar_outputs" in got.fix.snippet
+    assert "reorderable_logging_functions" in got.fix.snippet and "allow_in_graph" in got.fix.snippet
+    assert "/job/train.py:19: Express the Python `if`" in got.fix.text and "/job/train.py:38" not in got.fix.text
+
+
+def test_cg2_breaks_inside_torch_only_are_expected():
+    f = gpu_facts(compile=CompileFacts(used=True, graph_breaks=1, breaks=[BREAKS[6]]))
+    got = only(run("CG-2", (None, f)), "CG-2")
+    assert got.fix.text.startswith("The break is inside torch's own code") and got.fix.snippet == ""
 
 
 def test_cg2_silent_without_breaks():

@@ -7,7 +7,12 @@ shorten a host-bound step.
 
 from __future__ import annotations
 
+import msgspec
+
+from torchdoctor.facts import GraphBreakFacts
+
 from ._common import View, device_bound, finding, fmt_ms, per_rank
+from .compile_breaks import ADVICE, advice, describe, kind_of
 from .engine import RuleInputs, rule
 from .ledger import capacity
 from .model import Evidence, Finding, Fix
@@ -22,6 +27,7 @@ MIN_FUSABLE_PER_STEP = 100
 CUDNN_BENCHMARK_GAIN = 0.10
 # Dynamo gives up after this many recompiles of one frame (torch._dynamo.config.recompile_limit).
 RECOMPILE_LIMIT = 8
+MAX_BREAKS_SHOWN = 8
 
 
 def compiled(v: View) -> bool | None:
@@ -100,28 +106,48 @@ def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
 def graph_breaks(inputs: RuleInputs) -> list[Finding]:
     """Graph breaks inside the compiled step (proposed threshold: any break in the step).
 
-    Live: Dynamo's graph_break counter and reasons; trace: more than one compiled frame per step.
-    The eager gaps they leave are priced by HO-5 (host time), so no gain is claimed here.
+    Live: Dynamo's graph_break counter, and each break with its reason, registry id and the user's
+    line (``CompileFacts.breaks``), each shown with the fix of its kind (rules/compile_breaks.py);
+    trace: more than one compiled frame per step. The eager gaps they leave are priced by HO-5
+    (host time), so no gain is claimed here.
     """
     def one(v: View) -> Finding | None:
         breaks = v.f.compile.graph_breaks if v.f is not None else None
         reasons = v.f.compile.graph_break_reasons if v.f is not None else []
+        listed = v.f.compile.breaks if v.f is not None else []
         frames = {k.split("/")[0] for k in (v.r.compile_regions if v.r is not None else {})}
         per_step = len(frames) if v.r is not None and v.r.window.steps else 0
-        if not breaks and per_step <= 1:
+        if not breaks and not listed and per_step <= 1:
             return None
-        n = breaks if breaks else per_step - 1
+        n = breaks if breaks else len(listed) or per_step - 1
+        evidence = [Evidence(f"{n} graph break(s)" + (f"; reasons: {'; '.join(reasons[:3])}" if reasons and not listed else "")
+                             + (f"; compiled frames in the trace: {sorted(frames)}" if frames else "") + ".",
+                             {"graph_breaks": breaks, "compiled_frames": sorted(frames)},
+                             [{"reason": r} for r in reasons[:5]] if not listed else [])]
+        fix = Fix("Remove the data-dependent Python, .item() and unsupported calls named in the reasons; "
+                  "fullgraph=True makes each break an error.", "model = torch.compile(model, fullgraph=True)")
+        if listed:
+            shown = listed[:MAX_BREAKS_SHOWN]
+            evidence += [Evidence(describe(b), {"compiles": b.compiles},
+                                  [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0]}]) for b in shown]
+            steps = {f"{b.location or 'torch'}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
+            snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1])
+            fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0], "\n".join(snippets))
         return finding(
-            v, "CG-2", "compile", f"torch.compile breaks the graph {n} time(s): eager code runs between compiled pieces.",
-            0.0, sev="warning",
-            evidence=[Evidence(f"{n} graph break(s)" + (f"; reasons: {'; '.join(reasons[:3])}" if reasons else "")
-                               + (f"; compiled frames in the trace: {sorted(frames)}" if frames else "") + ".", {"graph_breaks": breaks, "compiled_frames": sorted(frames)},
-                               [{"reason": r} for r in reasons[:5]])],
-            fix=Fix("Remove the data-dependent Python, .item() and unsupported calls named in the reasons; "
-                    "fullgraph=True makes each break an error.", "model = torch.compile(model, fullgraph=True)"),
-            confidence="high" if breaks else "medium", confirm="TORCH_LOGS=graph_breaks prints each break with its line",
-            source="PT dynamo counters; proposed: any break in the step")
+            v, "CG-2", "compile", f"torch.compile breaks the graph {n} time(s): eager code runs between compiled pieces"
+            + (f" ({_sites(listed)})." if listed else "."),
+            0.0, sev="warning", evidence=evidence, fix=fix,
+            confidence="high" if breaks or listed else "medium",
+            confirm="TORCH_LOGS=graph_breaks prints each break with its line",
+            source="PT dynamo counters, graph_break_reasons and the graph-break registry; proposed: any break in the step")
     return per_rank(inputs, one)
+
+
+def _sites(listed: list[GraphBreakFacts]) -> str:
+    """The user lines of the breaks, short: "train.py:12, train.py:30"."""
+    names = dict.fromkeys(b.location.rsplit("/", 1)[-1] for b in listed if b.location)
+    more = len(names) - 4
+    return ", ".join(list(names)[:4]) + (f" and {more} more" if more > 0 else "") if names else "inside torch"
 
 
 @rule("CG-3")
