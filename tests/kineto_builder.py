@@ -22,6 +22,8 @@ class TraceBuilder:
     rank: int | None = 0
     world_size: int | None = None
     device_name: str | None = "NVIDIA A100-SXM4-80GB"
+    # Other deviceProperties keys (numSms, computeMajor, totalGlobalMem...) next to the name.
+    device_props: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     _corr: int = 1000
 
@@ -83,11 +85,11 @@ class TraceBuilder:
     def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_at: float | None = None,
                launch_dur: float = 5.0, cat: str = "kernel", nbytes: int | None = None, corr: int = -1,
                blocks_per_sm: float | None = None, warps_per_sm: float | None = None,
-               occupancy: float | None = None) -> int:
+               occupancy: float | None = None, grid: list[int] | None = None) -> int:
         """A device event; with `launch_at`, also the host launch call that queued it (else `corr`).
 
-        `blocks_per_sm`, `warps_per_sm`, `occupancy` are Kineto's launch-shape kernel args
-        (`blocks per SM`, `warps per SM`, `est. achieved occupancy %`), left out when None.
+        `blocks_per_sm`, `warps_per_sm`, `occupancy`, `grid` are Kineto's launch-shape kernel args
+        (`blocks per SM`, `warps per SM`, `est. achieved occupancy %`, `grid`), left out when None.
         """
         if launch_at is not None:
             api = {"kernel": "cudaLaunchKernel", "gpu_memcpy": "cudaMemcpyAsync",
@@ -97,7 +99,7 @@ class TraceBuilder:
         if nbytes is not None:
             args["bytes"] = nbytes
         for key, v in (("blocks per SM", blocks_per_sm), ("warps per SM", warps_per_sm),
-                       ("est. achieved occupancy %", occupancy)):
+                       ("est. achieved occupancy %", occupancy), ("grid", grid)):
             if v is not None:
                 args[key] = v
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": DEVICE_PID, "tid": stream, "ts": ts,
@@ -119,7 +121,7 @@ class TraceBuilder:
             return evs
         doc: dict[str, Any] = {"schemaVersion": 1}
         if self.device_name:
-            doc["deviceProperties"] = [{"id": 0, "name": self.device_name}]
+            doc["deviceProperties"] = [{"id": 0, "name": self.device_name, **self.device_props}]
         if self.rank is not None:
             info: dict[str, Any] = {"rank": self.rank}
             if self.world_size:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kineto_builder import TraceBuilder
+from real_traces import trace
 from torchdoctor.metrics.gemm import gemm_dims
 from torchdoctor.metrics.rank import analyze_rank
 from torchdoctor.trace.load import load_trace
@@ -119,3 +120,49 @@ def test_sm_fill_absent_without_launch_args(tmp_path):
     b = step(TraceBuilder())
     b.kernel(GEMM, 100.0, 400.0, launch_at=90.0)
     assert signals(b, tmp_path).sm_fill is None
+
+
+# --- SM fill against the device table's SM count (issue 14, item 6) ------------------------------
+
+def small_grid_trace(props: dict) -> TraceBuilder:
+    """An A100-SXM4-80GB (108 SMs) running 27-block kernels, recorded with the given properties."""
+    b = TraceBuilder(device_name="NVIDIA A100-SXM4-80GB", device_props=props)
+    b.step(1, 0.0, 2_000.0)
+    for i in range(10):
+        b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 100.0 + 150 * i, 100.0,
+                 launch_at=90.0 + 150 * i, grid=[27, 1, 1], blocks_per_sm=None if "numSms" not in props else 27 /
+                 props["numSms"])
+    return b
+
+
+def test_without_num_sms_the_grid_is_divided_by_the_table_sm_count(tmp_path):
+    # Kineto writes `blocks per SM` -1 when it does not know the SM count: the fill comes from the
+    # grid (27 blocks) and the table's 108 SMs: 0.25 blocks per SM, 75% of the SM-time empty.
+    props = {"computeMajor": 8, "computeMinor": 0, "totalGlobalMem": 85_899_345_920}
+    r = analyze_rank(load_trace(str(small_grid_trace(props).write(tmp_path / "t.json"))))
+    f = r.signals.sm_fill
+    assert f.sms == 108 and "device table" in f.sms_source and "lack numSms" in f.sms_source
+    assert f.top[0].blocks_per_sm == pytest.approx(0.25) and f.sm_efficiency_pct == pytest.approx(25.0)
+    assert "tiny grid: 0.25 blocks per SM" in r.kernels.top[0].roofline
+
+
+def test_num_sms_that_disagrees_with_the_table_is_kept_and_said(tmp_path):
+    # A MIG slice of an A100 80GB shows 98 SMs: the process sees 98, the table has 108.
+    props = {"computeMajor": 8, "computeMinor": 0, "totalGlobalMem": 85_899_345_920, "numSms": 98}
+    r = analyze_rank(load_trace(str(small_grid_trace(props).write(tmp_path / "t.json"))))
+    f = r.signals.sm_fill
+    assert f.sms == 98 and "not the 108" in f.sms_source and "MIG" in f.sms_source
+    assert f.top[0].blocks_per_sm == pytest.approx(27 / 98, rel=1e-4)
+
+
+def test_unknown_device_without_num_sms_has_no_fill(tmp_path):
+    b = TraceBuilder(device_name="NVIDIA RTX 6000 Ada Generation")
+    b.step(1, 0.0, 1_000.0)
+    b.kernel("elementwise_kernel", 100.0, 100.0, launch_at=90.0, grid=[4, 1, 1])
+    r = analyze_rank(load_trace(str(b.write(tmp_path / "t.json"))))
+    assert r.signals.sm_fill is None  # no SM count anywhere: no guess
+
+
+def test_real_traces_agree_with_the_table():
+    r = analyze_rank(load_trace(trace("v100_resnet_rank0.json.gz")))
+    assert r.signals.sm_fill.sms == 80 and "agrees with the device table" in r.signals.sm_fill.sms_source

@@ -181,6 +181,21 @@ def test_hw4_kernels_with_fewer_blocks_than_sms_fire(tmp_path):
     assert (k["name"], k["count"], k["blocks_per_sm"], k["kind"]) == (TC_GEMM, 3, 0.2, "gemm")
 
 
+def test_hw4_without_num_sms_uses_the_table_sm_count(tmp_path):
+    # The same 800 µs GEMMs, recorded without numSms (Kineto's blocks per SM is -1): 22 blocks
+    # on the table's 108 SMs of the A100-SXM4-80GB the trace names = 0.204 blocks per SM.
+    b = TraceBuilder(device_props={"computeMajor": 8, "computeMinor": 0})
+    for n in range(3):
+        t0 = n * 1000.0
+        b.step(n, t0, 1000.0)
+        b.op("aten::mm", t0 + 10, 30.0)
+        b.kernel(TC_GEMM, t0 + 100, 800.0, launch_at=t0 + 15, blocks_per_sm=-1, grid=[22, 1, 1])
+    (f,) = findings(str(b.write(tmp_path / "t.json")), "HW-4")
+    ev = f.evidence[0]
+    assert ev.values["sms"] == 108 and "device table" in ev.values["sms_source"]
+    assert "Fill against 108 SMs" in ev.text and ev.items[0]["blocks_per_sm"] == pytest.approx(22 / 108, abs=1e-4)
+
+
 def test_hw4_silent_when_kernels_fill_the_device(tmp_path):
     assert findings(small_kernel_trace(tmp_path, 2.0), "HW-4") == []
 

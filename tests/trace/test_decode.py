@@ -333,6 +333,13 @@ def test_launch_args_survive_the_lenient_path(tmp_path):
     doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::bmm", "pid": 1, "tid": 1, "ts": 310,
                                "dur": "1", "args": {"Input Dims": [[2, 3, 4], [2, 4, 5]], "Input type": ["c10::Half"] * 2,
                                                   "External id": "bad"}})
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "pid": 1, "tid": 1, "ts": 320,
+                               "dur": 1, "args": {"Input Dims": [[1, 3, 8, 8], [4, 3, 3, 3]], "Input type": ["float"] * 2,
+                                                  "Concrete Inputs": ["", "", "", "[1, 1]", "[0, 0]", "[1, 1]", "1"]}})
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k_grid", "pid": 0, "tid": 7, "ts": 330, "dur": 1,
+                               "args": {"stream": 7, "grid": [4, 3, 2], "blocks per SM": -1}})
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1,
+                               "ts": 340, "dur": 1, "args": {"Collective name": "allreduce", "dtype": "Float"}})
     # Dropped events (no ts) before the kept ones: the sparse rows are renumbered, a dropped
     # kernel's launch args go with it.
     doc["traceEvents"][1:1] = [
@@ -350,6 +357,14 @@ def test_launch_args_survive_the_lenient_path(tmp_path):
     assert "no_ts" not in got and "k_no_ts" not in got
     assert "2 events dropped: missing or non-numeric ts/dur" in tr.warnings
     assert got["aten::bmm"] == [(None, None, None, (b"[[2,3,4],[2,4,5]]", b'["c10::Half","c10::Half"]', b""))]
+    # Every Args field arrives in its own slot (keyword construction): a convolution's Concrete
+    # Inputs, a kernel's grid where blocks per SM is absent, a collective's metadata.
+    assert got["aten::conv2d"] == [(None, None, None, (b"[[1,3,8,8],[4,3,3,3]]", b'["float","float"]',
+                                                       b'["","","","[1, 1]","[0, 0]","[1, 1]","1"]'))]
+    (k,) = np.flatnonzero(tr.name == tr.names.index("k_grid"))
+    assert tr.grid_of(np.array([k])).tolist() == [24.0]
+    (c,) = np.flatnonzero(tr.name == tr.names.index("record_param_comms"))
+    assert tr.colls[tr.coll_ids[tr.coll_idx.tolist().index(c)]][:2] == ("allreduce", "Float")
 
 
 def test_event_and_args_structs_sit_in_different_allocator_size_classes():

@@ -362,6 +362,10 @@ class SmFill(msgspec.Struct):
     idle_by_kind: dict[str, int] = {}
     idle_fp32_simt_ns: int = 0
     top: list[KernelFill] = []
+    # The SM/CU count the fill is measured against and where it comes from (metrics/occupancy.py
+    # sm_count): Kineto's blocks per SM use deviceProperties' numSms; without it, grid / the table's.
+    sms: int | None = None
+    sms_source: str = ""
 
 
 class RuleSignals(msgspec.Struct):

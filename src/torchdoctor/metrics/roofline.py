@@ -24,6 +24,7 @@ from ..hardware.devices import DeviceSpec, Identification
 from .classify import MathPath, math_path
 from .context import Context
 from .model import KernelStat
+from .occupancy import blocks_per_sm, sm_count
 from .work import KernelWork
 
 # Kineto's `Input type` spellings -> the device table's precision keys.
@@ -120,7 +121,7 @@ def bound(stat: KernelStat, dtype: str, device: DeviceSpec | None) -> str | None
 def _grid_note(stat: KernelStat, ctx: Context, members: np.ndarray, notes: list[str]) -> None:
     """Say when the grid is smaller than the device (blocks per SM < 1): SMs sit empty, so the
     kernel cannot reach its roof whatever its efficiency per SM."""
-    blocks, _, _ = ctx.tr.launch_of(members)
+    blocks = blocks_per_sm(ctx, members, sm_count(ctx.tr.device_properties)[0])
     dur = (ctx.tr.end[members] - ctx.tr.ts[members]).astype(np.float64)
     ok = np.isfinite(blocks) & (dur > 0)
     if not ok.any():

@@ -254,8 +254,9 @@ def underfilled_kernels(inputs: RuleInputs) -> list[Finding]:
                 f"empty SM-time {fmt_ms(idle)} per step ({share:.1f}% of {fmt_ms(busy)} busy; by kind: {split}). "
                 f"Duration-weighted est. achieved occupancy {f.occupancy_pct if f.occupancy_pct is not None else '?'}%. "
                 f"Top: {top}. Priced here: {fmt_ms(mine)} per step of it"
-                + (f" ({'; '.join(others)})." if others else "."),
-                {"underfilled_ms": round(under, 3), "empty_sm_ms": round(idle, 3), "empty_sm_pct_of_busy": round(share, 2),
+                + (f" ({'; '.join(others)})." if others else ".")
+                + (f" Fill against {f.sms} SMs: {f.sms_source}." if f.sms else ""),
+                {"underfilled_ms": round(under, 3), "sms": f.sms, "sms_source": f.sms_source, "empty_sm_ms": round(idle, 3), "empty_sm_pct_of_busy": round(share, 2),
                  "sm_efficiency_pct": f.sm_efficiency_pct, "occupancy_pct": f.occupancy_pct,
                  "priced_ms": round(mine, 3), "busy_share": round(device_bound(v), 3)}, items)],
             fix=Fix("Give each launch more work: a larger micro-batch (fewer accumulation steps), fuse small "

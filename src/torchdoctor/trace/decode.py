@@ -62,6 +62,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
     warps_per_sm: float = msgspec.field(default=math.nan, name="warps per SM")
     occupancy_pct: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
+    # The launch grid ([x, y, z]): read only for kernels without `blocks per SM` (Kineto writes -1
+    # there when the device's SM count is unknown), whose fill is then grid / the table's SMs.
+    grid: msgspec.Raw = _NO_RAW
     # record_shapes=True: kept as raw JSON text (no list is built) and read only for the ops
     # model.keeps_shapes accepts (Concrete Inputs: for convolutions only).
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
@@ -81,6 +84,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
 NO_ARGS = Args()
 _COLL_KEYS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
               "Seq")
+# (Args field, JSON key) of the collective metadata, for the lenient path's keyword construction.
+_COLL_FIELDS = tuple(zip(("coll_name", "coll_dtype", "in_nelems", "out_nelems", "group_size", "pg_name", "seq"),
+                         _COLL_KEYS, strict=True))
 
 
 # Padding, not data, for Event and ExactEvent: 7 slots make an event as big as an Args (both in
@@ -270,24 +276,29 @@ class Columns:
                            _keep_rows(coll, keep)))
 
     def _launch_rows(self, cat: np.ndarray, args: list[Args]) -> tuple[np.ndarray, ...]:
-        """(positions, blocks per SM, warps per SM, est. achieved occupancy %) of the piece's kernels.
+        """(positions, blocks per SM, warps per SM, est. achieved occupancy %, grid blocks) of the
+        piece's kernels.
 
         Sparse: only kernels carry these args, so only their rows are kept (float32, NaN for an
         absent value); the other events are not looked at (C-level gathers, no per-event Python).
         Blocks/warps <= 0 (Kineto writes -1 without the device's SM count) and a negative occupancy
-        count as absent; an occupancy of 0 is real (Kineto rounds it to whole percent).
+        count as absent; an occupancy of 0 is real (Kineto rounds it to whole percent). Grid
+        blocks (the product of `grid`) only where blocks per SM is absent (rare: parsed per kernel).
         """
         is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
         k = np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
         if not k.size:
-            return (k, *(np.zeros(0, np.float32) for _ in range(3)))
+            return (k, *(np.zeros(0, np.float32) for _ in range(4)))
         picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
         b, w, o = (np.fromiter(map(get, picked), np.float64, k.size) for get in (_get_blocks, _get_warps, _get_occ))
         b = np.where(b > 0, b, np.nan).astype(np.float32)
         w = np.where(w > 0, w, np.nan).astype(np.float32)
         o = np.where(o >= 0, o, np.nan).astype(np.float32)
-        some = np.isfinite(b) | np.isfinite(w) | np.isfinite(o)
-        return k[some], b[some], w[some], o[some]
+        g = np.full(k.size, np.nan, np.float32)
+        for j in np.flatnonzero(np.isnan(b)).tolist():
+            g[j] = _grid_blocks(picked[j].grid)
+        some = np.isfinite(b) | np.isfinite(w) | np.isfinite(o) | np.isfinite(g)
+        return k[some], b[some], w[some], o[some], g[some]
 
     def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
         """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them."""
@@ -387,7 +398,7 @@ class Columns:
         sizes = [p[0].size for p in self.parts]
         offsets = np.cumsum([0, *sizes[:-1]])
         launch = [np.concatenate([p[9][0] + off for p, off in zip(self.parts, offsets, strict=True)])]
-        launch += [np.concatenate([p[9][j] for p in self.parts]) for j in (1, 2, 3)]
+        launch += [np.concatenate([p[9][j] for p in self.parts]) for j in (1, 2, 3, 4)]
         shape_pos = np.concatenate([p[10][0] + off for p, off in zip(self.parts, offsets, strict=True)])
         shape_ids = np.concatenate([p[10][1] for p in self.parts])
         coll_pos = np.concatenate([p[11][0] + off for p, off in zip(self.parts, offsets, strict=True)])
@@ -410,7 +421,8 @@ class Columns:
         lo = np.argsort(rank[launch[0]], kind="stable")
         so = np.argsort(rank[shape_pos], kind="stable")
         co = np.argsort(rank[coll_pos], kind="stable")
-        sparse = Sparse(rank[launch[0]][lo], launch[1][lo], launch[2][lo], launch[3][lo], rank[shape_pos][so],
+        sparse = Sparse(rank[launch[0]][lo], launch[1][lo], launch[2][lo], launch[3][lo], launch[4][lo],
+                        rank[shape_pos][so],
                         shape_ids[so], rank[coll_pos][co], coll_ids[co], coll_seq[co])
         return names, [c[order] for c in cols], sparse
 
@@ -423,6 +435,7 @@ class Sparse:
     blocks_per_sm: np.ndarray  # float32, NaN when absent
     warps_per_sm: np.ndarray
     occupancy: np.ndarray
+    grid_blocks: np.ndarray  # float32 blocks in the launch grid, only where blocks_per_sm is absent
     shape_idx: np.ndarray  # host ops with recorded shapes that model.keeps_shapes accepts
     shape_ids: np.ndarray  # int32 ids into Columns.shapes
     coll_idx: np.ndarray  # events that name a collective (record_param_comms, linked device rows)
@@ -433,7 +446,20 @@ class Sparse:
     def empty() -> Sparse:
         f = np.zeros(0, np.float32)
         i64, i32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return Sparse(i64, f, f, f, i64, i32, i64, i32, i64)
+        return Sparse(i64, f, f, f, f, i64, i32, i64, i32, i64)
+
+
+def _grid_blocks(raw: msgspec.Raw) -> float:
+    """Blocks in a kernel's launch grid ([x, y, z] as JSON), NaN when absent or not positive ints."""
+    if not raw:
+        return math.nan
+    try:
+        g = _any.decode(raw)
+    except msgspec.DecodeError:
+        return math.nan
+    if not isinstance(g, list) or not g or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in g):
+        return math.nan
+    return float(math.prod(g))
 
 
 def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -651,9 +677,12 @@ def _coerce_event(obj: dict[str, Any], etype: type) -> Any:
         dur=num(obj["dur"]) if "dur" in obj else 0.0,
         pid=ident(obj.get("pid")),
         tid=ident(obj.get("tid")),
-        args=Args(iarg("stream"), iarg("correlation"), iarg("bytes"), farg("blocks per SM"), farg("warps per SM"),
-                  farg("est. achieved occupancy %"), rawarg("Input Dims"), rawarg("Input type"),
-                  *(anyarg(k) for k in _COLL_KEYS)),
+        # By keyword: a field added to Args must not shift the others.
+        args=Args(stream=iarg("stream"), correlation=iarg("correlation"), bytes=iarg("bytes"),
+                  blocks_per_sm=farg("blocks per SM"), warps_per_sm=farg("warps per SM"),
+                  occupancy_pct=farg("est. achieved occupancy %"), grid=rawarg("grid"),
+                  input_dims=rawarg("Input Dims"), input_type=rawarg("Input type"),
+                  concrete=rawarg("Concrete Inputs"), **{f: anyarg(k) for f, k in _COLL_FIELDS}),
     )
 
 

@@ -90,7 +90,8 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
     return RankTrace(
         path=path, names=names, cat=cat, name=name, ts=ts, end=end, pid=pid, tid=tid, stream=stream,
         correlation=corr, nbytes=nbytes, launch_idx=sparse.launch_idx, launch_blocks=sparse.blocks_per_sm,
-        launch_warps=sparse.warps_per_sm, launch_occupancy=sparse.occupancy, shape_idx=sparse.shape_idx,
+        launch_warps=sparse.warps_per_sm, launch_occupancy=sparse.occupancy, launch_grid=sparse.grid_blocks,
+        shape_idx=sparse.shape_idx,
         shape_ids=sparse.shape_ids, shapes=cols.shapes, coll_idx=sparse.coll_idx, coll_ids=sparse.coll_ids,
         coll_seq=sparse.coll_seq, colls=cols.colls, rank=rank, rank_source=source,
         world_size=ws if isinstance(ws, int) else None,

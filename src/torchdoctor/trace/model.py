@@ -97,9 +97,10 @@ class RankTrace:
     Sparse columns, for the few events that carry them (sorted event indices + values):
     `launch_idx` with `launch_blocks` / `launch_warps` / `launch_occupancy`, Kineto's kernel args
     `blocks per SM`, `warps per SM`, `est. achieved occupancy %` (float32, NaN when that one is
-    absent); `shape_idx` with `shape_ids`, for host ops `keeps_shapes` accepts recorded with
-    record_shapes, ids into `shapes` = (Input Dims, Input type, Concrete Inputs) as compact JSON
-    text (Concrete Inputs for CONV_OPS only, else b""); `coll_idx` with `coll_ids` and
+    absent) and `launch_grid` (blocks in the grid, kept only where `blocks per SM` is absent);
+    `shape_idx` with `shape_ids`, for host ops `keeps_shapes` accepts recorded with record_shapes,
+    ids into `shapes` = (Input Dims, Input type, Concrete Inputs) as compact JSON text (Concrete
+    Inputs for CONV_OPS only, else b""); `coll_idx` with `coll_ids` and
     `coll_seq`, for events that name a collective (record_param_comms ops and, in 2026 Kineto, the
     device rows linked to them): ids into `colls` = (collective name, dtype, in nelems, out nelems,
     group size, process group name) and the call's sequence number in its group (-1 when absent). `launch_of` / `shape_of` look
@@ -122,6 +123,7 @@ class RankTrace:
     launch_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     launch_warps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     launch_occupancy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    launch_grid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     shape_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     shape_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     shapes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
@@ -171,6 +173,14 @@ class RankTrace:
             return np.where(hit, col[at], np.nan).astype(np.float32)
 
         return pick(self.launch_blocks), pick(self.launch_warps), pick(self.launch_occupancy)
+
+    def grid_of(self, idx: np.ndarray) -> np.ndarray:
+        """Blocks in the launch grid of events `idx` (float32), NaN where absent or where Kineto's
+        `blocks per SM` is known (the grid is only kept to stand in for it)."""
+        at, hit = _find(self.launch_idx, idx)
+        if not self.launch_grid.size:
+            return np.full(at.size, np.nan, np.float32)
+        return np.where(hit, self.launch_grid[at], np.nan).astype(np.float32)
 
     def shape_of(self, idx: np.ndarray) -> np.ndarray:
         """Ids into `shapes` of events `idx`, -1 where no shape was recorded (or kept)."""
