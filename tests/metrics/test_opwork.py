@@ -148,3 +148,24 @@ def test_gemm_bytes_count_the_bias():
     # addmm(bias[96], x[1024, 512], W^T[512, 96]) fp32: reads 96 + 1024*512 + 512*96, writes 1024*96.
     w = gemm_work("aten::addmm", [[96], [1024, 512], [512, 96], [], []], ["float"] * 3 + ["Scalar"] * 2)
     assert w.nbytes == (96 + 1024 * 512 + 512 * 96 + 1024 * 96) * 4
+
+
+def test_an_op_with_several_runtime_calls_but_one_kernel_gets_its_bytes(tmp_path):
+    # aten::sum with a cudaMemsetAsync before its launch: two runtime calls, one kernel.
+    b = TraceBuilder(device_name="NVIDIA H100 80GB HBM3")
+    b.step(1, 0.0, 1_000.0)
+    b.op("aten::sum", 100.0, 20.0, dims=[[1024, 4096], [], [], []], types=["float", "", "Scalar", ""])
+    b.runtime("cudaMemsetAsync", 102.0, 2.0)
+    corr = b.runtime("cudaLaunchKernel", 110.0, 5.0)
+    b.kernel("reduce_kernel<512, 1>", 200.0, 20.0, corr=corr)
+    # An op launching two kernels: its bytes go to neither, and both say why.
+    b.op("aten::mul", 300.0, 20.0, dims=[[64, 64], [64, 64]], types=["float", "float"])
+    for t in (302.0, 310.0):
+        c = b.runtime("cudaLaunchKernel", t, 5.0)
+        b.kernel("vectorized_elementwise_kernel<4, mul>", t + 100, 10.0, corr=c)
+    tr = load_trace(str(b.write(tmp_path / "t.json")))
+    w = kernel_work(Context(tr, choose_window(tr, "all")))
+    red = int(np.flatnonzero(tr.name == tr.names.index("reduce_kernel<512, 1>"))[0])
+    assert w.nbytes[red] == 1024 * 4096 * 4
+    muls = np.flatnonzero(tr.name == tr.names.index("vectorized_elementwise_kernel<4, mul>")).tolist()
+    assert all(np.isnan(w.nbytes[k]) and "launched 2 kernels" in w.why(k) for k in muls)

@@ -143,7 +143,7 @@ def _assign(out: KernelWork, k: np.ndarray, w: np.ndarray, works: _Works) -> Non
 
 
 def _give(ctx: Context, out: KernelWork, op: str, wi: int, kernels: list[int], works: _Works) -> None:
-    """One op call that launched several kernels (module docstring)."""
+    """One op call outside the vectorised case: several launch calls or kernels (module docstring)."""
     tr = ctx.tr
     if op in SHAPE_OPS or op in CONV_OPS:
         main = [k for k in kernels if int(ctx.kind[k]) in MAIN_KINDS]
@@ -155,6 +155,9 @@ def _give(ctx: Context, out: KernelWork, op: str, wi: int, kernels: list[int], w
             if j != k and out.why_id[j] < 0:
                 out.why_id[j] = helper
         _assign(out, np.array([k]), np.array([wi]), works)
+        return
+    if len(kernels) == 1:  # several launch calls (a memset, a copy...) but one kernel
+        _assign(out, np.array(kernels), np.array([wi]), works)
         return
     why = out.string_id(f"{op} launched {len(kernels)} kernels: its bytes are not split between them")
     for j in kernels:
