@@ -94,8 +94,10 @@ class StepClock:
             if self.source != Source.NONE:
                 self._fold_into_step_zero()
             self.source = source
-            if source == Source.DATALOADER and self.index == 0 and not any(self.acc):
-                return None  # first batch request: it opens step 0, closes nothing
+            if source == Source.DATALOADER and self.index == 0 and not any(self.acc[: Phase.DATA_UNREADY]):
+                # First batch request: it opens step 0, closes nothing (the marks outside the
+                # split, e.g. the epoch start of the loader's __iter__ just before, stay in step 0).
+                return None
         closed = self.index
         if not self.skip(closed) and len(self.rows) < _MAX_STEPS:
             # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
