@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from torchdoctor.facts import CpuFacts, DDPFacts, EmbeddingFacts, FSDPFacts, StepTiming
 from torchdoctor.metrics.model import CommLayout
 from torchdoctor.metrics.ranks import CrossRank, RankWait
@@ -265,3 +267,21 @@ def test_di14_ib_on_single_node_or_gloo_is_info():
 
 def test_di14_silent_on_clean_env():
     assert run("DI-14", (None, gpu_facts(env={"NCCL_DEBUG": "WARN"}, distributed_backend="nccl"))) == []
+
+
+def test_the_profilers_own_inflation_of_the_window_is_not_exposed_communication():
+    from torchdoctor.rules._comm import exposed_comm_ms
+    from torchdoctor.rules._common import views
+
+    from .conftest import inputs
+
+    # The profiled window's steps take 70 ms (40% of them exposed collectives: 28 ms); unprofiled,
+    # the probe timed 50 ms steps: 20 ms per step is the profiler's, not the job's.
+    r = gpu_result(step_ms=70.0, comm_exposed_pct=40.0, comm_pct=40.0)
+    f = gpu_facts(steps=[StepTiming(step=i, total_ms=50.0) for i in range(20)])
+    (v,) = views(inputs((r, f)))
+    assert v.profiler_inflation_ms == pytest.approx(20.0)
+    assert exposed_comm_ms(v) == pytest.approx(8.0)
+    # Without the probe's timings (a trace alone), the window's figure stands.
+    (v,) = views(inputs((r, None)))
+    assert exposed_comm_ms(v) == pytest.approx(28.0)

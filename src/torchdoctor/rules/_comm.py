@@ -63,8 +63,11 @@ BIG_EMBEDDING_SHARE = 0.25
 # --- the exposed-comm budget -----------------------------------------------------------------------
 
 def exposed_comm_ms(v: View) -> float:
+    """Exposed communication per step: the window's, less the profiler's own inflation of the window
+    (View.profiler_inflation_ms, all of it counted against communication: a lower bound, as a claim
+    should be); else DDP's logging data; else the probe's timings."""
     if v.r is not None and v.r.window.steps:
-        return v.window_ms(v.r.metrics.comm_exposed_pct)
+        return max(0.0, v.window_ms(v.r.metrics.comm_exposed_pct) - v.profiler_inflation_ms)
     d = ddp(v)
     if d is not None and d.avg_backward_comm_time_ns is not None:
         return max(0.0, (d.avg_backward_comm_time_ns - (d.avg_backward_compute_comm_overlap_time_ns or 0)) / 1e6)

@@ -97,6 +97,15 @@ class View:
         """The probe's step timings without leading warm-up steps."""
         return steady(self.f.steps) if self.f is not None else []
 
+    @property
+    def profiler_inflation_ms(self) -> float:
+        """How much longer the profiled window's steps ran than the probe's unprofiled steps (ms per
+        step, >= 0; 0 without both). Kineto's per-event cost lands in whatever the window recorded
+        densely (hundreds of small collectives, say): time the job does not lose without the profiler."""
+        if self.r is None or not self.r.window.steps or not self.step_ms or not self.timed:
+            return 0.0
+        return max(0.0, self.step_ms - float(np.median([s.total_ms for s in self.timed])))
+
     def facts_median(self, attr: str) -> float | None:
         """Median over the probe's steady-state step timings of one StepTiming field."""
         if not self.timed:
