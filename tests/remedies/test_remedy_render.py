@@ -34,14 +34,17 @@ def outcome(remedies: list[ABRemedy], geomean: float = 1.6, interval=(1.5, 1.7))
 
 def test_estimate_next_to_measured_for_the_set_and_each_remedy():
     loo = "treated / treated without it, per round (leave-one-out)"
-    o = outcome([ABRemedy("dataloader.workers", True, geomean=1.5, interval=[1.4, 1.6], pairs=3, method=loo),
+    o = outcome([ABRemedy("dataloader.workers=3", True, geomean=1.5, interval=[1.4, 1.6], pairs=3, method=loo),
                  ABRemedy("debug.off", True, geomean=1.07, interval=[0.98, 1.1], pairs=3, method=loo),
                  ABRemedy("optim.fused", False, reason="refused: no accelerator")])
     got = estimate_vs_measured(o, {"dataloader.workers": 30.0, "debug.off": 8.0, "optim.fused": 12.0})
-    assert got["estimated_pct"] == 38.0  # the refused remedy ran in no arm: not in the set's estimate
+    # The remedy ran with its value ("=3"); the finding named its id. The refused remedy ran in no
+    # arm: not in the set's estimate.
+    assert got["estimated_pct"] == 38.0
     assert got["measured_pct"] == 37.5 and got["measured_interval_pct"] == [33.3, 41.2]
     assert got["per_remedy"] == [
-        {"id": "dataloader.workers", "estimated_pct": 30.0, "measured_pct": 33.3, "measured_interval_pct": [28.6, 37.5]},
+        {"id": "dataloader.workers=3", "estimated_pct": 30.0, "measured_pct": 33.3,
+         "measured_interval_pct": [28.6, 37.5]},
         {"id": "debug.off", "estimated_pct": 8.0, "measured_pct": 6.5, "measured_interval_pct": [-2.0, 9.1]},
     ]
 
