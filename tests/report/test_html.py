@@ -179,9 +179,9 @@ def assert_drawn(page, expected_plots: int) -> None:
 def test_real_trace_in_chromium(chromium: str, real_report: Report, tmp_path: Path):
     out = H.write_html(with_findings(real_report, ab=True), tmp_path / "a100_rank3.html")
     page = load_page(chromium, out, tmp_path)
-    # A/B, timeline, steps and kernels of the one rank.
-    assert_drawn(page, 4)
-    assert 'id="fig-timeline"' in page.dom and "rank 3" in page.dom
+    # A/B, timeline, steps, kernels and roofline (an A100: a known device) of the one rank.
+    assert_drawn(page, 5)
+    assert 'id="fig-timeline"' in page.dom and "rank 3" in page.dom and 'id="fig-roofline-' in page.dom
     png = screenshot(chromium, out, tmp_path / "a100_rank3.png", tmp_path, size="1400,2900")
     keep_screenshot(png)
 
@@ -199,7 +199,7 @@ def test_multi_rank_in_chromium(chromium: str, multi_report: Report, tmp_path: P
 def test_many_ranks_packed_figures_in_chromium(chromium: str, real_report: Report, tmp_path: Path):
     out = H.write_html(many_ranks(real_report, 600), tmp_path / "many.html")
     assert 'data-encoding="gzip+base64">' in out.read_text()
-    assert_drawn(load_page(chromium, out, tmp_path), 4)
+    assert_drawn(load_page(chromium, out, tmp_path), 5)  # timeline, heat map, the focused rank's steps, kernels, roofline
 
 
 def test_script_in_kernel_name_renders_as_text(chromium: str, tmp_path: Path):
