@@ -244,7 +244,15 @@ def contention(on: bool):
         yield None
         return
     cpu = max(os.sched_getaffinity(0))
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+    def pinned_and_tied() -> None:
+        os.sched_setaffinity(0, {cpu})
+        with contextlib.suppress(Exception):  # Linux: the loop dies with us, even if we are killed
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=pinned_and_tied)
     try:
         yield proc
     finally:
