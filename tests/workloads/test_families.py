@@ -7,6 +7,7 @@ process-wide torch settings the pathologies change are restored after every test
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -105,8 +106,10 @@ def test_schedule_counterbalances_and_reaches_30_healthy_runs():
     first = [c for c, r in plan if r == 0]
     second = [c for c, r in plan if r == 1]
     assert second == first[::-1]
-    # ddp: 6 CPU pathologies -> healthy, healthy+load, 6 singles, 15 pairs; lm, mlp: 4 -> 2 + 4 + 6.
-    assert len(first) == 23 + 12 + 12
+    # ddp: 6 CPU pathologies -> healthy, healthy+load, 6 singles, 15 pairs; lm: 4 -> 2 + 4 + 6; mlp the
+    # same less its void pair (non_persistent_workers means nothing with main_process_loader's num_workers=0).
+    assert len(first) == 23 + 12 + 11
+    assert not any(acc.void(c.injected) for c in first) and acc.void(("main_process_loader", "non_persistent_workers"))
     quick = acc.schedule(fams[1:], repeats=1, healthy_runs=0, quick=True)
     assert len(quick) == 12 and all(len(c.injected) <= 1 for c, _ in quick)
 
@@ -161,3 +164,43 @@ def test_scoring_on_hand_made_runs():
     assert acc.percentile(tally.errors, 50) == 5.0
     assert acc.percentile(tally.errors, 90) == pytest.approx(13.6)
     assert tally.row("mlp")[:8] == ["mlp", "6", "9/10", "57% (4/7)", "67% (4/6)", "1/2", "1", "5.0"]
+
+
+def test_established_gains_and_rescoring(tmp_path):
+    acc = load_accuracy()
+    F, R = acc.FindingRec, acc.RunRec
+    dl, an = "main_process_loader", "anomaly_detection"
+
+    def run(injected, rnd, step, *findings):
+        return R("lm", tuple(sorted(injected)), False, rnd, 0, exit_code=0, step_ms=step, findings=list(findings))
+
+    runs = [
+        run((), 0, 100.0), run((), 1, 100.0),
+        # main_process_loader: a gain in both rounds (established).
+        run((dl,), 0, 200.0, F("DL-2", "critical", 50.0, "dataloader.workers")),
+        run((dl,), 1, 190.0, F("DL-2", "critical", 48.0, "dataloader.workers")),
+        # anomaly_detection: a median of +9% that one round contradicts (noise, not established).
+        run((an,), 0, 125.0), run((an,), 1, 95.0),
+        # A void pair: run, kept in the raw file, never scored.
+        run((dl, "non_persistent_workers"), 0, 210.0),
+    ]
+    gains, scored = acc.score_all([r for r in runs if not acc.void(r.injected)])
+    g_an = gains[runs[4].case][an]
+    assert g_an.median >= acc.MIN_GAIN_PCT and g_an.lo < 0 and not acc.established(g_an)
+    assert acc.established(gains[runs[2].case][dl])
+    s = {r.case.label + str(r.round): sc for r, sc in scored}
+    assert s["anomaly_detection0"].top1 is False and s["anomaly_detection0"].top1_established is None
+    assert s["anomaly_detection0"].relevant == [an] and s["anomaly_detection0"].relevant_established == []
+    assert s["main_process_loader0"].top1_established is True and s["main_process_loader0"].raised_established == [dl]
+
+    meta = {"command": "test", "date": "2026-12-02T00:00:00", "wall_min": 1.0, "machine": acc.machine(),
+            "families": ["lm"], "repeats": 2, "healthy_runs": 0, "quick": False}
+    acc.write_results(runs, meta, tmp_path / "a.md")
+    raw = json.loads((tmp_path / "a.json").read_text())
+    assert len(raw["runs"]) == 7 and [r["void"] for r in raw["runs"]].count(True) == 1
+    assert acc.main(["--rescore", str(tmp_path / "a.json"), "--results", str(tmp_path / "b.md")]) == 0
+    text = (tmp_path / "b.md").read_text()
+    assert "scored again" in text
+    # lm row: recall 2 of 4 (no finding for the noisy anomaly gain); over established gains only: 2/2, 2/2.
+    row = next(line for line in text.splitlines() if line.startswith("| lm |"))
+    assert "| 50% (2/4) |" in row and row.rstrip(" |").endswith("100% (2/2) | 100% (2/2)")
