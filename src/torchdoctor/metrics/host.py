@@ -15,7 +15,8 @@ HOST_PHASES = ("data", "forward", "backward", "optimizer", "comm", "other")
 
 
 def enclosing_ops(ctx: Context, idx: np.ndarray) -> tuple[list[str], list[str]]:
-    """For each event in `idx`: (innermost, outermost) enclosing cpu_op on its thread, "" if none."""
+    """For each event in `idx`: (innermost, outermost) enclosing cpu_op on its thread, "" if none
+    (an event never encloses itself: for a cpu_op in `idx`, its parent and its root)."""
     tr = ctx.tr
     ops = np.flatnonzero(tr.mask(Cat.CPU_OP) & ctx.host)
     inner: list[str] = []
@@ -33,12 +34,12 @@ def enclosing_ops(ctx: Context, idx: np.ndarray) -> tuple[list[str], list[str]]:
         name_in = name_out = ""
         # Innermost: the latest-starting op that still encloses the call (nesting is shallow).
         for j in range(k - 1, max(k - 64, 0) - 1, -1):
-            if ends[j] >= t1:
+            if ends[j] >= t1 and sel[j] != i:
                 name_in = tr.names[tr.name[sel[j]]]
                 break
         # Outermost: the first op whose end reaches past the call (prefix max of ends is sorted).
         j0 = int(np.searchsorted(prefix_max, t1, side="left")) if prefix_max.size else 0
-        if j0 < k and ends[j0] >= t1:
+        if j0 < k and ends[j0] >= t1 and sel[j0] != i:
             name_out = tr.names[tr.name[sel[j0]]]
         inner.append(name_in)
         outer.append(name_out or name_in)

@@ -241,22 +241,13 @@ def anomaly_checks(ctx: Context) -> list[int]:
     children, e.g. aten::ne under aten::isnan, are inside them).
     """
     tr = ctx.tr
-    host_ops = ctx.host & tr.mask(Cat.CPU_OP)
-    cand = host_ops & ctx.in_window & tr.name_mask(ANOMALY_CHECK_OPS.__contains__)
+    cand = ctx.host & tr.mask(Cat.CPU_OP) & ctx.in_window & tr.name_mask(ANOMALY_CHECK_OPS.__contains__)
     if not (cand & tr.name_mask(lambda n: n == "aten::_is_any_true")).any():
         return []  # the common case: no anomaly mode, nothing to walk
-    count = total = 0
-    for tid in np.unique(tr.tid[cand]):
-        ops = np.flatnonzero(host_ops & (tr.tid == tid))
-        ts, ends = tr.ts[ops], tr.end[ops]
-        for i in np.flatnonzero(cand & (tr.tid == tid)):
-            # Innermost enclosing op other than the check itself (nesting is shallow).
-            k = int(np.searchsorted(ts, tr.ts[i], side="right"))
-            parent = next((ops[j] for j in range(k - 1, max(k - 64, 0) - 1, -1)
-                           if ops[j] != i and ends[j] >= tr.end[i]), None)
-            if parent is not None and tr.names[tr.name[parent]].startswith("autograd::engine::evaluate_function:"):
-                count += 1
-                total += int(tr.end[i] - tr.ts[i])
+    idx = np.flatnonzero(cand)
+    parents, _ = enclosing_ops(ctx, idx)
+    mine = np.array([p.startswith("autograd::engine::evaluate_function:") for p in parents], bool)
+    count, total = int(mine.sum()), int((tr.end[idx[mine]] - tr.ts[idx[mine]]).sum())
     return [count, total] if count else []
 
 
