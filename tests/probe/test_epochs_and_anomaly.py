@@ -71,3 +71,27 @@ def test_a_failing_anomaly_timer_changes_nothing(tmp_path):
     facts = facts_of(tmp_path / "run")
     assert [e.split(":")[0] for e in facts["probe_errors"]] == ["anomaly"]  # recorded once, then skipped
     assert all(s.get("anomaly_stack_ms", 0.0) == 0.0 for s in facts["steps"])
+
+
+NAN_JOB = """
+import torch
+torch.autograd.set_detect_anomaly(True)
+x = torch.tensor([-1.0, 4.0], requires_grad=True)
+for step in range(3):
+    y = torch.sqrt(x * (1.0 if step < 2 else 1.0)).sum()  # sqrt(-1): its backward returns nan
+    try:
+        y.backward()
+    except RuntimeError as exc:
+        print("caught:", str(exc).splitlines()[0])
+"""
+
+
+def test_anomaly_tracebacks_show_no_probe_frame(tmp_path):
+    # Anomaly mode prints the forward's stack when a backward returns nan: the timer around the
+    # stack recording must not add a frame of its own to it.
+    job = script(tmp_path, NAN_JOB)
+    plain = run_plain(job)
+    wrapped = run_wrapped(tmp_path / "run", job)
+    assert plain.returncode == wrapped.returncode == 0
+    assert "Traceback of forward call that caused the error" in plain.stderr
+    assert wrapped.stdout == plain.stdout and job_stderr(wrapped.stderr) == plain.stderr

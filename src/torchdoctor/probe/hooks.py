@@ -101,15 +101,24 @@ def _anomaly_stacks(probe: Probe) -> None:
 
     def format_stack(*args: Any, **kwargs: Any) -> Any:
         if not timed():
-            return orig(*args, **kwargs)
+            return without_own_frame(orig(*args, **kwargs))
         t0 = perf_counter()
         try:
-            return orig(*args, **kwargs)
+            return without_own_frame(orig(*args, **kwargs))
         finally:
             try:
                 probe.clock.add(Phase.ANOMALY_STACKS, perf_counter() - t0)
             except Exception as exc:  # never into autograd's call
                 ERRORS.record("anomaly", exc)
+
+    own_file = f'File "{format_stack.__code__.co_filename}"'
+
+    def without_own_frame(stack: Any) -> Any:
+        # torch drops only its own frame from the stack it records: drop this wrapper's too, or
+        # anomaly mode's "Traceback of forward call" would show a torchdoctor line.
+        if isinstance(stack, list) and stack and isinstance(stack[-1], str) and own_file in stack[-1]:
+            return stack[:-1]
+        return stack
 
     format_stack._torchdoctor_timed = True  # type: ignore[attr-defined]
     format_stack.__wrapped__ = orig  # type: ignore[attr-defined]
