@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..advice.workers import advise_workers, workers_wait_on_io
+from ..facts import StepTiming
 from ._common import (
     View,
     at,
@@ -62,7 +63,6 @@ class EpochStarts:
     wait_share: float  # sum over epoch starts of (data wait - median data wait) / total time
     unready_at_starts: float  # share of all unready data wait that falls in epoch-start steps
     excess_ms: float  # mean excess of one epoch start, ms
-
     every: float  # steps per epoch: the median spacing of epoch starts (steps / starts if one)
 
 
@@ -75,15 +75,19 @@ def epoch_starts(v: View) -> EpochStarts | None:
     total = sum(s.total_ms for s in timed)
     med_step = float(np.median([s.total_ms for s in timed]))
     med_wait = float(np.median([s.dataloader_ms for s in timed]))
-    unready = [s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms for s in timed]
-    at_starts = sum(u for u, s in zip(unready, timed, strict=True) if s.epoch_starts)
+    unready = sum(unready_ms(s) for s in timed)
+    at_starts = sum(unready_ms(s) for s in starts)
     excess = sum(max(0.0, s.total_ms - med_step) for s in starts)
     wait = sum(max(0.0, s.dataloader_ms - med_wait) for s in starts)
     gaps = np.diff([s.step for s in starts])
     return EpochStarts(len(timed), len(starts), excess / total, min(excess, wait) / total,
-                       at_starts / sum(unready) if sum(unready) > 0 else 0.0, excess / len(starts),
+                       at_starts / unready if unready > 0 else 0.0, excess / len(starts),
                        float(np.median(gaps)) if gaps.size else len(timed) / len(starts))
 
+
+def unready_ms(s: StepTiming) -> float:
+    """The step's wait for batches not produced yet (all of its wait when readiness is unknown)."""
+    return s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms
 
 
 def step_waits(v: View) -> tuple[list[float], list[float]]:
@@ -98,8 +102,7 @@ def step_waits(v: View) -> tuple[list[float], list[float]]:
     rows = v.r.steps if v.r is not None else []
     timed = [s for s in v.timed if not s.epoch_starts]
     if len(timed) > len(rows):
-        return ([s.dataloader_ms if s.dataloader_unready_ms is None else s.dataloader_unready_ms for s in timed],
-                [s.total_ms for s in timed])
+        return [unready_ms(s) for s in timed], [s.total_ms for s in timed]
     return [s.dataloader_exposed_ms for s in rows], [s.dur_ms for s in rows]
 
 
