@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from torchdoctor import runner
 from torchdoctor.probe import config as probe_config
@@ -110,12 +110,25 @@ def estimates_of(findings: Sequence[Any]) -> dict[str, float]:
     return out
 
 
-def _what_to_try(command: Sequence[str], opts: FixOptions, out: str
-                 ) -> tuple[list[select.Choice], dict[str, str], dict[str, str], select.JobFacts | None, str | None, int]:
-    """(choices, refused by precondition, unknown ids, facts, diagnosis run dir, exit code)."""
+class ToTry(NamedTuple):
+    """What the diagnosis (or the user) asks `fix` to try, and what the diagnosis estimated."""
+
+    choices: list[select.Choice]
+    refused: dict[str, str]  # by precondition
+    unknown: dict[str, str]  # ids the catalogue does not know
+    facts: select.JobFacts | None
+    diag_dir: str | None  # the diagnosis run directory
+    exit_code: int
+    estimates: dict[str, float] | None = None  # remedy id -> % of the step its findings claim
+
+
+def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
+    from torchdoctor.session import report_from_run_dir
+
     if opts.apply not in LEVELS:
         specs, unknown = catalogue.parse_all(opts.apply.split(","))
-        return [select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0
+        estimates = estimates_of(report_from_run_dir(opts.from_run).findings) if opts.from_run else None
+        return ToTry([select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0, estimates)
     diag_dir = opts.from_run
     if diag_dir is None:
         diag_dir = os.path.join(out, "diagnose")
@@ -123,13 +136,11 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str
         steps = max(opts.steps, window[1] + 2) if opts.steps else None
         diag = run_arm(command, Arm("D", "diagnosis", [], diag_dir), opts, profile=window, steps=steps)
         if not diag.ok:
-            return [], {}, {}, None, diag_dir, diag.exit_code
-    from torchdoctor.session import report_from_run_dir
-
+            return ToTry([], {}, {}, None, diag_dir, diag.exit_code)
     report = report_from_run_dir(diag_dir)
     jf = select.JobFacts([r.facts for r in report.ranks if r.facts is not None])
     choices, refused = select.finalize(select.choose(report.findings, opts.apply), jf)
-    return choices, refused, {}, jf, diag_dir, 0
+    return ToTry(choices, refused, {}, jf, diag_dir, 0, estimates_of(report.findings))
 
 
 def round_order(k: int, arms: Sequence[T]) -> list[T]:
@@ -295,7 +306,7 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     """The whole loop; returns (exit code, outcome). Writes nothing but run directories."""
     out = opts.out or runner.default_run_dir() + "-fix"
     os.makedirs(out, exist_ok=True)
-    choices, refused, unknown, jf, diag_dir, code = _what_to_try(command, opts, out)
+    choices, refused, unknown, jf, diag_dir, code, estimates = _what_to_try(command, opts, out)
     if code:
         render.failed("the diagnosis run", code, os.path.join(diag_dir or out, "job.log"))
         return code, None
@@ -317,11 +328,6 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
     changes = changes_for(kept, applied)
-    estimates = None
-    if diag_dir is not None:
-        from torchdoctor.session import report_from_run_dir
-
-        estimates = estimates_of(report_from_run_dir(diag_dir).findings)
     render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir, estimates)
     return 0, outcome
 
