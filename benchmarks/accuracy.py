@@ -12,8 +12,10 @@ that should name it and the remedy that should fix it):
   lm    ``torchdoctor.workloads.lm``: a causal transformer LM, tokenising dataset;
   mlp   ``torchdoctor.workloads.mlp``: a residual MLP on records, short epochs.
 
-Cases per family: healthy; healthy under CPU contention ("healthy+load"); each pathology alone;
-each pair (``--quick``: no pairs, one repeat), except VOID_PAIRS (one cannot act while the other is on). The contention is one pure-Python busy loop
+Cases per family: healthy; healthy under CPU contention ("healthy+load"); each pathology alone,
+with a healthy run again after every BRACKET_EVERY singles (each single's reference is then a
+healthy run close by on both sides); each pair (``--quick``: no pairs, one repeat), except
+VOID_PAIRS (one cannot act while the other is on). The contention is one pure-Python busy loop
 (``while True: pass``) at nice 0 pinned to the last CPU of the driver's affinity mask, started
 just before the job and killed when it ends: it takes up to one core's time from the job (on 2
 cores, half the machine); a "+load" run trains ``Family.load_steps`` steps (a 2-thread job runs
@@ -26,19 +28,27 @@ Definitions (all per family):
   step(run)    mean steady-state step of the slowest rank, ms, from the report's probe facts
                (``ranks[].facts.steps[].total_ms``): profiler-window steps left out and then the
                first ``warmup_steps(n)`` steps, as ``remedies/measure.py::rank_rate`` does.
-  step(S)      median of step(run) over the runs of case S.
-  gain(P, S)   measured gain of pathology P in case S = (step(S) - step(S - P)) / step(S) x 100,
-               S - P the case without P (healthy for a single, the single for a pair). Its spread:
-               min..max over rounds of the same quotient on the runs of one round.
+  ref(run, P)  the step of the same case without P (S - P: healthy for a single, the single for a
+               pair) at the time of the run: linear interpolation, in run order, between the run
+               of S - P just before and the one just after (one side when the other has none), so
+               a drift of the machine's speed that is linear over that stretch cancels.
+  gain(P, S)   measured gain of pathology P in case S, % of the step: 1 - 1/g, g the geometric
+               mean over the runs of S of the pair ratios step(run) / ref(run, P). Its interval:
+               the 90% percentile bootstrap of ``fix``'s verdicts (remedies/verdict.py: the same
+               resamples and seed) when there are >= MIN_PAIRS runs of S, else min..max of the
+               pairs (marked * in the tables).
   relevant     the injected pathologies with gain >= MIN_GAIN_PCT.
-  established  a relevant gain whose spread stays above 0 (it shows in every round that paired);
-               top-1 and recall are also reported over established gains only, because with two
-               rounds a median above 5% can be the noise of a shared machine.
+  established  relevant by measurement: the gain's interval lies above MIN_GAIN_PCT. Top-1 and
+               recall are reported over all relevant gains and over established gains only;
+               "ruled out" (interval below MIN_GAIN_PCT) and "undetermined" (interval across it)
+               gains are left out of the established scores, and the undetermined ones counted.
   warning+     a finding of severity warning or critical.
   top-1        the report's first finding (its ranking: recoverable_pct) is one of the expected
                rules of the injected pathology with the largest gain; a case whose largest gain
                is < MIN_GAIN_PCT has no measured cause to rank and is not scored; a healthy case
-               is correct when the report has no warning+ finding.
+               is correct when the report has no warning+ finding. Over established gains, a
+               pathology whose interval reaches the largest one's lower bound ties with it (the
+               measurement does not rank the two), and naming either first is right.
   recall       share of the relevant pathologies raised at warning+ by one of their rules.
   false warn.  healthy cases: warning+ findings (and the runs with any); pathological cases:
                warning+ findings mapping to no injected pathology (counted apart).
@@ -52,8 +62,9 @@ step time.
 Writes ``--results`` (default benchmarks/results/accuracy.md) and the raw numbers next to it
 (.json); prints the tables. A run that fails is recorded (exit code, log) and the matrix goes on.
 
-    .venv/bin/python benchmarks/accuracy.py                         # the full matrix: 110 runs, ~45 min
-    .venv/bin/python benchmarks/accuracy.py --family mlp --quick    # 6 runs, ~1.5 min on 2 quiet cores
+    .venv/bin/python benchmarks/accuracy.py                         # the full matrix, 2 rounds: ~130 runs, ~50 min
+    .venv/bin/python benchmarks/accuracy.py --quick --repeats 5     # singles, 5 rounds: intervals for every gain
+    .venv/bin/python benchmarks/accuracy.py --family mlp --quick    # 9 runs, ~2.5 min on 2 quiet cores
     .venv/bin/python benchmarks/accuracy.py --family lm,mlp --repeats 3 --healthy-runs 4
     .venv/bin/python benchmarks/accuracy.py --rescore benchmarks/results/accuracy.json   # score again, no run
 """
@@ -82,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.remedies.measure import warmup_steps
+from torchdoctor.remedies.verdict import CONFIDENCE, MIN_PAIRS, paired
 from torchdoctor.workloads.cli import DEMO_RANKS, demo_command
 from torchdoctor.workloads.pathologies import GPU_ONLY
 from torchdoctor.workloads.pathologies import PATHOLOGIES as DEMO_PATHOLOGIES
@@ -92,6 +104,7 @@ MIN_GAIN_PCT = 5.0  # a pathology costing less than this share of the step is no
 WARN = ("warning", "critical")
 RUN_TIMEOUT_S = 600
 BUSY_LOOP = "while True: pass"
+BRACKET_EVERY = 2  # a healthy run after every this many singles: each single's reference is close by
 
 
 @dataclass(frozen=True)
@@ -207,10 +220,15 @@ class RunRec:
 
 # --- the matrix ---------------------------------------------------------------------------------
 
-def family_cases(fam: Family, quick: bool) -> list[Case]:
-    """healthy, healthy+load, each pathology alone and (unless quick) each pair."""
-    cases = [Case(fam.name, ()), Case(fam.name, (), load=True)]
-    cases += [Case(fam.name, (p,)) for p in fam.pathologies]
+def family_cases(fam: Family, quick: bool, bracket: int = BRACKET_EVERY) -> list[Case]:
+    """One round of a family: healthy+load, healthy, the singles with a healthy run again after
+    every ``bracket`` of them (so that each single has a healthy run close on both sides: its
+    reference), then (unless quick) each pair."""
+    healthy = Case(fam.name, ())
+    cases = [Case(fam.name, (), load=True), healthy]
+    singles = [Case(fam.name, (p,)) for p in fam.pathologies]
+    for i in range(0, len(singles), bracket):
+        cases += [*singles[i:i + bracket], healthy]
     if not quick:
         cases += [Case(fam.name, tuple(sorted(pair))) for pair in itertools.combinations(fam.pathologies, 2)
                   if not void(pair)]
@@ -366,34 +384,63 @@ def steady_step_ms(facts: dict[str, Any]) -> float | None:
 
 @dataclass
 class Gain:
-    """Measured gain of one pathology in one case, % of the case's step."""
+    """Measured gain of one pathology in one case, % of the case's step (module docstring)."""
 
-    median: float
-    lo: float
+    pct: float  # 1 - 1/geometric mean of the pair ratios, in %
+    lo: float  # the bootstrap interval's bounds (>= MIN_PAIRS pairs), else the pairs' min..max
     hi: float
+    pairs: int = 0
+
+    @property
+    def ci(self) -> bool:
+        """lo..hi is the bootstrap interval (enough pairs), not just the pairs' spread."""
+        return self.pairs >= MIN_PAIRS
 
 
-def step_by_round(runs: Iterable[RunRec]) -> dict[Case, dict[int, float]]:
-    out: dict[Case, dict[int, float]] = {}
-    for r in runs:
-        if r.step_ms is not None and not r.failed:
-            out.setdefault(r.case, {})[r.round] = r.step_ms
-    return out
+def reference_ms(run: RunRec, refs: Sequence[RunRec]) -> float | None:
+    """The step ``run`` is compared with: the runs of S - P (``refs``) nearest to it in run order,
+    linearly interpolated between the one before and the one after (a drift of the machine that
+    is linear over that stretch cancels); one side alone when the other has none."""
+    before = [r for r in refs if r.order < run.order]
+    after = [r for r in refs if r.order > run.order]
+    b = max(before, key=lambda r: r.order) if before else None
+    a = min(after, key=lambda r: r.order) if after else None
+    if b is not None and a is not None and b.step_ms is not None and a.step_ms is not None:
+        w = (run.order - b.order) / (a.order - b.order)
+        return b.step_ms + w * (a.step_ms - b.step_ms)
+    one = b or a
+    if one is None:
+        same = [r.step_ms for r in refs if r.step_ms is not None]  # same order: hand-made records
+        return statistics.fmean(same) if same else None
+    return one.step_ms
+
+
+def pct_of(ratio: float) -> float:
+    """A slow-down ratio (step with P over step without) as the share of the step P costs, %."""
+    return (1 - 1 / ratio) * 100
 
 
 def measured_gains(runs: Sequence[RunRec]) -> dict[Case, dict[str, Gain]]:
     """gain(P, S) for every case S and injected P whose case S - P ran (see the docstring)."""
-    steps = step_by_round(runs)
+    ok = [r for r in runs if r.step_ms is not None and not r.failed]
+    by_case: dict[Case, list[RunRec]] = {}
+    for r in ok:
+        by_case.setdefault(r.case, []).append(r)
     out: dict[Case, dict[str, Gain]] = {}
-    for case, by_round in steps.items():
+    for case, mine in by_case.items():
         for p in case.injected:
-            base = steps.get(case.without(p))
-            if not base:
+            refs = by_case.get(case.without(p))
+            if not refs:
                 continue
-            s, b = statistics.median(by_round.values()), statistics.median(base.values())
-            paired = [(by_round[k] - base[k]) / by_round[k] * 100 for k in by_round if k in base]
-            med = (s - b) / s * 100
-            out.setdefault(case, {})[p] = Gain(med, min(paired, default=med), max(paired, default=med))
+            ratios = [r.step_ms / ref for r in mine if (ref := reference_ms(r, refs)) and r.step_ms]
+            stat = paired(ratios)
+            if stat.geomean is None:
+                continue
+            if stat.interval is not None:
+                lo, hi = (pct_of(x) for x in stat.interval)
+            else:
+                lo, hi = pct_of(min(stat.ratios)), pct_of(max(stat.ratios))
+            out.setdefault(case, {})[p] = Gain(pct_of(stat.geomean), lo, hi, stat.pairs)
     return out
 
 
@@ -402,13 +449,24 @@ def maps_to(finding_id: str, injected: Sequence[str], gains: dict[str, Gain]) ->
     hits = [p for p in injected if finding_id in PATHOLOGY_TABLE[p].rules]
     if not hits:
         return None
-    return max(hits, key=lambda p: gains[p].median if p in gains else -math.inf)
+    return max(hits, key=lambda p: gains[p].pct if p in gains else -math.inf)
+
+
+def verdict_of(g: Gain) -> str:
+    """"established", "ruled out", "undetermined", or "spread" (too few pairs for an interval)."""
+    if not g.ci:
+        return "spread"
+    return "established" if established(g) else "ruled out" if ruled_out(g) else "undetermined"
 
 
 def established(g: Gain) -> bool:
-    """A relevant gain that also shows in every round that paired (its spread stays above 0):
-    with 2 rounds and a shared machine's noise of 10-20%, a median over 5% alone can be noise."""
-    return g.median >= MIN_GAIN_PCT and g.lo > 0
+    """Relevant by measurement: the gain's bootstrap interval lies above MIN_GAIN_PCT."""
+    return g.ci and g.lo >= MIN_GAIN_PCT
+
+
+def ruled_out(g: Gain) -> bool:
+    """Irrelevant by measurement: the gain's bootstrap interval lies below MIN_GAIN_PCT."""
+    return g.ci and g.hi < MIN_GAIN_PCT
 
 
 @dataclass
@@ -422,6 +480,7 @@ class RunScore:
     top1_established: bool | None = None
     relevant_established: list[str] = field(default_factory=list)
     raised_established: list[str] = field(default_factory=list)
+    undetermined: list[str] = field(default_factory=list)  # interval across MIN_GAIN_PCT
 
 
 def score_run(run: RunRec, gains: dict[str, Gain]) -> RunScore:
@@ -429,27 +488,31 @@ def score_run(run: RunRec, gains: dict[str, Gain]) -> RunScore:
     warn = [f for f in run.findings if f.severity in WARN]
     if not run.injected:
         return RunScore(not warn, [], [], len(warn), [])
-    relevant = [p for p in run.injected if p in gains and gains[p].median >= MIN_GAIN_PCT]
+    relevant = [p for p in run.injected if p in gains and gains[p].pct >= MIN_GAIN_PCT]
     raised = [p for p in relevant if any(f.id in PATHOLOGY_TABLE[p].rules for f in warn)]
     top1: bool | None = None
     top1_est: bool | None = None
     measured = [p for p in run.injected if p in gains]
+    first = run.findings[0].id if run.findings else None
     if measured:
-        target = max(measured, key=lambda p: gains[p].median)
-        first_names_it = bool(run.findings) and run.findings[0].id in PATHOLOGY_TABLE[target].rules
-        if gains[target].median >= MIN_GAIN_PCT:
-            top1 = first_names_it
+        target = max(measured, key=lambda p: gains[p].pct)
+        if gains[target].pct >= MIN_GAIN_PCT:
+            top1 = first in PATHOLOGY_TABLE[target].rules
         if established(gains[target]):
-            top1_est = first_names_it
+            # Established causes whose interval reaches the largest one's are tied with it: the
+            # measurement does not rank them, so naming any of them first is right.
+            tied = [p for p in measured if established(gains[p]) and gains[p].hi >= gains[target].lo]
+            top1_est = any(first in PATHOLOGY_TABLE[p].rules for p in tied)
     rel_est = [p for p in relevant if established(gains[p])]
+    open_ = [p for p in measured if gains[p].ci and not established(gains[p]) and not ruled_out(gains[p])]
     false = sum(1 for f in warn if maps_to(f.id, run.injected, gains) is None)
     cal = []
     for f in run.findings:
         p = maps_to(f.id, run.injected, gains)
         if f.remedy and p is not None and p in gains:
-            cal.append({"id": f.id, "pathology": p, "estimated": f.pct, "measured": round(gains[p].median, 2),
-                        "error": round(abs(f.pct - gains[p].median), 2)})
-    return RunScore(top1, relevant, raised, false, cal, top1_est, rel_est, [p for p in raised if p in rel_est])
+            cal.append({"id": f.id, "pathology": p, "estimated": f.pct, "measured": round(gains[p].pct, 2),
+                        "error": round(abs(f.pct - gains[p].pct), 2)})
+    return RunScore(top1, relevant, raised, false, cal, top1_est, rel_est, [p for p in raised if p in rel_est], open_)
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -481,6 +544,7 @@ class Tally:
     top1e_n: int = 0
     relevant_e: int = 0
     raised_e: int = 0
+    undetermined: int = 0
 
     def add(self, run: RunRec, score: RunScore | None) -> None:
         self.cases.add(run.case)
@@ -498,6 +562,7 @@ class Tally:
             self.top1e_ok += int(score.top1_established)
         self.relevant_e += len(score.relevant_established)
         self.raised_e += len(score.raised_established)
+        self.undetermined += len(score.undetermined)
         if not run.injected:
             self.healthy_runs += 1
             self.healthy_warned += int(score.false_warnings > 0)
@@ -510,7 +575,7 @@ class Tally:
         return [name, str(len(self.cases)), f"{self.runs - self.failed}/{self.runs}", pct(self.top1_ok, self.top1_n),
                 pct(self.raised, self.relevant), f"{self.healthy_warned}/{self.healthy_runs}", str(self.false_sick),
                 num(med), num(p90), str(len(self.errors)), pct(self.top1e_ok, self.top1e_n),
-                pct(self.raised_e, self.relevant_e)]
+                pct(self.raised_e, self.relevant_e), str(self.undetermined)]
 
 
 def pct(a: int, b: int) -> str:
@@ -545,7 +610,7 @@ def summary_tables(runs: Sequence[RunRec]) -> str:
         overall.add(run, score)
     head = ["family", "cases", "runs ok", "top-1", "recall", "healthy runs warned", "false warn. (sick runs)",
             "calib. median (pts)", "calib. p90 (pts)", "calibrated findings", "top-1, established gains",
-            "recall, established gains"]
+            "recall, established gains", "undetermined gains (injected x runs)"]
     out = ["## Summary", "", table(head, [*(tallies[f].row(f) for f in fams), overall.row("all")]), ""]
     foreign = [r.foreign_cpu_pct for r in runs if r.foreign_cpu_pct is not None]
     if foreign:
@@ -571,7 +636,8 @@ def case_table(runs: Sequence[RunRec], gains: dict[Case, dict[str, Gain]],
         ok = [(r, s) for r, s in items if s is not None]
         steps = [r.step_ms for r, _ in ok if r.step_ms is not None]
         g = gains.get(case, {})
-        gain_txt = ", ".join(f"{p} {x.median:+.0f}% [{x.lo:+.0f}..{x.hi:+.0f}]" for p, x in g.items()) or "-"
+        gain_txt = ", ".join(f"{p} {x.pct:+.0f}% [{x.lo:+.0f}..{x.hi:+.0f}]{'' if x.ci else '*'} ({verdict_of(x)})"
+                             for p, x in g.items()) or "-"
         top = [s.top1 for _, s in ok if s.top1 is not None]
         rel = sum(len(s.relevant) for _, s in ok)
         hit = sum(len(s.raised) for _, s in ok)
@@ -631,7 +697,9 @@ def render(runs: Sequence[RunRec], meta: dict[str, Any]) -> str:
         "Contention (\"+load\" cases): one `python -c 'while True: pass'` at nice 0 pinned to the last CPU "
         "of the mask for the run's duration.", "",
         f"Definitions: see the docstring of benchmarks/accuracy.py (gain >= {MIN_GAIN_PCT:g}% makes a cause "
-        "relevant; top-1 is the report's first finding).", "",
+        f"relevant, and established when its {CONFIDENCE:.0%} bootstrap interval over the paired runs lies above "
+        f"{MIN_GAIN_PCT:g}%; gains marked * have fewer than {MIN_PAIRS} pairs: their bracket is min..max; top-1 "
+        "is the report's first finding).", "",
         "## Pathologies and what should name them", "", mapping_table(), "",
     ]
     return "\n".join(head) + "\n" + summary_tables(runs)
