@@ -205,6 +205,7 @@ class RunRec:
     exit_code: int | None = None
     failed: str = ""  # why the run does not count ("" when it does)
     log: str = ""
+    run_dir: str = ""  # `torchdoctor analyze` reads it again (--reanalyze)
     wall_s: float = 0.0
     # CPU time other processes (and the hypervisor: steal) took during the run, % of all CPUs:
     # the noise the measurement suffered (our job, its children and the "+load" loop excluded).
@@ -314,8 +315,9 @@ def run_case(fam: Family, case: Case, rnd: int, order: int, out: Path) -> RunRec
     rec = RunRec(fam.name, case.injected, case.load, rnd, order)
     base = out / "runs" / fam.name / case.label.replace("+", "_")
     base.mkdir(parents=True, exist_ok=True)
-    run_dir, report, log = base / f"r{rnd}", base / f"r{rnd}.report.json", base / f"r{rnd}.log"
-    rec.log = str(log)
+    name = f"o{order:03d}_r{rnd}"  # a case can run more than once a round (the healthy references)
+    run_dir, report, log = base / name, base / f"{name}.report.json", base / f"{name}.log"
+    rec.log, rec.run_dir = str(log), str(run_dir)
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "torchdoctor.cli", "run", "--quiet", "--out", str(run_dir), "--json", str(report),
            "--profile-steps", fam.profile, "--", *job_command(fam, case)]
