@@ -144,6 +144,10 @@ class CpuFacts(msgspec.Struct, omit_defaults=True):
     main_process_cpu_pct: float | None = None
     dataloader_workers_cpu_pct: float | None = None
     numa_nodes: int | None = None
+    # Busy time of the CPUs in the affinity mask over the same interval, by every process on the
+    # machine (this job included), percent of one core: with the job's own share it tells how
+    # much of those CPUs other processes took.
+    affinity_cpus_busy_pct: float | None = None
 
 
 class DeviceFacts(msgspec.Struct, omit_defaults=True):
@@ -196,6 +200,11 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # Time autograd's anomaly mode spent recording a stack trace for every graph node the forward
     # created (torch.autograd.set_detect_anomaly(True)): its forward cost, measured.
     anomaly_stack_ms: float = 0.0
+    # The training thread's scheduler counters over the step (Linux /proc schedstat; None where
+    # unavailable): time on a CPU, and time it was ready to run but waited for a CPU that
+    # another thread or process held (the run-queue delay: the step's CPU contention, measured).
+    thread_cpu_ms: float | None = None
+    run_delay_ms: float | None = None
 
 
 class RankFacts(msgspec.Struct, omit_defaults=True):

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from torchdoctor.probe import imphook, output, shims
+from torchdoctor.probe import imphook, output, shims, sysinfo
 from torchdoctor.probe.clock import Phase, Source, StepClock
 from torchdoctor.runner import BOOTSTRAP_DIR
 
@@ -53,6 +53,50 @@ def test_clock_dataloader_fallback():
     clock.add(Phase.DATALOADER, 0.25)
     assert clock.boundary(Source.DATALOADER, 2.0) == 0
     assert clock.steps[0].dataloader_ms == 250.0 and clock.source == Source.DATALOADER
+
+
+def test_clock_records_the_training_threads_scheduler_counters_per_step():
+    reads = iter([(0, 0), (8_000_000, 2_000_000),  # step 0: 8 ms on a CPU, 2 ms waiting for one
+                  (9_000_000, 2_500_000), (12_000_000, 9_500_000)])  # housekeeping between, then step 1
+    clock = StepClock(sched=lambda: next(reads))
+    clock.begin(0.0)
+    assert clock.boundary(Source.OPTIMIZER, 0.010) == 0
+    clock.resume(0.011)
+    assert clock.boundary(Source.OPTIMIZER, 0.021) == 1
+    s0, s1 = clock.steps
+    assert (s0.thread_cpu_ms, s0.run_delay_ms) == (8.0, 2.0)
+    assert (s1.thread_cpu_ms, s1.run_delay_ms) == (3.0, 7.0)  # the gap between the steps is no step's
+    plain = StepClock()
+    plain.begin(0.0)
+    plain.boundary(Source.OPTIMIZER, 0.01)
+    assert plain.steps[0].run_delay_ms is None and plain.steps[0].thread_cpu_ms is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat only")
+def test_schedstat_sees_a_thread_wait_for_a_cpu_held_by_a_busy_process():
+    """Real counters: pinned to one CPU beside a busy loop, the thread waits for about half of the time."""
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
+                             "[0 for _ in iter(int, 1)]"])
+    mask = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        import time as _time
+
+        _time.sleep(0.3)  # the loop is spinning
+        reader = sysinfo.ThreadSchedstat()
+        on0, wait0 = reader.read()
+        t0 = _time.perf_counter()
+        while _time.perf_counter() - t0 < 0.6:
+            pass
+        on1, wait1 = reader.read()
+    finally:
+        os.sched_setaffinity(0, mask)
+        busy.kill()
+        busy.wait()
+    wall = 0.6e9
+    assert 0.2 * wall < wait1 - wait0 < 0.8 * wall and 0.2 * wall < on1 - on0 < 0.8 * wall
+    assert sysinfo.cpus_busy_s([cpu]) > 0 and sysinfo.cpus_busy_s([]) >= sysinfo.cpus_busy_s([cpu])
 
 
 def payload(rank, pid, steps):

@@ -43,17 +43,29 @@ class Phase(enum.IntEnum):
     LOADER_ITER = 6
     EPOCH_STARTS = 7
     ANOMALY_STACKS = 8
+    # The training thread's scheduler counters over the step (``Sched``): time on a CPU and time
+    # runnable but waiting for one (the run-queue delay).
+    ON_CPU = 9
+    RUN_DELAY = 10
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
+
+# Reads the calling thread's (ns on CPU, ns waiting for a CPU); None when unavailable.
+Sched = Callable[[], "tuple[int, int] | None"]
 
 
 class StepClock:
     """Per-step accumulators and the list of recorded steps of one process."""
 
-    def __init__(self, skip: Callable[[int], bool] = lambda step: False) -> None:
+    def __init__(self, skip: Callable[[int], bool] = lambda step: False, sched: Sched | None = None) -> None:
         # Steps for which ``skip`` is true are not recorded (the profiler window inflates them).
         self.skip = skip
+        # Read at the start and the end of every step, on the thread that drives the clock (the
+        # training thread): its scheduler counters over the step. None: not recorded.
+        self.sched = sched
+        self.sched_at: tuple[int, int] | None = None
+        self.has_sched = False
         self.source = Source.NONE
         self.index = 0  # index of the step in progress
         self.started_at: float | None = None  # start of the step in progress; None between steps
@@ -72,11 +84,27 @@ class StepClock:
         if self.first_activity is None:
             self.first_activity = now
             self.started_at = now
+            self._mark_sched()
 
     def resume(self, now: float) -> None:
         """Start the next step at ``now`` (after the probe's housekeeping at a boundary)."""
         if self.first_activity is not None and self.started_at is None:
             self.started_at = now
+            self._mark_sched()
+
+    def _mark_sched(self) -> None:
+        self.sched_at = self.sched() if self.sched is not None else None
+
+    def _add_sched(self) -> None:
+        """Add the training thread's scheduler counters since the step started to the step."""
+        if self.sched_at is None or self.sched is None:
+            return
+        now = self.sched()
+        if now is not None:
+            self.acc[Phase.ON_CPU] += (now[0] - self.sched_at[0]) / 1e9
+            self.acc[Phase.RUN_DELAY] += (now[1] - self.sched_at[1]) / 1e9
+            self.has_sched = True
+        self.sched_at = None
 
     def add(self, phase: Phase, seconds: float) -> None:
         self.acc[phase] += seconds
@@ -99,6 +127,7 @@ class StepClock:
                 # split, e.g. the epoch start of the loader's __iter__ just before, stay in step 0).
                 return None
         closed = self.index
+        self._add_sched()
         if not self.skip(closed) and len(self.rows) < _MAX_STEPS:
             # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
             self.rows.append((closed, now - self.started_at, self.acc, self.samples))
@@ -148,6 +177,8 @@ class StepClock:
                     loader_iter_ms=ms[Phase.LOADER_ITER],
                     epoch_starts=int(acc[Phase.EPOCH_STARTS]),
                     anomaly_stack_ms=ms[Phase.ANOMALY_STACKS],
+                    thread_cpu_ms=ms[Phase.ON_CPU] if self.has_sched else None,
+                    run_delay_ms=ms[Phase.RUN_DELAY] if self.has_sched else None,
                 )
             )
         return out

@@ -44,7 +44,8 @@ class Probe:
         self.pid = os.getpid()
         self.torch_dir = os.path.dirname(torch.__file__) + os.sep
         self.main_thread = threading.get_ident()
-        self.clock = StepClock(skip=lambda step: self.window_active)
+        self.schedstat = sysinfo.ThreadSchedstat()
+        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read)
         self.window = ProfilerWindow(*config.profile) if config.profile else None
         self.loaders: list[summary.LoaderRecord] = []
         self.loader_by_obj: weakref.WeakKeyDictionary[Any, summary.LoaderRecord] = weakref.WeakKeyDictionary()
@@ -73,6 +74,7 @@ class Probe:
         self.wall0 = 0.0
         self.cpu0 = 0.0
         self.children_cpu0 = 0.0
+        self.cpus_busy0: float | None = None
         self.identity: tuple[int, int, str | None] | None = None  # rank, world size, backend
         self.trace_file: str | None = None
         self.profiled: list[int] = []
@@ -109,6 +111,7 @@ class Probe:
             self.wall0 = now
             self.cpu0 = sysinfo.own_cpu_s()
             self.children_cpu0 = sysinfo.reaped_children_cpu_s()
+            self.cpus_busy0 = sysinfo.cpus_busy_s(sysinfo.affinity())
             self.last_flush = now
             self._open_progress()
 
@@ -351,7 +354,9 @@ class Probe:
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker, usually) starts with an empty, inactive probe."""
         self.pid = os.getpid()
-        self.clock = StepClock(skip=lambda step: self.window_active)
+        self.schedstat.close()  # the inherited descriptor reads the parent's thread
+        self.schedstat = sysinfo.ThreadSchedstat()
+        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read)
         self.window = None  # the profiler session belongs to the parent
         self.sync_sites = Counter()
         self.sync_total = 0

@@ -86,15 +86,21 @@ def cpu_facts(probe: Probe) -> CpuFacts:
         reaped = sysinfo.reaped_children_cpu_s() - probe.children_cpu0
         workers = sysinfo.percent(reaped + sysinfo.live_child_cpu_s(pids), wall)
     lws = os.environ.get("LOCAL_WORLD_SIZE")
+    mask = sysinfo.affinity()
+    busy_now = sysinfo.cpus_busy_s(mask)
+    busy = None
+    if busy_now is not None and probe.cpus_busy0 is not None:
+        busy = sysinfo.percent(busy_now - probe.cpus_busy0, wall)
     return CpuFacts(
         logical_cpus=os.cpu_count(),
-        affinity=sysinfo.affinity(),
+        affinity=mask,
         torch_num_threads=collect.attempt(torch.get_num_threads),
         torch_num_interop_threads=collect.attempt(torch.get_num_interop_threads),
         local_world_size=int(lws) if lws and lws.isdigit() else None,
         main_process_cpu_pct=sysinfo.percent(sysinfo.own_cpu_s() - probe.cpu0, wall),
         dataloader_workers_cpu_pct=workers,
         numa_nodes=sysinfo.numa_nodes(),
+        affinity_cpus_busy_pct=busy,
     )
 
 
