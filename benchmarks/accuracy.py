@@ -119,7 +119,7 @@ class Expect:
 # pathology -> expected rule ids (first = the main one), remedy id, families that inject it.
 PATHOLOGY_TABLE: dict[str, Expect] = {
     "main_process_loader": Expect(("DL-2", "DL-1"), "dataloader.workers", ("ddp", "lm", "mlp")),
-    "syncing_collate": Expect(("HO-3",), None, ("ddp", "lm")),
+    "syncing_collate": Expect(("HO-14", "HO-3"), None, ("ddp", "lm")),
     "no_pin_memory": Expect(("DL-4",), "dataloader.pin_memory", ("ddp",)),
     "loss_item_every_step": Expect(("HO-3",), None, ("ddp",)),
     "find_unused_parameters": Expect(("DI-7",), "ddp.find_unused_false", ("ddp",)),

@@ -228,6 +228,17 @@ def test_ho13_threads_oversubscribe_cpus():
     assert got.remedy == "threads.affinity" and abs(got.recoverable_ms - 20.0) < 1e-6  # 80 x (1 - 1/2) / 2
 
 
+def test_ho13_measures_the_training_threads_off_cpu_time_when_the_probe_has_its_counters():
+    # 100 ms steps: 40 ms on a CPU, 5 ms data wait, 5 ms exposed comm: 50 ms waiting for a core or
+    # at a barrier (a job sized to its cores leaves ~0 there).
+    steps = [StepTiming(step=i, total_ms=100.0, forward_ms=30.0, backward_ms=50.0, dataloader_ms=5.0, comm_ms=5.0,
+                        thread_cpu_ms=40.0, run_delay_ms=20.0) for i in range(10)]
+    f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=8, local_world_size=1), steps=steps)
+    got = only(run("HO-13", (None, f)), "HO-13")
+    assert got.recoverable_ms == pytest.approx(50.0) and got.confidence == "medium" and got.severity == "critical"
+    assert "off a CPU 50.0 ms" in got.evidence[0].text
+
+
 def test_ho13_silent_when_threads_fit():
     f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=1, local_world_size=2))
     assert run("HO-13", (None, f)) == []

@@ -568,10 +568,24 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
     """Intra-op threads vs the CPUs the rank may use (torchrun sets OMP_NUM_THREADS=1 for a reason).
 
     Over-subscription (threads x local ranks > CPUs in the affinity mask) makes OpenMP barriers
-    wait for descheduled threads. On a CPU-trained model we claim half of the compute share that
-    the surplus threads stand for: compute x (1 - 1/k) / 2, k = threads x ranks / CPUs (assumption;
-    the threads.affinity remedy measures it). With an accelerator the host loop suffers less: info.
+    wait for descheduled threads. On a CPU-trained model, measured where the probe read the
+    training thread's scheduler counters (Linux): the time per step the training thread was off a
+    CPU for no reason of its own, total - its CPU time - its DataLoader wait - exposed comm: it
+    waited for a core (run-queue delay) or blocked at a barrier for a pool thread that waited for
+    one. A job sized to its cores leaves ~0 there (the lm harness job, healthy: 40.6 ms on a CPU
+    of a 42.9 ms step with a 2.0 ms data wait); oversubscribed 4x it measured 67-75% of the step
+    against a measured gain of 64% [59..69] (benchmarks/results/accuracy_lm_mlp.md). Without
+    those counters, an assumption: compute x (1 - 1/k) / 2, k = threads x ranks / CPUs (low
+    confidence; the threads.affinity remedy measures it). With an accelerator the host loop
+    suffers less: info.
     """
+    def off_cpu_ms(v: View) -> float | None:
+        steps = v.timed
+        if not steps or any(s.thread_cpu_ms is None for s in steps):
+            return None
+        return sum(max(0.0, s.total_ms - (s.thread_cpu_ms or 0.0) - s.dataloader_ms - s.comm_ms)
+                   for s in steps) / len(steps)
+
     def one(v: View) -> Finding | None:
         c = v.f.cpu if v.f is not None else None
         if c is None or not c.torch_num_threads:
@@ -589,19 +603,23 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
                                   v.facts_median("optimizer_ms")) if x)
         if not compute and v.r is not None and v.r.host.phases_ms:
             compute = sum(v.r.host.phases_ms.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
-        gain = 0.0 if v.accel else compute * (1 - 1 / k) / 2
+        off = None if v.accel else off_cpu_ms(v)
+        gain = 0.0 if v.accel else off if off is not None else compute * (1 - 1 / k) / 2
+        measured = (f"; the training thread was off a CPU {fmt_ms(off)} per step outside data and comm waits "
+                    "(waiting for a core or at a barrier)") if off is not None else ""
         return finding(
             v, "HO-13", "host",
             f"{c.torch_num_threads} intra-op threads x {lws} local rank(s) = {demand} threads on {cpus} CPUs: "
             f"the threads fight for cores (use {want} per rank).",
             gain, sev=None if not v.accel else "info",
             evidence=[Evidence(f"{c.torch_num_threads} threads x {lws} rank(s) vs {cpus} CPUs in the affinity mask"
-                               + (f"; compute {fmt_ms(compute)} per step." if compute else "."),
+                               + (f"; compute {fmt_ms(compute)} per step" if compute else "") + measured + ".",
                                {"torch_num_threads": c.torch_num_threads, "local_world_size": lws, "cpus": cpus,
                                 "OMP_NUM_THREADS": v.f.env.get("OMP_NUM_THREADS") if v.f else None})],
             fix=Fix(f"Give each rank its own cores: {want} thread(s) per rank and a matching affinity mask.",
                     f"OMP_NUM_THREADS={want} torchrun --nproc-per-node {lws} train.py   # or torch.set_num_threads({want})",
                     "shell"),
-            confidence="low", confirm="`torchdoctor fix --apply threads.affinity` measures the gain",
+            confidence="medium" if off is not None else "low",
+            confirm="`torchdoctor fix --apply threads.affinity` measures the gain",
             remedy="threads.affinity", source="torchrun OMP_NUM_THREADS=1 default; torch NUMA binding docs 1-10%")
     return per_rank(inputs, one)

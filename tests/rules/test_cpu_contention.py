@@ -1,0 +1,73 @@
+"""HO-14: the training thread's measured run-queue delay, apportioned among who holds the CPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.facts import CpuFacts, StepTiming
+
+from .conftest import cpu_facts, only, run
+
+
+def steps(n=20, total=100.0, delay=20.0, thread_cpu=70.0):
+    return [StepTiming(step=i, total_ms=total, thread_cpu_ms=thread_cpu, run_delay_ms=delay) for i in range(n)]
+
+
+def rank(r, delay=20.0, main=100.0, workers=0.0, busy=200.0, host="h", mask=(0, 1), threads=1):
+    return cpu_facts(rank=r, hostname=host, steps=steps(delay=delay),
+                     cpu=CpuFacts(affinity=list(mask), main_process_cpu_pct=main, dataloader_workers_cpu_pct=workers,
+                                  affinity_cpus_busy_pct=busy, local_world_size=2, torch_num_threads=threads))
+
+
+def test_workers_holding_the_cores_are_claimed_in_proportion_to_their_cpu_time():
+    # Two one-thread ranks on 2 CPUs (each has its core), main processes 80% of a core, workers 60%
+    # each, the CPUs busy 300%: competitors of rank 0 = workers 120 + other processes 300 - 280 = 20.
+    a, b = rank(0, main=80.0, workers=60.0, busy=300.0), rank(1, main=80.0, workers=60.0, busy=300.0)
+    got = only(run("HO-14", (None, a), (None, b)), "HO-14")
+    assert got.recoverable_ms == pytest.approx(20.0 * 120 / 140, abs=1e-3)
+    # 17% of the step: info (an upper bound, warned from 20%), low confidence, with what confirms it.
+    assert got.severity == "info" and got.confidence == "low" and "DataLoader workers" in got.title
+    assert "A/B" in got.confirm
+    assert "nice" in got.fix.snippet
+    split = got.evidence[0].values["delay_split_ms"]
+    assert split["other ranks on this host"] == 0.0 and split["this process's other threads"] == 0.0
+
+
+def test_the_jobs_own_threads_compete_only_when_they_outnumber_the_cpus():
+    # Two threads per rank x 2 ranks on 2 CPUs: own threads (80 - 70 = 10), the other rank (80),
+    # workers (120) and other processes (20) all compete.
+    a = rank(0, main=80.0, workers=60.0, busy=300.0, threads=2)
+    b = rank(1, main=80.0, workers=60.0, busy=300.0, threads=2)
+    got = only(run("HO-14", (None, a), (None, b)), "HO-14")
+    assert got.recoverable_ms == pytest.approx(20.0 * 120 / 230, abs=1e-3)
+    assert got.evidence[0].values["delay_split_ms"]["other ranks on this host"] == pytest.approx(20 * 80 / 230, abs=1e-3)
+
+
+def test_workers_taking_a_large_share_warn():
+    got = only(run("HO-14", (None, rank(0, delay=30.0, main=80.0, workers=150.0, busy=230.0))), "HO-14")
+    assert got.severity == "warning" and got.recoverable_ms == pytest.approx(30.0, abs=1e-3)
+
+
+def test_another_process_holding_the_cores_is_said_but_not_claimed():
+    # One rank, no workers: the training thread runs 70% of a core, its process 75%; the CPUs were
+    # busy 175% of a core: 100% by someone else.
+    f = rank(0, main=75.0, busy=175.0)
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert got.severity == "info" and got.recoverable_ms == 0.0
+    assert "other processes" in got.title and "dedicated cores" in got.fix.text
+
+
+def test_silent_below_the_scheduler_jitter_and_without_counters():
+    assert run("HO-14", (None, rank(0, delay=1.0, workers=100.0))) == []
+    f = rank(0, workers=100.0)
+    f.steps = [StepTiming(step=i, total_ms=100.0) for i in range(20)]  # no schedstat (not Linux)
+    assert run("HO-14", (None, f)) == []
+
+
+def test_ranks_on_other_hosts_or_disjoint_cpus_are_not_competitors():
+    a = rank(0, main=80.0, workers=60.0, mask=(0, 1), threads=3)  # oversubscribed: ranks that share count
+    far = rank(1, main=80.0, host="other")  # no workers: nothing to claim, rank 0 speaks
+    apart = rank(2, main=80.0, mask=(2, 3))
+    got = only(run("HO-14", (None, a), (None, far), (None, apart)), "HO-14")
+    held = got.evidence[0].values["holders_pct_of_core"]
+    assert held["other ranks on this host"] == 0.0 and held["this process's other threads"] == 10.0
