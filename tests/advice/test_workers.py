@@ -57,3 +57,14 @@ def test_latency_bound_threshold_and_positional_callers() -> None:
     # ceil(95 / 45) = 3 workers, within the cap of 4 x 1 CPU per rank.
     n, why = advise_workers(2, 2, 140.0, 95.0, 20.0)
     assert n == 3 and "latency-bound" in why and "prefetch_factor 3" in why
+
+
+def test_training_busy_share_comes_from_the_threads_counters_when_the_probe_has_them():
+    from torchdoctor.advice.workers import training_busy_pct
+    from torchdoctor.facts import StepTiming
+
+    steps = [StepTiming(step=i, total_ms=200.0, thread_cpu_ms=40.0, run_delay_ms=10.0) for i in range(4)]
+    # 50 ms of 200 on a CPU or waiting for one: 25%, whatever the process's CPU share over the run says.
+    assert training_busy_pct(steps, 90.0) == 25.0
+    assert training_busy_pct([StepTiming(step=0, total_ms=200.0)], 90.0) == 90.0  # no counters: the fallback
+    assert training_busy_pct([], None) is None

@@ -85,8 +85,7 @@ def test_the_diagnosis_names_the_pathologies(sick):
     findings = report_from_run_dir(str(sick[2])).findings
     by_id = {f.id: f for f in findings}
     # Loading in the training process dominates, and the fix names the worker count the advice
-    # computes from this run's own facts (latency-bound: the process idles while it waits), so the
-    # assertion holds however loaded the machine is.
+    # computes from this run's own facts.
     dl2 = by_id["DL-2"]
     assert dl2.severity == "critical" and dl2.remedy == "dataloader.workers" and findings[0].id == "DL-2"
     waits = [100 * wait_share(f) for f in sick[1]]
@@ -96,7 +95,11 @@ def test_the_diagnosis_names_the_pathologies(sick):
 
     (workers,) = [c.spec for c in choose(findings, "safe") if c.spec.id == "dataloader.workers"]
     n = int(workers.value)  # what `fix` applies is what the finding advises
-    assert f"num_workers={n}" in dl2.fix.snippet and n >= 2  # latency-bound: more than PL's 1 on 2 CPUs
+    assert f"num_workers={n}" in dl2.fix.snippet
+    # The demo's loading waits on latency (the training thread is blocked most of its wait), whatever
+    # the machine's load; how many workers hide it, ceil(wait / rest of the step), does depend on
+    # the machine's speed (a slower step leaves a longer rest): measured here 1 at 366 ms steps, 3 at 195.
+    assert "latency-bound loading" in dl2.fix.text and n >= 1
     assert by_id["DI-7"].remedy == "ddp.find_unused_false" and by_id["DI-10"].remedy == "ddp.bucket_cap"
     collate = [f for f in findings if f.id == "HO-3" and "collate_fn" in f.title]
     assert collate and collate[0].recoverable_ms > 0  # priced from the probe's collate timing

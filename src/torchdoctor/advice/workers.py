@@ -18,7 +18,9 @@ What bounds the count depends on why the loading is slow:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # The loading is latency-bound (storage, network) when the training process used no CPU for at
 # least this share of its wait for batches: then workers beyond the CPUs per rank still help,
@@ -94,7 +96,7 @@ def advise_loading(cpus: int, local_ranks: int, step_ms: float | None, wait_ms: 
     need = math.ceil(wait_ms / max(step_ms - wait_ms, 1.0))
     n = min(max(pl, need), cap)
     prefetch = min(max(DEFAULT_PREFETCH, need), cap)
-    why = (f"latency-bound loading (the training process used {main_cpu_pct:.0f}% of a core while it "
+    why = (f"latency-bound loading (the training process was busy {main_cpu_pct:.0f}% of a core while it "
            f"waited {wait_ms:.0f} ms per step for data): ceil(wait / rest of the step) = {need}, "
            f"at least PL's {pl}, at most {cap} ({cap_why}); prefetch_factor {prefetch}")
     return LoadingAdvice(n, prefetch, why, latency_bound=True)
@@ -105,6 +107,22 @@ def _cpu_bound(pl: int, why: str, mem_cap: int | None, cap_why: str) -> LoadingA
     if mem_cap is not None and mem_cap < pl:
         return LoadingAdvice(mem_cap, DEFAULT_PREFETCH, f"{why}, lowered to {mem_cap} by {cap_why}")
     return LoadingAdvice(pl, DEFAULT_PREFETCH, why)
+
+
+def training_busy_pct(steps: Sequence[Any], process_cpu_pct: float | None) -> float | None:
+    """The training thread's busy share of its steps, percent of one core: on a CPU or runnable
+    and waiting for one (``StepTiming.thread_cpu_ms + run_delay_ms`` over ``total_ms``), so the
+    rest is time it was blocked (a batch's latency, I/O, sleep). Measured per step from the
+    scheduler's counters, it does not move with the machine's other load, which the process's
+    CPU share over the run does (its CPU time stretches with steal and other threads). Without
+    those counters: ``process_cpu_pct``."""
+    if not steps or any(getattr(s, "thread_cpu_ms", None) is None or getattr(s, "run_delay_ms", None) is None
+                        for s in steps):
+        return process_cpu_pct
+    total = sum(s.total_ms for s in steps)
+    if total <= 0:
+        return process_cpu_pct
+    return 100.0 * min(1.0, sum(s.thread_cpu_ms + s.run_delay_ms for s in steps) / total)
 
 
 def advise_workers(

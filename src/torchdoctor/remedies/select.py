@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers
+from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers, training_busy_pct
 from ..facts import RankFacts
 from ..rules.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
@@ -64,8 +64,8 @@ class JobFacts:
 def workers_for(jf: JobFacts) -> tuple[int, str]:
     """Workers per DataLoader for this job, and why that many (advice.workers.advise_workers)."""
     f = jf.first
-    return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"),
-                          f.cpu.main_process_cpu_pct if f else None)
+    busy = training_busy_pct(f.steps[2:], f.cpu.main_process_cpu_pct) if f else None
+    return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"), busy)
 
 
 def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..advice.workers import advise_workers, workers_wait_on_io
+from ..advice.workers import advise_workers, training_busy_pct, workers_wait_on_io
 from ..facts import StepTiming
 from ._common import (
     View,
@@ -145,7 +145,8 @@ def advised_workers(v: View) -> tuple[int, str]:
     timed = v.timed[2:] or v.timed
     step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
     wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
-    return advise_workers(cpus, lws, step, wait, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
+    busy = training_busy_pct(timed, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
+    return advise_workers(cpus, lws, step, wait, busy)
 
 
 def suggested_workers(v: View) -> int:
