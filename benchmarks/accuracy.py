@@ -399,22 +399,17 @@ class Gain:
         return self.pairs >= MIN_PAIRS
 
 
-def reference_ms(run: RunRec, refs: Sequence[RunRec]) -> float | None:
-    """The step ``run`` is compared with: the runs of S - P (``refs``) nearest to it in run order,
-    linearly interpolated between the one before and the one after (a drift of the machine that
-    is linear over that stretch cancels); one side alone when the other has none."""
-    before = [r for r in refs if r.order < run.order]
-    after = [r for r in refs if r.order > run.order]
-    b = max(before, key=lambda r: r.order) if before else None
-    a = min(after, key=lambda r: r.order) if after else None
-    if b is not None and a is not None and b.step_ms is not None and a.step_ms is not None:
-        w = (run.order - b.order) / (a.order - b.order)
-        return b.step_ms + w * (a.step_ms - b.step_ms)
-    one = b or a
-    if one is None:
-        same = [r.step_ms for r in refs if r.step_ms is not None]  # same order: hand-made records
-        return statistics.fmean(same) if same else None
-    return one.step_ms
+def reference_ms(run: RunRec, refs: Sequence[RunRec]) -> float:
+    """The step ``run`` is compared with: the runs of S - P (``refs``, measured, never empty)
+    nearest to it in run order, linearly interpolated between the one before and the one after
+    (a drift of the machine that is linear over that stretch cancels); one side alone when the
+    other has none."""
+    b = max((r for r in refs if r.order < run.order), key=lambda r: r.order, default=None)
+    a = min((r for r in refs if r.order > run.order), key=lambda r: r.order, default=None)
+    if b is None or a is None:
+        return (b or a or refs[0]).step_ms  # type: ignore[return-value]
+    w = (run.order - b.order) / (a.order - b.order)
+    return b.step_ms + w * (a.step_ms - b.step_ms)  # type: ignore[operator]
 
 
 def pct_of(ratio: float) -> float:
@@ -434,7 +429,7 @@ def measured_gains(runs: Sequence[RunRec]) -> dict[Case, dict[str, Gain]]:
             refs = by_case.get(case.without(p))
             if not refs:
                 continue
-            ratios = [r.step_ms / ref for r in mine if (ref := reference_ms(r, refs)) and r.step_ms]
+            ratios = [r.step_ms / reference_ms(r, refs) for r in mine]  # type: ignore[operator]
             stat = paired(ratios)
             if stat.geomean is None:
                 continue

@@ -17,17 +17,19 @@ The delay is split in proportion to the shares of those that compete. The job's 
 the host run more intra-op threads than there are CPUs (``threads x local ranks > CPUs``, HO-13's
 case): a job sized to its cores gives each of them a core, and a job without workers or other
 load shows almost no delay (measured: 0.3-0.4 ms of a 62-67 ms step, lm job, num_workers=0), so
-its delay comes from the load beyond its own threads. HO-14 claims the workers' part: cheaper
-per-sample work, or workers at a lower priority, gives it back. That claim is an upper bound: a
-fix removes only the workers' excess work, and the part they need stays. Measured on the accuracy
-harness's lm job (benchmarks/results/accuracy_lm_mlp.md), the healthy job's necessary workers
-already cost 1-8% of the step this way, and a collate that doubles the workers' CPU time measured
-+17% against a claim of 5-14%: the claim cannot tell necessary work from excess, so HO-14 is a
-warning only from WARN_AT_PCT (20%) of the step, where even a part of it matters, and info below,
-with low confidence and the A/B that confirms it. The other
-parts are reported, not claimed: the own threads' part is HO-13's to price; other processes'
-(steal included) is not the job's to fix. The split apportions by CPU time; it does not trace who
-preempted whom: confidence medium.
+its delay comes from the load beyond its own threads.
+
+HO-14 claims the workers' part: cheaper per-sample work, or workers at a lower priority, gives it
+back. That claim is an upper bound: a fix removes only the workers' excess work, and the part
+they need stays. Measured on the accuracy harness's lm job (benchmarks/results/accuracy_lm_mlp.md),
+the healthy job's necessary workers already cost 1-8% of the step this way, and a collate that
+doubles the workers' CPU time measured +17% against a claim of 5-14%: the claim cannot tell
+necessary work from excess, so HO-14 is a warning only from WARN_AT_PCT (20%) of the step, where
+even a part of it matters, and info below, with low confidence and the A/B that confirms it.
+
+The other parts are reported, not claimed: the own threads' part is HO-13's to price; other
+processes' (steal included) is not the job's to fix. The split apportions by CPU time; it does
+not trace who preempted whom.
 """
 
 from __future__ import annotations

@@ -573,13 +573,12 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
     CPU for no reason of its own, total - its CPU time - its DataLoader wait - exposed comm: it
     waited for a core (run-queue delay) or blocked at a barrier for a pool thread that waited for
     one. A job sized to its cores leaves ~0 there (the lm harness job, healthy: 40.6 ms on a CPU
-    of a 42.9 ms step with a 2.0 ms data wait); oversubscribed 4x it priced lm at 60-74% of the step (5 runs)
-    against a measured gain of 64% [59..69], mlp at 65-77% against 57% [46..67]
+    of a 42.9 ms step with a 2.0 ms data wait); oversubscribed 4x it priced lm at 60-74% of the
+    step (5 runs) against a measured gain of 64% [59..69], mlp at 65-77% against 57% [46..67]
     (benchmarks/results/accuracy_lm_mlp.md). It over-prices when other processes also hold the
-    CPUs: that wait is in the same time. Without
-    those counters, an assumption: compute x (1 - 1/k) / 2, k = threads x ranks / CPUs (low
-    confidence; the threads.affinity remedy measures it). With an accelerator the host loop
-    suffers less: info.
+    CPUs: that wait is in the same time. Without those counters, an assumption: compute x
+    (1 - 1/k) / 2, k = threads x ranks / CPUs (low confidence; the threads.affinity remedy
+    measures it). With an accelerator the host loop suffers less: info.
     """
     def off_cpu_ms(v: View) -> float | None:
         """That time per step, as the same share of the step the findings speak of (the window's
