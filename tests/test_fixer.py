@@ -138,11 +138,13 @@ def test_impossible_remedies_are_refused_at_run_time_and_the_job_runs(tmp_path: 
 
 
 def test_fix_safe_picks_workers_from_the_diagnosis_and_proves_them(tmp_path: Path) -> None:
-    """Latency-bound loading (24 ms of sleeps per batch) next to 30 ms of other idle work per step:
-    ceil(wait / rest) = 1 worker hides the wait, and N + 1 = 2 (within the CPUs) is measured too."""
+    """Latency-bound loading (24 ms of sleeps per batch) next to 45 ms of other idle work per step:
+    ceil(wait / rest) = 1 worker hides the wait, and N + 1 = 2 (within the CPUs) is measured too.
+    The wait is about half the rest of the step, so that sleep overshoot on a loaded machine (16
+    short sleeps per batch against one long one per step) cannot tip the ratio past 1."""
     script = job(tmp_path)
     res = torchdoctor("fix", "--apply", "safe", "--repeats", "3", "--steps", "12", "--out", "fx", "--json",
-                      "fix.json", "--", sys.executable, str(script), "--sleep-ms", "1.5", "--step-sleep-ms", "30",
+                      "fix.json", "--", sys.executable, str(script), "--sleep-ms", "1.5", "--step-sleep-ms", "45",
                       cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rep = report(tmp_path / "fix.json")
@@ -151,8 +153,8 @@ def test_fix_safe_picks_workers_from_the_diagnosis_and_proves_them(tmp_path: Pat
     v = verdicts(rep)
     workers = next(k for k in v if k.startswith("dataloader.workers="))
     assert v[workers][0] and v["dataloader.persistent_workers"][0] and v["dataloader.prefetch"][0], v
-    # 55 ms -> about 31 ms per step: established, every pair faster.
-    assert ab["pairs"] == 3 and ab["interval"][0] > 1.3 and ab["speedup_geomean"] > 1.3, ab
+    # About 75 ms -> 55 ms per step (measured 1.36-1.45x): established, every pair faster.
+    assert ab["pairs"] == 3 and ab["interval"][0] > 1.2 and ab["speedup_geomean"] > 1.25, ab
     assert ab["sign_p"] == 0.25 and ab["treated_steps_per_s"] > ab["baseline_steps_per_s"]
     entry = next(r for r in ab["remedies"] if r["id"] == workers)
     assert entry["interval"] == ab["interval"] and entry["pairs"] == 3
