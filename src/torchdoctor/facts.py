@@ -120,18 +120,48 @@ class GraphBreakFacts(msgspec.Struct, omit_defaults=True):
     compiles: int = 1
 
 
+class RecompileFacts(msgspec.Struct, omit_defaults=True):
+    """Recompiles of one compiled frame, from Dynamo's compilation metrics (probe/recompiles.py)."""
+
+    frame: str  # the compiled function's name
+    location: str | None = None  # "file:line" of its first line
+    count: int = 0  # compiles after the first (the limit-hit attempt not counted)
+    # The latest failing guard as Dynamo printed it ("tensor 'x' size mismatch at index 1.
+    # expected 64, actual 80", "n == 2"), and what kind of guard it is: size, stride, rank,
+    # dtype, requires_grad, device, global_state, value, identity, length, other.
+    guard: str = ""
+    kind: str = "other"
+    # The guarded input ('x', "L['self'].scale") and, for a size or stride, its dimension.
+    tensor: str | None = None
+    dim: int | None = None
+    # Distinct values the guarded size or Python value took, in the order Dynamo saw them.
+    values: list[str] = []
+    # The frame hit torch._dynamo.config.recompile_limit: it runs in eager from then on.
+    limit_hit: bool = False
+    compile_s: float = 0.0  # seconds spent on its recompiles
+
+
 class CompileFacts(msgspec.Struct, omit_defaults=True):
     used: bool = False
     graph_breaks: int | None = None
     graph_break_reasons: list[str] = []
     breaks: list[GraphBreakFacts] = []
+    # Recompiles in all (every compile of a frame after its first); per frame in ``recompile_frames``.
     recompiles: int | None = None
     recompile_reasons: list[str] = []
+    recompile_frames: list[RecompileFacts] = []
+    # Compiled frame id -> its code's name, to name the trace's "Torch-Compiled Region: F/N"
+    # ranges (a graph break's resume function is "torch_dynamo_resume_in_<function>_at_<line>").
+    frame_names: dict[str, str] = {}
     unique_graphs: int | None = None
     cache_hits: int | None = None
     cache_misses: int | None = None
     cudagraph_skips: int | None = None
+    # Compile seconds so far: every frame's compile and the backward graphs compiled at their first
+    # backward; split into Dynamo's tracing and the backend's (AOTAutograd + Inductor) work.
     compile_time_s: float | None = None
+    dynamo_s: float | None = None
+    backend_s: float | None = None
 
 
 class CpuFacts(msgspec.Struct, omit_defaults=True):
@@ -230,6 +260,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Environment variables that matter for performance (NCCL_*, OMP_NUM_THREADS, CUDA_LAUNCH_BLOCKING, ...).
     env: dict[str, str] = {}
     steps: list[StepTiming] = []
+    # Wall seconds from the first training activity (first forward, batch or optimizer step) to
+    # this summary: the job-level denominator for one-off costs such as compiling.
+    train_wall_s: float | None = None
     # Host syncs counted by the probe per step (e.g. loss.item() every step), by call site.
     host_syncs_per_step: float | None = None
     host_sync_sites: dict[str, int] = {}

@@ -96,7 +96,13 @@ def test_single_process_facts(tmp_path):
         "recompiles": 0,
         "unique_graphs": 1,
         "compile_time_s": facts["compile"]["compile_time_s"],
+        "dynamo_s": facts["compile"]["dynamo_s"],
+        "backend_s": facts["compile"]["backend_s"],
+        "frame_names": {"0": "forward"},
     }
+    c = facts["compile"]
+    assert abs(c["dynamo_s"] + c["backend_s"] - c["compile_time_s"]) < 0.01 and c["compile_time_s"] > 0
+    assert 0 < c["compile_time_s"] < facts["train_wall_s"]
     assert all(s["forward_ms"] > 0 for s in facts["steps"][1:])  # roots are hooked after step 0
     # 12 steps; 5, 6 and 7 ran under the profiler and are left out of the timings.
     assert facts["step_source"] == "optimizer" and facts["profile_steps"] == [5, 8]

@@ -1,8 +1,8 @@
-"""Compile-layer rules (CG-1..CG-5)."""
+"""Compile-layer rules (CG-1..CG-6)."""
 
 from __future__ import annotations
 
-from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts
+from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts, RecompileFacts
 from torchdoctor.metrics.model import KindTime
 from torchdoctor.rules.compile_breaks import advice
 
@@ -78,13 +78,52 @@ def test_cg2_silent_without_breaks():
     assert run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=0)))) == []
 
 
-def test_cg3_recompile_limit_is_critical():
-    f = gpu_facts(compile=CompileFacts(used=True, recompiles=9, recompile_reasons=["size mismatch"]))
-    assert only(run("CG-3", (None, f)), "CG-3").severity == "critical"
+STORM = RecompileFacts("forward", location="/job/model.py:6", count=7,
+                       guard="tensor 'x' size mismatch at index 1. expected 70, actual 71", kind="size",
+                       tensor="x", dim=1, values=["64", "65", "66", "67", "68", "69", "70", "71", "72"],
+                       limit_hit=True, compile_s=3.5)
 
 
-def test_cg3_silent_without_recompiles():
+def test_cg3_recompile_limit_is_critical_names_the_dimension_and_prices_the_job_not_the_step():
+    f = gpu_facts(compile=CompileFacts(used=True, recompiles=7, recompile_frames=[STORM]), train_wall_s=70.0)
+    got = only(run("CG-3", (None, f)), "CG-3")
+    assert got.severity == "critical" and "gave up on forward after 7 recompile(s)" in got.title
+    assert "input 'x' changes size at dim 1" in got.evidence[0].text and "64, 65" in got.evidence[0].text
+    assert "torch._dynamo.mark_dynamic(x, 1)" in got.fix.snippet
+    # A one-off cost: 3.5 s of a 70 s job, nothing claimed from the step.
+    assert got.recoverable_pct == 0.0 and not got.claims and got.job_s == 3.5 and got.job_pct == 5.0
+
+
+def test_cg3_one_recompile_is_info_a_changing_python_value_is_a_warning():
+    once = RecompileFacts("forward", count=1, guard="tensor 'x' size mismatch at index 0. expected 4, actual 5",
+                          kind="size", tensor="x", dim=0, values=["4", "5"], compile_s=0.2)
+    f = gpu_facts(compile=CompileFacts(used=True, recompiles=1, recompile_frames=[once]))
+    assert only(run("CG-3", (None, f)), "CG-3").severity == "info"
+    value = RecompileFacts("scale", count=3, guard="s == 0.5", kind="value", tensor="s", values=["0.5", "1.5", "2.5"])
+    got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=3, recompile_frames=[value])))), "CG-3")
+    assert got.severity == "warning" and "the Python value s changes (values seen: 0.5, 1.5, 2.5)" in got.evidence[0].text
+    assert "s = torch.tensor(s)" in got.fix.snippet and got.job_s is None
+
+
+def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():
+    r = gpu_result()
+    r.compile_regions = {"0/0": 5, "0/1": 5}
+    got = only(run("CG-3", (r, None)), "CG-3")
+    assert got.severity == "info" and "0/1" in got.title
     assert run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=0)))) == []
+
+
+def test_cg6_compile_time_is_a_job_share_never_a_step_share():
+    c = CompileFacts(used=True, compile_time_s=24.0, dynamo_s=0.5, backend_s=23.5, cache_hits=0, cache_misses=2,
+                     unique_graphs=1)
+    got = only(run("CG-6", (None, gpu_facts(compile=c, train_wall_s=96.0))), "CG-6")
+    assert got.severity == "info" and got.recoverable_pct == 0.0 and not got.claims
+    assert got.job_s == 24.0 and got.job_pct == 25.0
+    assert "24.0 s of compiling, 25% of the job's 96 s" in got.title and "Inductor 23.5 s" in got.title
+    assert "0 hit(s), 2 miss(es)" in got.evidence[0].text
+    unknown = only(run("CG-6", (None, gpu_facts(compile=c))), "CG-6")
+    assert unknown.job_pct is None and "wall time is unknown" in unknown.title
+    assert run("CG-6", (None, gpu_facts(compile=CompileFacts(used=True)))) == []
 
 
 def test_cg4_cudagraph_skips():
@@ -109,3 +148,19 @@ def test_cg5_silent_when_on_or_without_convs():
     assert run("CG-5", (r, gpu_facts(backends=BackendFacts(cudnn_benchmark=False)))) == []  # no convolutions
     r.signals.conv_ns = 50 * 5 * MS
     assert run("CG-5", (r, gpu_facts(backends=BackendFacts(cudnn_benchmark=True)))) == []
+
+
+def test_cg2_prices_each_break_by_the_eager_gap_before_its_resume_function():
+    """The trace's gap before region 1/0 belongs to the break whose resume function (frame 1) is
+    torch_dynamo_resume_in_forward_at_21: BREAKS[0], at train.py:21."""
+    r = gpu_result()
+    r.compile_regions = {"0/0": 5, "1/0": 5}
+    r.compile_gaps_ms = {"1/0": 0.75}
+    f = gpu_facts(compile=CompileFacts(used=True, graph_breaks=1, breaks=BREAKS[:1],
+                                       frame_names={"0": "forward", "1": "torch_dynamo_resume_in_forward_at_21"}))
+    got = only(run("CG-2", (r, f)), "CG-2")
+    assert "750 µs per step" in got.title or "0.75 ms per step" in got.title, got.title
+    brk = got.evidence[1]
+    assert brk.values["eager_ms_per_step"] == 0.75 and brk.items[0]["location"] == "/job/train.py:21"
+    f.compile.frame_names = {"1": "torch_dynamo_resume_in_forward_at_99"}  # another line: not this break's
+    assert only(run("CG-2", (r, f)), "CG-2").evidence[1].values["eager_ms_per_step"] is None

@@ -268,6 +268,9 @@ class RankResult(msgspec.Struct):
     events: int = 0
     warnings: list[str] = []
     compile_regions: dict[str, int] = {}
+    # Eager ms per step before each nested compiled region "F/N": the code a graph break left
+    # between compiled pieces (metrics/compiled.py::break_gaps).
+    compile_gaps_ms: dict[str, float] = {}
     signals: RuleSignals | None = None
     # Collective calls with their recorded metadata (metrics/collectives.py); None without it.
     collectives: Collectives | None = None

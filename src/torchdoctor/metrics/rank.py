@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..hardware.devices import from_trace_properties
 from ..trace.model import RankTrace
 from . import intervals as iv
 from .collectives import collectives
+from .compiled import break_gaps, compiled_regions
 from .context import Context
 from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch, utilisation
 from .host import comm_ops, host_split, launches, syncs
@@ -19,8 +18,6 @@ from .rooflinesum import roofline_summary
 from .signals import rule_signals
 from .steps import choose_window
 from .work import kernel_work
-
-_COMPILED = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 
 
 def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = None) -> RankResult:
@@ -58,7 +55,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         steps=rows, stream_idle=stream_idle(ctx), idle_causes=causes, syncs=syncs(ctx),
         launches=launches(ctx), kernels=kernel_breakdown(ctx, dev=dev, work=work), host=split, comm_ops=comm_ops(ctx),
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
-        compile_regions=compiled_regions(tr), signals=rule_signals(ctx, cause_sets),
+        compile_regions=compiled_regions(tr), compile_gaps_ms=break_gaps(tr, win), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
     )
 
@@ -92,13 +89,3 @@ def step_rows(ctx: Context, split_rows: list[dict[str, float]]) -> list[StepRow]
     return rows
 
 
-def compiled_regions(tr: RankTrace) -> dict[str, int]:
-    """torch.compile frames seen: 'frame/recompile' -> count of `Torch-Compiled Region` events."""
-    out: dict[str, int] = {}
-    for nid, name in enumerate(tr.names):
-        m = _COMPILED.match(name)
-        if m:
-            n = int((tr.name == nid).sum())
-            if n:
-                out[f"{m.group(1)}/{m.group(2)}"] = n
-    return out

@@ -25,6 +25,8 @@ from torchdoctor.facts import (
     OptimizerFacts,
 )
 from torchdoctor.probe.breaks import graph_breaks as breaks_of
+from torchdoctor.probe.recompiles import LIMIT_REASON, compile_seconds, first_line, frame_names
+from torchdoctor.probe.recompiles import recompiles as recompiles_of
 
 T = TypeVar("T")
 
@@ -299,24 +301,33 @@ def compile_facts() -> CompileFacts:
     counters = getattr(utils, "counters", None)
     if counters is None:
         return CompileFacts()
-    breaks = Counter(counters.get("graph_break", {})) + Counter(counters.get("unimplemented", {}))
+    # A frame past recompile_limit is recorded as an "unimplemented" break; it is a recompile
+    # cliff (recompile_frames[].limit_hit), not a break in the user's code.
+    breaks = Counter({k: n for k, n in (Counter(counters.get("graph_break", {}))
+                                        + Counter(counters.get("unimplemented", {}))).items()
+                      if not str(k).startswith(LIMIT_REASON)})
     frames = counters.get("frames", {})
     stats = counters.get("stats", {})
     inductor = counters.get("inductor", {})
+    per_frame = attempt(lambda: recompiles_of(utils))
     failures = getattr(utils, "guard_failures", {}) or {}
-    reasons = [str(r) for rs in failures.values() for r in rs]
-    times = getattr(utils, "compilation_time_metrics", {}) or {}
-    compile_s = sum(times.get("_compile.compile_inner", []) or [])
+    # One failing guard per cache entry checked: the first guard of each recompile is enough.
+    reasons = list(dict.fromkeys(first_line(str(r)) for rs in failures.values() for r in rs))
+    total_s, dynamo_s, backend_s = attempt(lambda: compile_seconds(utils)) or (None, None, None)
     return CompileFacts(
         used=bool(frames.get("total") or stats.get("unique_graphs")),
         graph_breaks=sum(breaks.values()),
         graph_break_reasons=[str(r)[:300] for r, _ in breaks.most_common(10)],
         breaks=attempt(lambda: breaks_of(utils)) or [],
-        recompiles=len(reasons),
-        recompile_reasons=[r[:300] for r in reasons[:10]],
+        recompiles=sum(r.count for r in per_frame) if per_frame is not None else len(reasons) or None,
+        recompile_reasons=reasons[:10],
+        recompile_frames=per_frame or [],
+        frame_names=attempt(lambda: frame_names(utils)) or {},
         unique_graphs=stats.get("unique_graphs"),
         cache_hits=inductor.get("fxgraph_cache_hit"),
         cache_misses=inductor.get("fxgraph_cache_miss"),
         cudagraph_skips=inductor.get("cudagraph_skips"),
-        compile_time_s=round(compile_s, 3) if compile_s else None,
+        compile_time_s=total_s,
+        dynamo_s=dynamo_s,
+        backend_s=backend_s,
     )

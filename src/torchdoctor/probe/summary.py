@@ -148,6 +148,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         backends=backends,
         env=collect.env_facts(),
         steps=steps,
+        train_wall_s=round(perf_counter() - probe.wall0, 3) if probe.active else None,
         host_syncs_per_step=round(probe.sync_total / len(steps), 3) if steps else None,
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         probe_errors=list(ERRORS.messages),

@@ -171,6 +171,8 @@ def _print_findings(report: Report, console: Console, verbose: bool) -> None:
         if f.severity == "info" and not verbose and i > 12:
             continue
         gain = f"{f.recoverable_pct:.1f}%" + (f"\n{f.recoverable_ms:.1f} ms" if f.recoverable_ms else "")
+        if f.job_s and not f.recoverable_ms:  # a one-off cost of the job, not a share of the step
+            gain = f"once: {f.job_s:.1f} s" + (f"\n{f.job_pct:.0f}% of job" if f.job_pct is not None else "")
         t.add_row(str(i), f.layer, f.id, Text(f.severity, SEVERITY_STYLE[f.severity]), escape(f.title), gain,
                   escape(f.fix.text if f.fix else ""))
     console.print(t)

@@ -1,11 +1,13 @@
-"""Compile layer: eager overhead, graph breaks, recompiles, skipped CUDA graphs, cuDNN autotuning
-(CG-1..CG-5).
+"""Compile layer: eager overhead, graph breaks, skipped CUDA graphs, cuDNN autotuning (CG-1, CG-2,
+CG-4, CG-5); recompiles and compile time are in compile_cost.py (CG-3, CG-6).
 
 Gains on kernel time are scaled by the busy share (`device_bound`): faster kernels do not
 shorten a host-bound step.
 """
 
 from __future__ import annotations
+
+import re
 
 import msgspec
 
@@ -25,9 +27,8 @@ MIN_FUSABLE_PER_STEP = 100
 # cuDNN autotuning (benchmark=True) picks the fastest algorithm per shape; assume 10% of
 # convolution time for static shapes (assumption; the cudnn.benchmark remedy measures it).
 CUDNN_BENCHMARK_GAIN = 0.10
-# Dynamo gives up after this many recompiles of one frame (torch._dynamo.config.recompile_limit).
-RECOMPILE_LIMIT = 8
 MAX_BREAKS_SHOWN = 8
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
 
 
 def compiled(v: View) -> bool | None:
@@ -108,8 +109,9 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
 
     Live: Dynamo's graph_break counter, and each break with its reason, registry id and the user's
     line (``CompileFacts.breaks``), each shown with the fix of its kind (rules/compile_breaks.py);
-    trace: more than one compiled frame per step. The eager gaps they leave are priced by HO-5
-    (host time), so no gain is claimed here.
+    trace: more than one compiled frame per step. Each break's eager time per step comes from the
+    profiler window (``eager_gaps``: the gap before its resume function's compiled region). That
+    time is host time HO-5 prices, so no gain is claimed here.
     """
     def one(v: View) -> Finding | None:
         breaks = v.f.compile.graph_breaks if v.f is not None else None
@@ -126,16 +128,23 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                              [{"reason": r} for r in reasons[:5]] if not listed else [])]
         fix = Fix("Remove the data-dependent Python, .item() and unsupported calls named in the reasons; "
                   "fullgraph=True makes each break an error.", "model = torch.compile(model, fullgraph=True)")
+        gaps = eager_gaps(v, listed)
+        if gaps is not None and not listed:
+            evidence.append(Evidence(f"Eager code between compiled regions: {fmt_ms(sum(gaps.values()))} per step.",
+                                     {"eager_ms_per_step": round(sum(gaps.values()), 4)}))
         if listed:
             shown = listed[:MAX_BREAKS_SHOWN]
-            evidence += [Evidence(describe(b), {"compiles": b.compiles},
-                                  [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0]}]) for b in shown]
+            evidence += [Evidence(describe(b) + (f" Eager time it leaves: {fmt_ms(gaps[i])} per step." if gaps and i in gaps else ""),
+                                  {"compiles": b.compiles, "eager_ms_per_step": gaps.get(i) if gaps else None},
+                                  [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0],
+                                    "eager_ms_per_step": gaps.get(i) if gaps else None}]) for i, b in enumerate(shown)]
             steps = {f"{b.location or 'torch'}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
             snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1])
             fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0], "\n".join(snippets))
         return finding(
             v, "CG-2", "compile", f"torch.compile breaks the graph {n} time(s): eager code runs between compiled pieces"
-            + (f" ({_sites(listed)})." if listed else "."),
+            + (f" ({_sites(listed)})" if listed else "")
+            + (f", {fmt_ms(sum(gaps.values()))} per step" if gaps else "") + ".",
             0.0, sev="warning", evidence=evidence, fix=fix,
             confidence="high" if breaks or listed else "medium",
             confirm="TORCH_LOGS=graph_breaks prints each break with its line",
@@ -143,43 +152,39 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
+def eager_gaps(v: View, listed: list[GraphBreakFacts]) -> dict[int, float] | None:
+    """Eager ms per step each break leaves (metrics.compiled.break_gaps), by index in ``listed``;
+    with no break listed, every gap under key -1. None when the trace has no gaps.
+
+    A gap sits before the region of a resume function, which Dynamo names after the break's
+    function and line ("torch_dynamo_resume_in_forward_at_9"; ``CompileFacts.frame_names`` maps
+    the region's frame id to it).
+    """
+    gaps = v.r.compile_gaps_ms if v.r is not None else {}
+    if not gaps:
+        return None
+    if not listed:
+        return {-1: sum(gaps.values())}
+    names = v.f.compile.frame_names if v.f is not None else {}
+    out: dict[int, float] = {}
+    for key, ms in gaps.items():
+        name = names.get(key.split("/")[0], "")
+        m = _RESUME.fullmatch(name)
+        if not m:
+            continue
+        for i, b in enumerate(listed):
+            line = (b.location or "").rsplit(":", 1)[-1]
+            if b.function == m.group(1) and line == m.group(2):
+                out[i] = round(out.get(i, 0.0) + ms, 4)
+                break
+    return out
+
+
 def _sites(listed: list[GraphBreakFacts]) -> str:
     """The user lines of the breaks, short: "train.py:12, train.py:30"."""
     names = dict.fromkeys(b.location.rsplit("/", 1)[-1] for b in listed if b.location)
     more = len(names) - 4
     return ", ".join(list(names)[:4]) + (f" and {more} more" if more > 0 else "") if names else "inside torch"
-
-
-@rule("CG-3")
-def recompiles(inputs: RuleInputs) -> list[Finding]:
-    """Recompilation (dynamic shapes, changing guards).
-
-    PT: after recompile_limit (8) recompiles a frame falls back to eager → critical; any
-    recompile after warm-up → warning. Gain: the compile time spread over the run's steps.
-    """
-    def one(v: View) -> Finding | None:
-        c = v.f.compile if v.f is not None else None
-        n = c.recompiles if c is not None else None
-        variants = [k for k in (v.r.compile_regions if v.r is not None else {}) if not k.endswith("/0")]
-        if not n and not variants:
-            return None
-        steps = len(v.f.steps) if v.f is not None and v.f.steps else 0
-        gain = 1000.0 * c.compile_time_s / steps if c is not None and c.compile_time_s and steps else 0.0
-        return finding(
-            v, "CG-3", "compile",
-            f"torch.compile recompiled {n if n else len(variants)} time(s)"
-            + (" and hit the recompile limit (falls back to eager)." if n and n >= RECOMPILE_LIMIT else "."),
-            gain, sev="critical" if n and n >= RECOMPILE_LIMIT else "warning",
-            evidence=[Evidence(f"{n if n else len(variants)} recompile(s)"
-                               + (f", compile time {c.compile_time_s:.1f} s" if c is not None and c.compile_time_s else "")
-                               + (f"; variants in the trace: {variants}" if variants else "") + ".", {"recompiles": n, "compiled_variants": variants,
-                                               "compile_time_s": c.compile_time_s if c else None},
-                               [{"reason": r} for r in (c.recompile_reasons if c else [])[:5]])],
-            fix=Fix("Pad or bucket input shapes, mark dynamic dimensions, avoid guards on changing Python values.",
-                    "torch._dynamo.mark_dynamic(x, 0)   # or torch.compile(model, dynamic=True)"),
-            confidence="high" if n else "medium", confirm="TORCH_LOGS=recompiles prints the failing guard",
-            source="PT recompile_limit 8; GPP compilation_warmup")
-    return per_rank(inputs, one)
 
 
 @rule("CG-4")

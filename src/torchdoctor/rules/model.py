@@ -64,3 +64,8 @@ class Finding(msgspec.Struct, omit_defaults=True):
     claims: list[Claim] = []
     # [warn, crit] shares of the step (%) the severity was read from; absent when the rule set it.
     ladder: list[float] | None = None
+    # One-off costs of the job (compiling): seconds of its wall time, and their share of the job's
+    # wall time since its first training activity. Never a share of the step: such findings claim
+    # nothing from the step's budget (recoverable_pct 0) and say their cost here.
+    job_s: float | None = None
+    job_pct: float | None = None

@@ -1,0 +1,75 @@
+"""Compiled regions of torch.compile in the trace, and the eager time a graph break leaves.
+
+Dynamo wraps each run of a compiled frame in a ``Torch-Compiled Region: F/N`` range (F: the
+frame's id, N: which of its compiles). After a graph break, the frame's remaining code runs in
+eager and then calls the *resume function* Dynamo compiled for the rest of the frame: a new frame
+id whose region is nested inside the first one. The compiled graphs themselves run inside
+``CompiledFunction`` (AOTAutograd, training), ``## Call CompiledFxGraph <key> ##`` (Inductor)
+or ``AOTDispatcher Runtime Wrapper Prologue`` ranges.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from ..trace.model import RankTrace
+from .steps import Window
+
+_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
+_GRAPH_CALLS = ("CompiledFunction", "## Call CompiledFxGraph", "AOTDispatcher Runtime Wrapper")
+
+
+def compiled_regions(tr: RankTrace) -> dict[str, int]:
+    """torch.compile frames seen: 'frame/recompile' -> count of `Torch-Compiled Region` events."""
+    out: dict[str, int] = {}
+    for nid, name in enumerate(tr.names):
+        m = _REGION.match(name)
+        if m:
+            n = int((tr.name == nid).sum())
+            if n:
+                out[f"{m.group(1)}/{m.group(2)}"] = n
+    return out
+
+
+def break_gaps(tr: RankTrace, win: Window) -> dict[str, float]:
+    """Eager time per step before each nested compiled region: what a graph break leaves, in ms.
+
+    For every region R = ``Torch-Compiled Region: F/N`` in the window that is nested in another
+    region P on the same thread (R is the resume function of the break in P's frame): the time
+    from the end of the last graph call or region inside P that ended before R started, to R's
+    start, summed over the window and divided by its steps (by 1 without steps). Keyed by R's
+    "F/N". A gap is only measured after a graph call or region in P, so guard evaluation at P's
+    start is never counted; with the "eager" backend (no graph-call ranges) nothing is measured.
+    """
+    region_ids = {nid: f"{m.group(1)}/{m.group(2)}" for nid, name in enumerate(tr.names)
+                  if (m := _REGION.match(name))}
+    if not region_ids:
+        return {}
+    call_ids = [nid for nid, name in enumerate(tr.names) if name.startswith(_GRAPH_CALLS)]
+    inside = (tr.ts >= win.start) & (tr.end <= win.end)
+    is_region = np.isin(tr.name, list(region_ids))
+    picked = np.flatnonzero(inside & (is_region | np.isin(tr.name, call_ids)))
+    by_tid: dict[int, list[int]] = defaultdict(list)
+    for i in picked:
+        by_tid[int(tr.tid[i])].append(int(i))
+    gaps: dict[str, int] = defaultdict(int)
+    for idx in by_tid.values():
+        idx.sort(key=lambda i: (int(tr.ts[i]), -int(tr.end[i])))
+        open_regions: list[tuple[int, int | None]] = []  # (end, last child's end) of the enclosing regions
+        for i in idx:
+            ts, end = int(tr.ts[i]), int(tr.end[i])
+            while open_regions and open_regions[-1][0] <= ts:
+                open_regions.pop()
+            if is_region[i]:
+                if open_regions and open_regions[-1][1] is not None and open_regions[-1][1] <= ts:
+                    gaps[region_ids[int(tr.name[i])]] += ts - open_regions[-1][1]
+                if open_regions:
+                    open_regions[-1] = (open_regions[-1][0], end)
+                open_regions.append((end, None))
+            elif open_regions:
+                open_regions[-1] = (open_regions[-1][0], max(end, open_regions[-1][1] or 0))
+    steps = max(len(win.steps), 1)
+    return {k: round(v / steps / 1e6, 4) for k, v in sorted(gaps.items())}

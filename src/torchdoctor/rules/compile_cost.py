@@ -1,0 +1,209 @@
+"""Compile layer, what compiling cost the job: recompiles explained (CG-3) and compile time (CG-6).
+
+Compiling is a one-off cost of the job, not a per-step loss: these findings claim nothing from
+the step's budget. Their cost is priced against the job's wall time since its first training
+activity (``RankFacts.train_wall_s``) and carried in ``Finding.job_s``/``job_pct``, so they never
+rank above a per-step cause by a share they do not have. Facts come from Dynamo's compilation
+metrics (probe/recompiles.py); a trace alone shows compiled variants (``Torch-Compiled Region:
+F/N`` with N > 0), which CG-3 reports without a cause.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torchdoctor.facts import CompileFacts, RecompileFacts
+
+from ._common import View, finding, per_rank
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+# Recompiles of one frame from which CG-3 warns: one recompile is what automatic dynamic shapes
+# (and a train/eval switch) cost by design; a second one means the guard keeps failing.
+WARN_RECOMPILES = 2
+MAX_FRAMES_SHOWN = 5
+MAX_VALUES_SHOWN = 8
+
+# kind -> (what changed, in words; what to do)
+_KINDS: dict[str, tuple[str, str]] = {
+    "size": ("changes size", "Mark the dimension dynamic before the first call, or compile with dynamic=True; "
+                             "if the sizes are few, pad or bucket the inputs to them."),
+    "stride": ("changes strides (layout)", "Make the input contiguous (x.contiguous()) before the compiled call."),
+    "rank": ("changes its number of dimensions", "Give the input one rank (reshape or unsqueeze before the call)."),
+    "dtype": ("changes dtype", "Cast the input to one dtype before the compiled call."),
+    "requires_grad": ("changes requires_grad", "Call the compiled function with the same requires_grad "
+                                               "(or compile training and inference separately)."),
+    "device": ("changes device, layout or autocast state", "Keep the input's device and the autocast context the "
+                                                          "same around every call."),
+    "global_state": ("global state changed (grad mode, autocast, default dtype or thread count)",
+                     "Keep grad mode, autocast and torch.set_num_threads fixed around the compiled call; "
+                     "compile training and evaluation as separate functions."),
+    "value": ("a Python value the code depends on changes",
+              "Pass the value as a tensor (torch.tensor(v)) so it is an input, not a constant baked into the graph, "
+              "or keep it fixed."),
+    "identity": ("a different object (module, function or type) is passed",
+                 "Create the object once and reuse it across calls."),
+    "length": ("a list or tuple changes length", "Pad it to one length or pass a tensor."),
+    "other": ("a guard failed", "TORCH_LOGS=recompiles prints every failing guard; make that input stable."),
+}
+
+
+def _input(tensor: str | None) -> tuple[str, str]:
+    """(words, a Python name) for a guarded input: 'x' -> ("input 'x'", "x"); Dynamo names the
+    positional arguments of a wrapped module call "args[0]" -> ("argument 0", "arg0")."""
+    name = (tensor or "x").removeprefix("L['").removesuffix("']")
+    m = re.fullmatch(r"args\[(\d+)\]", name)
+    if m:
+        return f"argument {m.group(1)}", f"arg{m.group(1)}"
+    return f"input '{name}'", name if name.isidentifier() else "x"
+
+
+def _values(r: RecompileFacts) -> str:
+    shown = r.values[:MAX_VALUES_SHOWN]
+    more = len(r.values) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def describe(r: RecompileFacts) -> str:
+    """One sentence: which frame, how often, which input changed how, with the values seen."""
+    where = f"{r.frame} ({r.location.rsplit('/', 1)[-1]})" if r.location else r.frame
+    what = _KINDS.get(r.kind, _KINDS["other"])[0]
+    words = _input(r.tensor)[0]
+    if r.tensor and r.kind in ("size", "stride"):
+        subject = f"{words} {what} at dim {r.dim}" if r.dim is not None else f"{words} {what}"
+    elif r.tensor and r.kind == "value":
+        subject = f"the Python value {r.tensor} changes"
+    elif r.tensor:
+        subject = f"{words} {what}"
+    else:
+        subject = what
+    seen = f" (values seen: {_values(r)})" if r.values and r.kind in ("size", "value") else ""
+    cliff = "; it hit the recompile limit and runs in eager from then on" if r.limit_hit else ""
+    return (f"{where} recompiled {r.count} time(s): {subject}{seen}{cliff}. "
+            f"Failing guard: {r.guard or 'unknown'}.")
+
+
+def fix_for(r: RecompileFacts) -> tuple[str, str]:
+    """(what to do, snippet) for one frame's recompiles, naming the input and dimension."""
+    text = _KINDS.get(r.kind, _KINDS["other"])[1]
+    words, name = _input(r.tensor)
+    if r.kind == "size":
+        snippet = (f"torch._dynamo.mark_dynamic({name}, {r.dim if r.dim is not None else 0})   "
+                   f"# {name}: {words} of {r.frame}, before the call; or torch.compile(..., dynamic=True)")
+        if r.values:
+            text += f" Sizes seen: {_values(r)}."
+    elif r.kind == "value":
+        snippet = f"{name} = torch.tensor({name})   # an input of the graph, not a constant guarded on"
+    else:
+        snippet = ""
+    if r.limit_hit:
+        text += (" Until then, raising torch._dynamo.config.recompile_limit only delays the cliff; "
+                 "torch.compiler.set_stance('fail_on_recompile') in a test catches it early.")
+    return text, snippet
+
+
+def _job(c: CompileFacts, v: View, seconds: float) -> tuple[float | None, str]:
+    """(share of the job's wall time in percent, or None; the phrase that says it)."""
+    wall = v.f.train_wall_s if v.f is not None else None
+    if not wall or wall <= 0:
+        return None, f"{seconds:.1f} s of compiling (the job's wall time is unknown)"
+    pct = 100.0 * min(seconds, wall) / wall
+    return pct, f"{seconds:.1f} s of compiling, {pct:.0f}% of the job's {wall:.0f} s so far"
+
+
+@rule("CG-3")
+def recompiles(inputs: RuleInputs) -> list[Finding]:
+    """Recompiles, each frame explained: the failing guard in words and the fix for its kind.
+
+    Live: ``CompileFacts.recompile_frames`` (Dynamo's compilation metrics). A frame that hit
+    ``recompile_limit`` runs in eager from then on, silently → critical; WARN_RECOMPILES or more
+    recompiles of one frame → warning; a single one (automatic dynamic shapes, train/eval) → info.
+    Trace only: compiled variants ``F/N``, N > 0, in the profiler window → info, cause unknown.
+    Claims nothing per step: the recompiles' compile seconds are a one-off job cost (``job_s``),
+    and a frame back in eager loses what compile gained, which only ``fix`` can measure.
+    """
+    def one(v: View) -> Finding | None:
+        c = v.f.compile if v.f is not None else None
+        frames = c.recompile_frames if c is not None else []
+        variants = [k for k in (v.r.compile_regions if v.r is not None else {}) if not k.endswith("/0")]
+        total = c.recompiles if c is not None and c.recompiles else sum(r.count for r in frames)
+        if not total and not any(r.limit_hit for r in frames):
+            if not variants:
+                return None
+            return finding(
+                v, "CG-3", "compile", f"The trace runs {len(variants)} recompiled variant(s) of compiled code "
+                f"({', '.join(sorted(variants)[:4])}).", 0.0, sev="info",
+                evidence=[Evidence(f"Compiled regions with a compile id past /0: {sorted(variants)}.",
+                                   {"compiled_variants": sorted(variants)})],
+                fix=Fix("Run under `torchdoctor run` (or TORCH_LOGS=recompiles) to see which guard fails."),
+                confidence="medium", confirm="TORCH_LOGS=recompiles prints the failing guard",
+                source="PT Torch-Compiled Region compile ids")
+        limit = [r for r in frames if r.limit_hit]
+        worst = max((r.count for r in frames), default=total)
+        sev = "critical" if limit else "warning" if worst >= WARN_RECOMPILES else "info"
+        seconds = sum(r.compile_s for r in frames)
+        pct, cost = _job(c, v, seconds) if c is not None else (None, "")
+        shown = frames[:MAX_FRAMES_SHOWN]
+        if limit:
+            title = (f"torch.compile gave up on {', '.join(r.frame for r in limit)} after "
+                     f"{sum(r.count for r in limit)} recompile(s): it runs in eager from then on")
+        else:
+            title = f"torch.compile recompiled {total} time(s)"
+        if shown:
+            head = shown[0]
+            title += f" ({head.frame}: {_KINDS.get(head.kind, _KINDS['other'])[0]}"
+            title += f" '{head.tensor}'" if head.tensor and head.kind != "value" else f" {head.tensor}" if head.tensor else ""
+            title += ")"
+        title += f"; {cost}." if seconds else "."
+        evidence = [Evidence(describe(r), {"recompiles": r.count, "compile_s": r.compile_s, "limit_hit": r.limit_hit},
+                             [{"frame": r.frame, "location": r.location, "guard": r.guard, "kind": r.kind,
+                               "tensor": r.tensor, "dim": r.dim, "values": r.values}]) for r in shown]
+        if not shown and c is not None and c.recompile_reasons:
+            evidence.append(Evidence(f"{total} recompile(s); failing guards: {'; '.join(c.recompile_reasons[:3])}.",
+                                     {"recompiles": total}, [{"guard": g} for g in c.recompile_reasons[:5]]))
+        texts = dict.fromkeys(f"{r.frame}: {fix_for(r)[0]}" for r in shown)
+        snippets = dict.fromkeys(fix_for(r)[1] for r in shown if fix_for(r)[1])
+        f = finding(
+            v, "CG-3", "compile", title, 0.0, sev=sev, evidence=evidence,
+            fix=Fix(" ".join(texts) or _KINDS["other"][1], "\n".join(snippets)),
+            confidence="high" if frames else "medium",
+            confirm="TORCH_LOGS=recompiles prints every failing guard"
+            + ("; `torchdoctor fix --apply compile` measures what eager costs" if limit else ""),
+            source="PT recompile_limit (8) and guard-failure reasons; one recompile is automatic dynamic shapes")
+        f.job_s, f.job_pct = (round(seconds, 3), round(pct, 1) if pct is not None else None) if seconds else (None, None)
+        return f
+    return per_rank(inputs, one)
+
+
+@rule("CG-6")
+def compile_time(inputs: RuleInputs) -> list[Finding]:
+    """Compile time as a job-level number: seconds, split Dynamo / backend, share of the job.
+
+    Always info: whether compiling pays off depends on how long the job runs after it, which
+    `torchdoctor fix --apply compile` measures (break-even steps). Cache hits and misses of the
+    FX graph cache are shown (a cold start that should have been warm is for the cache rules).
+    """
+    def one(v: View) -> Finding | None:
+        c = v.f.compile if v.f is not None else None
+        if c is None or not c.used or not c.compile_time_s:
+            return None
+        pct, cost = _job(c, v, c.compile_time_s)
+        split = (f"Dynamo {c.dynamo_s:.1f} s, AOTAutograd + Inductor {c.backend_s:.1f} s"
+                 if c.dynamo_s is not None and c.backend_s is not None else "")
+        cache = (f"FX graph cache: {c.cache_hits or 0} hit(s), {c.cache_misses or 0} miss(es)"
+                 if c.cache_hits is not None or c.cache_misses is not None else "")
+        f = finding(
+            v, "CG-6", "compile", f"torch.compile took {cost}" + (f" ({split})" if split else "") + ".", 0.0, sev="info",
+            evidence=[Evidence("; ".join(x for x in (f"{c.compile_time_s:.2f} s compiling", split, cache,
+                                                     f"{c.unique_graphs} graph(s)" if c.unique_graphs else "") if x) + ".",
+                               {"compile_s": c.compile_time_s, "dynamo_s": c.dynamo_s, "backend_s": c.backend_s,
+                                "job_s": v.f.train_wall_s if v.f is not None else None, "job_pct": pct,
+                                "graphs": c.unique_graphs, "cache_hits": c.cache_hits, "cache_misses": c.cache_misses})],
+            fix=Fix("A one-off cost: it pays when the steps after it save more. Keep the compile cache between "
+                    "runs (a persistent TORCHINDUCTOR_CACHE_DIR) so later runs start warm.",
+                    "export TORCHINDUCTOR_CACHE_DIR=/persistent/inductor-cache", language="shell"),
+            confidence="high", confirm="`torchdoctor fix --apply compile` measures the break-even step count",
+            source="PT compilation_time_metrics (_compile.compile_inner, call_user_compiler, bw_compiler)")
+        f.job_s, f.job_pct = round(c.compile_time_s, 3), (round(pct, 1) if pct is not None else None)
+        return f
+    return per_rank(inputs, one)

@@ -1,0 +1,73 @@
+"""Recompiles and compile time as the probe reads them from Dynamo (probe/recompiles.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.probe import recompiles as rc
+
+GUARDS = [
+    ("0/7: tensor 'x' size mismatch at index 1. expected 11, actual 12", ("size", "x", 1)),
+    ("tensor 'x' dtype mismatch. expected Float, actual Double", ("dtype", "x", None)),
+    ("0/2: tensor 'x' rank mismatch. expected 1, actual 2", ("rank", "x", None)),
+    ("0/0: n == 2                                # return x * n  # rc.py:6 in g", ("value", "n", None)),
+    ("0/0: GLOBAL_STATE changed: grad_mode ", ("global_state", None, None)),
+    ("0/0: ___check_obj_id(L['self'].act, 140)", ("identity", None, None)),
+    ("0/0: len(L['xs']) == 3", ("length", None, None)),
+    ("0/0: tensor 'x' dispatch key set mismatch. expected ...", ("device", "x", None)),
+]
+
+
+@pytest.mark.parametrize(("guard", "want"), GUARDS)
+def test_guard_kinds_name_the_input_and_dimension(guard: str, want: tuple) -> None:
+    assert rc.guard_kind(guard) == want
+
+
+def test_observed_values_follow_the_guarded_dimension_only() -> None:
+    guards = ["0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5\nUser stack trace: ...",
+              "0/1: tensor 'x' size mismatch at index 0. expected 5, actual 6",
+              "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 6",
+              "0/0: tensor 'y' size mismatch at index 0. expected 9, actual 10",
+              "0/0: tensor 'x' size mismatch at index 1. expected 3, actual 7"]
+    assert rc.observed_values(guards, "size", "x", 0) == ["4", "5", "6"]
+    assert rc.observed_values(["0/0: s == 0.5  # x * s", "0/1: s == 1.5"], "value", "s", None) == ["0.5", "1.5"]
+
+
+def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_break() -> None:
+    """A module compiled with dynamic=False and fed 12 batch sizes: 7 recompiles, then the limit
+    (8 compiles); Dynamo's own metrics are the truth the facts must match."""
+    torch = pytest.importorskip("torch")
+    import torch._dynamo.utils as utils
+
+    from torchdoctor.probe.collect import compile_facts
+
+    torch._dynamo.reset()
+    utils.clear_compilation_metrics()
+    rc._SEEN.compiles.clear()
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, batch):
+            return self.lin(batch).relu()
+
+    model = Net()
+    compiled = torch.compile(model, backend="eager", dynamic=False)
+    for n in range(4, 16):
+        compiled(torch.randn(n, 3))
+    metrics = utils.get_compilation_metrics()
+    assert sum(1 for m in metrics if m.recompile_reason and not (m.fail_reason or "").startswith(rc.LIMIT_REASON)) == 7
+    facts = compile_facts()
+    assert facts.recompiles == 7 and facts.graph_breaks == 0, facts
+    (frame,) = facts.recompile_frames
+    assert frame.frame == "forward" and frame.location.endswith(f"test_recompiles.py:{Net.forward.__code__.co_firstlineno}")
+    assert frame.limit_hit and frame.count == 7
+    assert (frame.kind, frame.tensor, frame.dim) == ("size", "batch", 0), frame
+    assert frame.values[:3] == ["4", "5", "6"] and "12" in frame.values
+    assert frame.compile_s > 0 and facts.compile_time_s >= frame.compile_s
+    assert facts.dynamo_s is not None and facts.backend_s is not None
+    assert abs(facts.dynamo_s + facts.backend_s - facts.compile_time_s) < 0.01
+    # Reading again (the metrics deque is bounded) does not count anything twice.
+    assert compile_facts().recompile_frames == facts.recompile_frames
+    torch._dynamo.reset()
