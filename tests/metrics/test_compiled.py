@@ -37,3 +37,17 @@ def test_no_gap_without_a_graph_call_before_the_break_nor_for_top_level_regions(
     b.op("Torch-Compiled Region: 2/0", 500, 100)
     r = analyze_rank(load_trace(str(b.write(tmp_path / "t.json"))), "all")
     assert r.compile_gaps_ms == {}
+
+
+def test_compiling_inside_the_gap_is_not_eager_time(tmp_path):
+    """The resume function is compiled on its first call, inside the gap: 60 µs of eager code
+    around 5 ms of nested compile ranges leaves 60 µs."""
+    b = TraceBuilder(device_name=None)
+    b.step(1, 0, 10000)
+    b.op("Torch-Compiled Region: 0/0", 10, 5400)
+    b.op("CompiledFunction", 40, 200)
+    b.op("entire_frame_compile", 260, 5000)
+    b.op("_compile.compile_inner (dynamo_timed)", 270, 4900)
+    b.op("Torch-Compiled Region: 1/0", 5300, 100)
+    r = analyze_rank(load_trace(str(b.write(tmp_path / "t.json"))), "all")
+    assert r.compile_gaps_ms == {"1/0": 0.06}

@@ -20,6 +20,9 @@ from .steps import Window
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 _GRAPH_CALLS = ("CompiledFunction", "## Call CompiledFxGraph", "AOTDispatcher Runtime Wrapper")
+# Compiling, as Dynamo records it while a profiler runs (dynamo_timed ranges): a resume function
+# compiled on its first call (or recompiled) is compiled inside the gap, and is not eager code.
+_COMPILING = ("entire_frame_compile", "entire_backward_compile", "_compile.compile_inner")
 
 
 def compiled_regions(tr: RankTrace) -> dict[str, int]:
@@ -40,9 +43,11 @@ def break_gaps(tr: RankTrace, win: Window) -> dict[str, float]:
     For every region R = ``Torch-Compiled Region: F/N`` in the window that is nested in another
     region P on the same thread (R is the resume function of the break in P's frame): the time
     from the end of the last graph call or region inside P that ended before R started, to R's
-    start, summed over the window and divided by its steps (by 1 without steps). Keyed by R's
-    "F/N". A gap is only measured after a graph call or region in P, so guard evaluation at P's
-    start is never counted; with the "eager" backend (no graph-call ranges) nothing is measured.
+    start, less the time spent compiling in it (``_COMPILING`` ranges: the resume function is
+    compiled on its first call), summed over the window and divided by its steps (by 1 without
+    steps). Keyed by R's "F/N". A gap is only measured after a graph call or region in P, so
+    guard evaluation at P's start is never counted; with the "eager" backend (no graph-call
+    ranges) nothing is measured.
     """
     region_ids = {nid: f"{m.group(1)}/{m.group(2)}" for nid, name in enumerate(tr.names)
                   if (m := _REGION.match(name))}
@@ -55,6 +60,10 @@ def break_gaps(tr: RankTrace, win: Window) -> dict[str, float]:
     by_tid: dict[int, list[int]] = defaultdict(list)
     for i in picked:
         by_tid[int(tr.tid[i])].append(int(i))
+    compiling: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    compile_ids = [nid for nid, name in enumerate(tr.names) if name.startswith(_COMPILING)]
+    for i in np.flatnonzero(inside & np.isin(tr.name, compile_ids)):
+        compiling[int(tr.tid[i])].append((int(tr.ts[i]), int(tr.end[i])))
     gaps: dict[str, int] = defaultdict(int)
     for idx in by_tid.values():
         idx.sort(key=lambda i: (int(tr.ts[i]), -int(tr.end[i])))
@@ -64,8 +73,10 @@ def break_gaps(tr: RankTrace, win: Window) -> dict[str, float]:
             while open_regions and open_regions[-1][0] <= ts:
                 open_regions.pop()
             if is_region[i]:
-                if open_regions and open_regions[-1][1] is not None and open_regions[-1][1] <= ts:
-                    gaps[region_ids[int(tr.name[i])]] += ts - open_regions[-1][1]
+                last = open_regions[-1][1] if open_regions else None
+                if last is not None and last <= ts:
+                    busy = _covered(compiling.get(int(tr.tid[i]), []), last, ts)
+                    gaps[region_ids[int(tr.name[i])]] += max(0, ts - last - busy)
                 if open_regions:
                     open_regions[-1] = (open_regions[-1][0], end)
                 open_regions.append((end, None))
@@ -73,3 +84,14 @@ def break_gaps(tr: RankTrace, win: Window) -> dict[str, float]:
                 open_regions[-1] = (open_regions[-1][0], max(end, open_regions[-1][1] or 0))
     steps = max(len(win.steps), 1)
     return {k: round(v / steps / 1e6, 4) for k, v in sorted(gaps.items())}
+
+
+def _covered(spans: list[tuple[int, int]], a: int, b: int) -> int:
+    """ns of [a, b) covered by the union of ``spans`` (nested compile ranges counted once)."""
+    parts = sorted((max(s, a), min(e, b)) for s, e in spans if s < b and e > a)
+    total, reach = 0, a
+    for s, e in parts:
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total

@@ -157,9 +157,11 @@ def _print_findings(report: Report, console: Console, verbose: bool) -> None:
             console.print("No warning-level findings in what was recorded, and no verdict (see above).")
     else:
         top = actionable[0]
-        console.print(Text.assemble(("Fix first: ", "bold"), (f"{top.title}", SEVERITY_STYLE[top.severity]),
-                                    f"  (≈{top.recoverable_pct:.0f}% of step time"
-                                    + (f", {top.recoverable_ms:.1f} ms/step)" if top.recoverable_ms else ")")))
+        cost = (f"  (once: {top.job_s:.1f} s" + (f", {top.job_pct:.0f}% of the job)" if top.job_pct is not None else ")")
+                if top.job_s and not top.recoverable_ms else
+                f"  (≈{top.recoverable_pct:.0f}% of step time"
+                + (f", {top.recoverable_ms:.1f} ms/step)" if top.recoverable_ms else ")"))
+        console.print(Text.assemble(("Fix first: ", "bold"), (f"{top.title}", SEVERITY_STYLE[top.severity]), cost))
         if top.fix:
             console.print(f"  {escape(top.fix.text)}")
             if top.fix.snippet:

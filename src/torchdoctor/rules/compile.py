@@ -138,11 +138,12 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                                   {"compiles": b.compiles, "eager_ms_per_step": gaps.get(i) if gaps else None},
                                   [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0],
                                     "eager_ms_per_step": gaps.get(i) if gaps else None}]) for i, b in enumerate(shown)]
-            steps = {f"{b.location or 'torch'}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
+            steps = {f"{(b.location or 'torch').rsplit('/', 1)[-1]}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
             snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1])
             fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0], "\n".join(snippets))
         return finding(
-            v, "CG-2", "compile", f"torch.compile breaks the graph {n} time(s): eager code runs between compiled pieces"
+            v, "CG-2", "compile", (f"torch.compile breaks the graph at {len(listed)} place(s)" if listed else
+                                   f"torch.compile breaks the graph {n} time(s)") + ": eager code runs between compiled pieces"
             + (f" ({_sites(listed)})" if listed else "")
             + (f", {fmt_ms(sum(gaps.values()))} per step" if gaps else "") + ".",
             0.0, sev="warning", evidence=evidence, fix=fix,
@@ -174,7 +175,8 @@ def eager_gaps(v: View, listed: list[GraphBreakFacts]) -> dict[int, float] | Non
             continue
         for i, b in enumerate(listed):
             line = (b.location or "").rsplit(":", 1)[-1]
-            if b.function == m.group(1) and line == m.group(2):
+            resumed = _RESUME.fullmatch(b.function or "")  # facts of older probes: the resume's own name
+            if (resumed.group(1) if resumed else b.function) == m.group(1) and line == m.group(2):
                 out[i] = round(out.get(i, 0.0) + ms, 4)
                 break
     return out

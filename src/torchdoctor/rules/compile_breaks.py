@@ -13,6 +13,9 @@ from torchdoctor.facts import GraphBreakFacts
 ADVICE: dict[str, tuple[str, str]] = {
     "logging": ("Move the print/log call out of the compiled code, or let Dynamo run it after the graph.",
                 "torch._dynamo.config.reorderable_logging_functions.add(print)"),
+    "logger": ("Dynamo cannot trace logging.Logger calls, even when the level silences them: move the call "
+               "out of the compiled code, or let Dynamo drop it from compiled code.",
+               "torch._dynamo.config.ignore_logging_functions.add(logger.debug)   # your logger's method"),
     "scalar": ("Keep the value on the device as a 0-d tensor (no .item()/.tolist() in the step), or capture "
                "the scalar in the graph.", "torch._dynamo.config.capture_scalar_outputs = True"),
     "branch": ("Express the Python `if` on a tensor with tensors: torch.where for an elementwise choice, "
@@ -48,6 +51,8 @@ def kind_of(b: GraphBreakFacts) -> str:
         return "branch"
     if b.gb_id in _SCALAR_IDS or "item()" in reason or "tolist" in reason:
         return "scalar"
+    if b.gb_id == "GB0291" or "logging.logger method" in reason:
+        return "logger"
     logs = ("`print`", "print(", "logging", "logger.")
     if (b.gb_id == "GB0059" or "builtin operator" in reason) and any(word in text for word in logs):
         return "logging"

@@ -58,15 +58,25 @@ def _input(tensor: str | None) -> tuple[str, str]:
     return f"input '{name}'", name if name.isidentifier() else "x"
 
 
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
+
+
+def frame_name(r: RecompileFacts) -> str:
+    """The frame in words: a graph break's resume function is the rest of its function."""
+    m = _RESUME.fullmatch(r.frame)
+    return f"{m.group(1)} (after line {m.group(2)})" if m else r.frame
+
+
 def _values(r: RecompileFacts) -> str:
-    shown = r.values[:MAX_VALUES_SHOWN]
-    more = len(r.values) - len(shown)
+    values = sorted(r.values, key=int) if all(v.lstrip("-").isdigit() for v in r.values) else r.values
+    shown = values[:MAX_VALUES_SHOWN]
+    more = len(values) - len(shown)
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def describe(r: RecompileFacts) -> str:
     """One sentence: which frame, how often, which input changed how, with the values seen."""
-    where = f"{r.frame} ({r.location.rsplit('/', 1)[-1]})" if r.location else r.frame
+    where = f"{frame_name(r)} ({r.location.rsplit('/', 1)[-1]})" if r.location else frame_name(r)
     what = _KINDS.get(r.kind, _KINDS["other"])[0]
     words = _input(r.tensor)[0]
     if r.tensor and r.kind in ("size", "stride"):
@@ -83,13 +93,23 @@ def describe(r: RecompileFacts) -> str:
             f"Failing guard: {r.guard or 'unknown'}.")
 
 
+def _cause(r: RecompileFacts) -> str:
+    """The cause, short: "input 'ids' changes size at dim 1"."""
+    what = _KINDS.get(r.kind, _KINDS["other"])[0]
+    if r.kind == "value" and r.tensor:
+        return f"the Python value {r.tensor} changes"
+    if r.tensor:
+        return f"{_input(r.tensor)[0]} {what}" + (f" at dim {r.dim}" if r.dim is not None else "")
+    return what
+
+
 def fix_for(r: RecompileFacts) -> tuple[str, str]:
     """(what to do, snippet) for one frame's recompiles, naming the input and dimension."""
     text = _KINDS.get(r.kind, _KINDS["other"])[1]
     words, name = _input(r.tensor)
     if r.kind == "size":
         snippet = (f"torch._dynamo.mark_dynamic({name}, {r.dim if r.dim is not None else 0})   "
-                   f"# {name}: {words} of {r.frame}, before the call; or torch.compile(..., dynamic=True)")
+                   f"# {name}: {words} of {frame_name(r)}, before the call; or torch.compile(..., dynamic=True)")
         if r.values:
             text += f" Sizes seen: {_values(r)}."
     elif r.kind == "value":
@@ -145,15 +165,12 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
         pct, cost = _job(c, v, seconds) if c is not None else (None, "")
         shown = frames[:MAX_FRAMES_SHOWN]
         if limit:
-            title = (f"torch.compile gave up on {', '.join(r.frame for r in limit)} after "
+            title = (f"torch.compile gave up on {', '.join(frame_name(r) for r in limit)} after "
                      f"{sum(r.count for r in limit)} recompile(s): it runs in eager from then on")
         else:
             title = f"torch.compile recompiled {total} time(s)"
         if shown:
-            head = shown[0]
-            title += f" ({head.frame}: {_KINDS.get(head.kind, _KINDS['other'])[0]}"
-            title += f" '{head.tensor}'" if head.tensor and head.kind != "value" else f" {head.tensor}" if head.tensor else ""
-            title += ")"
+            title += f" ({_cause(shown[0])})"
         title += f"; {cost}." if seconds else "."
         evidence = [Evidence(describe(r), {"recompiles": r.count, "compile_s": r.compile_s, "limit_hit": r.limit_hit},
                              [{"frame": r.frame, "location": r.location, "guard": r.guard, "kind": r.kind,
@@ -161,8 +178,18 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
         if not shown and c is not None and c.recompile_reasons:
             evidence.append(Evidence(f"{total} recompile(s); failing guards: {'; '.join(c.recompile_reasons[:3])}.",
                                      {"recompiles": total}, [{"guard": g} for g in c.recompile_reasons[:5]]))
-        texts = dict.fromkeys(f"{r.frame}: {fix_for(r)[0]}" for r in shown)
-        snippets = dict.fromkeys(fix_for(r)[1] for r in shown if fix_for(r)[1])
+        roots = {r.frame for r in shown if not _RESUME.fullmatch(r.frame)}
+        by_fix: dict[str, list[str]] = {}
+        snippets: dict[str, None] = {}
+        for r in shown:
+            m = _RESUME.fullmatch(r.frame)
+            if m and m.group(1) in roots:
+                continue  # the rest of a function after a break recompiles with it: its fix covers both
+            text, snippet = fix_for(r)
+            by_fix.setdefault(text, []).append(frame_name(r))
+            if snippet:
+                snippets[snippet] = None
+        texts = [f"{', '.join(names)}: {text}" for text, names in by_fix.items()]
         f = finding(
             v, "CG-3", "compile", title, 0.0, sev=sev, evidence=evidence,
             fix=Fix(" ".join(texts) or _KINDS["other"][1], "\n".join(snippets)),
@@ -188,7 +215,7 @@ def compile_time(inputs: RuleInputs) -> list[Finding]:
         if c is None or not c.used or not c.compile_time_s:
             return None
         pct, cost = _job(c, v, c.compile_time_s)
-        split = (f"Dynamo {c.dynamo_s:.1f} s, AOTAutograd + Inductor {c.backend_s:.1f} s"
+        split = (f"Dynamo {c.dynamo_s:.1f} s, the backend (AOTAutograd, Inductor) {c.backend_s:.1f} s"
                  if c.dynamo_s is not None and c.backend_s is not None else "")
         cache = (f"FX graph cache: {c.cache_hits or 0} hit(s), {c.cache_misses or 0} miss(es)"
                  if c.cache_hits is not None or c.cache_misses is not None else "")

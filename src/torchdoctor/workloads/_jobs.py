@@ -64,8 +64,12 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
-def parse_args(spec: JobSpec, argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(spec: JobSpec, argv: list[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The common options of a bundled job; ``extra`` adds the job's own."""
     p = argparse.ArgumentParser(prog=spec.prog, description=spec.description)
+    if extra is not None:
+        extra(p)
     p.add_argument("--healthy", action="store_true", help="turn every pathology off (the fixed job)")
     p.add_argument("--pathologies", metavar="LIST",
                    help=f"comma list to turn on (default: all): {', '.join(spec.pathologies)}")

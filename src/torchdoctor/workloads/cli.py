@@ -21,8 +21,18 @@ def demo_command(flags: list[str], nproc: int = DEMO_RANKS) -> list[str]:
     ]  # fmt: skip
 
 
+def compiled_command(flags: list[str]) -> list[str]:
+    """The command line of the compiled demo job (one process)."""
+    return [sys.executable, "-m", "torchdoctor.workloads.compiled", *flags]
+
+
+DEMO_STEPS = 48
+COMPILED_STEPS = 60  # enough distinct sequence lengths to reach the recompile limit
+
+
 def demo_flags(args: argparse.Namespace) -> list[str]:
-    flags = ["--steps", str(args.steps)]
+    steps = args.steps if args.steps is not None else COMPILED_STEPS if getattr(args, "compile", False) else DEMO_STEPS
+    flags = ["--steps", str(steps)]
     if args.healthy:
         flags.append("--healthy")
     elif args.pathologies:
@@ -33,16 +43,17 @@ def demo_flags(args: argparse.Namespace) -> list[str]:
 def cmd_demo(args: argparse.Namespace) -> int:
     # torchrun sets one thread per rank anyway and prints a banner about it; set it quietly.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    command = compiled_command(demo_flags(args)) if args.compile else demo_command(demo_flags(args))
     if getattr(args, "fix", False):  # `demo --fix`: the A/B loop of `torchdoctor fix` (fixer.py)
         from torchdoctor.fixer import fix_demo
 
-        return fix_demo(demo_command(demo_flags(args)), args)
+        return fix_demo(command, args)
     try:
         profile = probe_config.parse_steps(args.profile_steps)
     except ValueError as exc:
         print(f"torchdoctor: demo: {exc}", file=sys.stderr)
         return 2
-    return runner.execute(demo_command(demo_flags(args)), args.out or runner.default_run_dir(), profile, args)
+    return runner.execute(command, args.out or runner.default_run_dir(), profile, args)
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -55,7 +66,11 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     )
     p.add_argument("--healthy", action="store_true", help="run the fixed job (no pathology)")
     p.add_argument("--pathologies", metavar="LIST", help="comma list of pathologies to inject (default: all)")
-    p.add_argument("--steps", type=int, default=48, help="optimizer steps per rank (default %(default)s)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the compiled single-process job instead (workloads/compiled.py: graph breaks, recompiles; "
+                        "--healthy runs its fixed version)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"optimizer steps per rank (default {DEMO_STEPS}; {COMPILED_STEPS} with --compile)")
     p.add_argument("--out", metavar="DIR", help="run directory (default: ./td-runs/<timestamp>)")
     # Later than `run`'s default: the healthy job's workers fill their prefetch queues first.
     p.add_argument(
