@@ -30,6 +30,7 @@ import numpy as np
 from . import __version__
 from . import config as user_config
 from .facts import RankFacts
+from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
 from .metrics.ranks import cross_rank
@@ -277,6 +278,7 @@ def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
             window=msgspec.to_builtins(res.window) if res else {},
             metrics=msgspec.to_builtins(res.metrics) if res else {},
             analysis=res, facts=ri.facts,
+            compile=compile_summary(ri.facts.compile if ri.facts else None, res.compile_gaps_ms if res else {}),
         ))
     spots = blind_spots(ranks, run or {}, sights or {}, warn)
     healthy = None

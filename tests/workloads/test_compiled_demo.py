@@ -43,6 +43,12 @@ def test_each_break_is_named_at_its_line_with_its_kind_and_eager_time(sick):
     assert "at 2 place(s)" in cg2["title"] and cg2["recoverable_pct"] == 0.0
     # Each break's eager time is measured in the profiler window (the gap before its resume).
     assert all(i["eager_ms_per_step"] is not None and i["eager_ms_per_step"] > 0 for i in items.values()), items
+    # The report's compile section says the same, per break.
+    section = sick["ranks"][0]["compile"]
+    listed = {b["location"].rsplit("/", 1)[-1]: b for b in section["graph_breaks"]}
+    assert set(listed) == {log_at, if_at} and all(b["function"] == "forward" for b in listed.values())
+    assert [listed[k]["eager_ms_per_step"] for k in (log_at, if_at)] == [items[k]["eager_ms_per_step"] for k in (log_at, if_at)]
+    assert section["compile_s"] > 0 and section["graphs"] >= 3
 
 
 def test_recompiles_name_the_changing_dimension_and_cost_the_job_not_the_step(sick):
@@ -50,6 +56,7 @@ def test_recompiles_name_the_changing_dimension_and_cost_the_job_not_the_step(si
     facts = sick["ranks"][0]["facts"]["compile"]
     forward = next(r for r in facts["recompile_frames"] if r["frame"] == "forward")
     assert (forward["kind"], forward["tensor"], forward["dim"]) == ("size", "ids", 1)
+    assert any(r["frame"] == "forward" and r["count"] == forward["count"] for r in sick["ranks"][0]["compile"]["recompiles"])
     assert forward["count"] >= 2 and len(forward["values"]) == forward["count"] + 1
     assert cg3["severity"] in ("warning", "critical") and "input 'ids' changes size at dim 1" in cg3["title"]
     assert "torch._dynamo.mark_dynamic(ids, 1)" in cg3["fix"]["snippet"]

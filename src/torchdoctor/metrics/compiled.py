@@ -15,10 +15,12 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..facts import CompileFacts, GraphBreakFacts
 from ..trace.model import RankTrace
 from .steps import Window
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
 _GRAPH_CALLS = ("CompiledFunction", "## Call CompiledFxGraph", "AOTDispatcher Runtime Wrapper")
 # Compiling, as Dynamo records it while a profiler runs (dynamo_timed ranges): a resume function
 # compiled on its first call (or recompiled) is compiled inside the gap, and is not eager code.
@@ -95,3 +97,50 @@ def _covered(spans: list[tuple[int, int]], a: int, b: int) -> int:
             total += e - max(s, reach)
             reach = e
     return total
+
+
+def gaps_by_break(gaps_ms: dict[str, float], frame_names: dict[str, str],
+                  breaks: list[GraphBreakFacts]) -> dict[int, float]:
+    """Eager ms per step each break leaves, by index in ``breaks``.
+
+    A gap sits before the region of a resume function, which Dynamo names after the break's
+    function and line ("torch_dynamo_resume_in_forward_at_9"); ``frame_names`` maps the region's
+    frame id to that name (``CompileFacts.frame_names``). Breaks without a matched gap are absent.
+    """
+    out: dict[int, float] = {}
+    for key, ms in gaps_ms.items():
+        m = _RESUME.fullmatch(frame_names.get(key.split("/")[0], ""))
+        if not m:
+            continue
+        for i, b in enumerate(breaks):
+            line = (b.location or "").rsplit(":", 1)[-1]
+            resumed = _RESUME.fullmatch(b.function or "")  # facts of older probes: the resume's own name
+            if (resumed.group(1) if resumed else b.function) == m.group(1) and line == m.group(2):
+                out[i] = round(out.get(i, 0.0) + ms, 4)
+                break
+    return out
+
+
+def compile_summary(facts: CompileFacts | None, gaps_ms: dict[str, float]) -> dict | None:
+    """The report's per-rank ``compile`` section (docs/json-schema.md); None when nothing was compiled.
+
+    ``compile_s``, ``dynamo_s``, ``backend_s``, ``graphs``, ``graph_breaks[]`` (``gb_id``, ``reason``,
+    ``location``, ``function``, ``count``: times Dynamo met it while compiling, ``eager_ms_per_step``),
+    ``recompiles[]`` (``frame``, ``location``, ``guard``, ``kind``, ``tensor``, ``dim``, ``values``,
+    ``count``, ``limit_hit``, ``compile_s``), ``cache`` (``hits``, ``misses``: FX graph cache),
+    ``eager_gaps_ms`` (the trace's gaps by compiled region).
+    """
+    if (facts is None or not facts.used) and not gaps_ms:
+        return None
+    f = facts or CompileFacts()
+    by_break = gaps_by_break(gaps_ms, f.frame_names, f.breaks)
+    return {
+        "compile_s": f.compile_time_s, "dynamo_s": f.dynamo_s, "backend_s": f.backend_s, "graphs": f.unique_graphs,
+        "graph_breaks": [{"gb_id": b.gb_id, "reason": b.reason, "location": b.location, "function": b.function,
+                          "count": b.compiles, "eager_ms_per_step": by_break.get(i)} for i, b in enumerate(f.breaks)],
+        "recompiles": [{"frame": r.frame, "location": r.location, "guard": r.guard, "kind": r.kind, "tensor": r.tensor,
+                        "dim": r.dim, "values": r.values, "count": r.count, "limit_hit": r.limit_hit,
+                        "compile_s": r.compile_s} for r in f.recompile_frames],
+        "cache": {"hits": f.cache_hits, "misses": f.cache_misses},
+        "eager_gaps_ms": dict(gaps_ms),
+    }

@@ -122,7 +122,7 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy("compile", ("CG-1", "HO-2"), "torch.compile on the model (Module.compile()); falls back to "
            "eager when compilation fails", "experimental", "fused kernels round differently",
            "a compiler toolchain for the device", snippet="model.compile()  # or model = torch.compile(model)"),
-    Remedy("cudagraphs", ("CG-6", "HO-2"), "torch.compile(mode='reduce-overhead'): CUDA graphs replay "
+    Remedy("cudagraphs", ("CG-4", "HO-2"), "torch.compile(mode='reduce-overhead'): CUDA graphs replay "
            "the step's kernels", "experimental", "compiled kernels; static shapes required",
            "an NVIDIA GPU; static shapes", snippet="model.compile(mode='reduce-overhead')", gpu_only=True),
 )

@@ -36,6 +36,8 @@ class RankReport(msgspec.Struct):
     metrics: dict[str, Any]
     analysis: RankResult | None = None
     facts: RankFacts | None = None
+    # torch.compile in this rank: breaks, recompiles, compile time (metrics/compiled.py::compile_summary).
+    compile: dict[str, Any] | None = None
 
 
 class ABRemedy(msgspec.Struct):

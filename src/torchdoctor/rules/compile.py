@@ -7,11 +7,10 @@ shorten a host-bound step.
 
 from __future__ import annotations
 
-import re
-
 import msgspec
 
 from torchdoctor.facts import GraphBreakFacts
+from torchdoctor.metrics.compiled import gaps_by_break
 
 from ._common import View, device_bound, finding, fmt_ms, per_rank
 from .compile_breaks import ADVICE, advice, describe, kind_of
@@ -28,7 +27,6 @@ MIN_FUSABLE_PER_STEP = 100
 # convolution time for static shapes (assumption; the cudnn.benchmark remedy measures it).
 CUDNN_BENCHMARK_GAIN = 0.10
 MAX_BREAKS_SHOWN = 8
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
 
 
 def compiled(v: View) -> bool | None:
@@ -154,32 +152,14 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
 
 
 def eager_gaps(v: View, listed: list[GraphBreakFacts]) -> dict[int, float] | None:
-    """Eager ms per step each break leaves (metrics.compiled.break_gaps), by index in ``listed``;
-    with no break listed, every gap under key -1. None when the trace has no gaps.
-
-    A gap sits before the region of a resume function, which Dynamo names after the break's
-    function and line ("torch_dynamo_resume_in_forward_at_9"; ``CompileFacts.frame_names`` maps
-    the region's frame id to it).
-    """
+    """Eager ms per step each break leaves (metrics.compiled.gaps_by_break), by index in
+    ``listed``; with no break listed, every gap under key -1. None when the trace has no gaps."""
     gaps = v.r.compile_gaps_ms if v.r is not None else {}
     if not gaps:
         return None
     if not listed:
         return {-1: sum(gaps.values())}
-    names = v.f.compile.frame_names if v.f is not None else {}
-    out: dict[int, float] = {}
-    for key, ms in gaps.items():
-        name = names.get(key.split("/")[0], "")
-        m = _RESUME.fullmatch(name)
-        if not m:
-            continue
-        for i, b in enumerate(listed):
-            line = (b.location or "").rsplit(":", 1)[-1]
-            resumed = _RESUME.fullmatch(b.function or "")  # facts of older probes: the resume's own name
-            if (resumed.group(1) if resumed else b.function) == m.group(1) and line == m.group(2):
-                out[i] = round(out.get(i, 0.0) + ms, 4)
-                break
-    return out
+    return gaps_by_break(gaps, v.f.compile.frame_names if v.f is not None else {}, listed)
 
 
 def _sites(listed: list[GraphBreakFacts]) -> str:
