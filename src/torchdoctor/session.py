@@ -29,7 +29,8 @@ import numpy as np
 
 from . import __version__
 from . import config as user_config
-from .facts import RankFacts
+from .compile import torch_trace
+from .facts import CompileFacts, RankFacts
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -213,11 +214,35 @@ def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None =
     if runs:
         return report_from_run_dir(runs[0], steps=steps, rank=rank, jobs=jobs,
                                    extra=[p for p in paths if p != runs[0]], config=config)
-    results, errors, warnings, sights = analyze_traces(paths, steps, rank, jobs)
-    if rank is not None and not results and not errors:
+    logs, paths = torch_trace.split_paths(paths)
+    results, errors, warnings, sights = analyze_traces(paths, steps, rank, jobs) if paths else ([], [], [], {})
+    compiled, log_errors = read_torch_traces(logs, [r.rank for r in results])
+    errors += log_errors
+    if rank is not None:
+        compiled = {k: v for k, v in compiled.items() if k == rank}
+    if rank is not None and not results and not compiled and not errors:
         errors.append(ErrorEntry(", ".join(paths), f"no trace of rank {rank}"))
-    return build_report([RankInputs(r.rank, result=r) for r in results], errors, warnings,
-                        config=config, sights=sights)
+    by_rank = {r.rank: r for r in results}
+    inputs = [RankInputs(r.rank, result=r, facts=RankFacts(rank=r.rank, compile=compiled[r.rank])
+                         if r.rank in compiled else None) for r in results]
+    inputs += [RankInputs(k, facts=RankFacts(rank=k, compile=c)) for k, c in sorted(compiled.items()) if k not in by_rank]
+    return build_report(inputs, errors, warnings, config=config, sights=sights)
+
+
+def read_torch_traces(logs: list[str], trace_ranks: list[int | None]) -> tuple[dict[int, CompileFacts], list[ErrorEntry]]:
+    """TORCH_TRACE logs -> compile facts by rank, and one error per unreadable log. A log without
+    a rank belongs to the only trace's rank (or rank 0); two logs of one rank keep the first."""
+    out: dict[int, CompileFacts] = {}
+    errors: list[ErrorEntry] = []
+    default = trace_ranks[0] if len(trace_ranks) == 1 and trace_ranks[0] is not None else 0
+    for path in logs:
+        try:
+            got = torch_trace.read(path)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            errors.append(ErrorEntry(path, f"TORCH_TRACE log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"))
+            continue
+        out.setdefault(got.rank if got.rank is not None else default, got.facts)
+    return out, errors
 
 
 def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None = None,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchdoctor.probe import recompiles as rc
+from torchdoctor.compile import guards as rc
+from torchdoctor.compile.records import LIMIT_REASON
+from torchdoctor.probe import recompiles
 
 GUARDS = [
     ("0/7: tensor 'x' size mismatch at index 1. expected 11, actual 12", ("size", "x", 1)),
@@ -43,7 +45,7 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
 
     torch._dynamo.reset()
     utils.clear_compilation_metrics()
-    rc._SEEN.compiles.clear()
+    recompiles._SEEN.clear()
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -57,7 +59,7 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
     for n in range(4, 16):
         compiled(torch.randn(n, 3))
     metrics = utils.get_compilation_metrics()
-    assert sum(1 for m in metrics if m.recompile_reason and not (m.fail_reason or "").startswith(rc.LIMIT_REASON)) == 7
+    assert sum(1 for m in metrics if m.recompile_reason and not (m.fail_reason or "").startswith(LIMIT_REASON)) == 7
     facts = compile_facts()
     assert facts.recompiles == 7 and facts.graph_breaks == 0, facts
     (frame,) = facts.recompile_frames

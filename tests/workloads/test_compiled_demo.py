@@ -15,10 +15,10 @@ from torchdoctor.workloads import compiled
 STEPS = "30"  # about 6 distinct batch lengths: recompiles past the warning, short of the limit
 
 
-def demo(run_dir, *flags):
+def demo(run_dir, *flags, **env):
     out = run_dir.with_suffix(".json")
     result = run([PY, "-m", "torchdoctor.workloads.cli", "--compile", "--quiet", "--steps", STEPS,
-                  "--out", str(run_dir), "--json", str(out), *flags])
+                  "--out", str(run_dir), "--json", str(out), *flags], **env)
     assert result.returncode in (0, 3), result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -29,8 +29,14 @@ def line_of(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def sick(tmp_path_factory):
-    return demo(tmp_path_factory.mktemp("compiled") / "sick")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("torch_trace")
+
+
+@pytest.fixture(scope="module")
+def sick(tmp_path_factory, logs):
+    """The pathological job, its structured compile logs written too (TORCH_TRACE)."""
+    return demo(tmp_path_factory.mktemp("compiled") / "sick", TORCH_TRACE=str(logs))
 
 
 def test_each_break_is_named_at_its_line_with_its_kind_and_eager_time(sick):
@@ -73,3 +79,25 @@ def test_the_fixed_compiled_job_raises_no_compile_warning(tmp_path):
     assert [f["id"] for f in compile_findings] == ["CG-6"] and compile_findings[0]["severity"] == "info"
     assert rep["ranks"][0]["facts"]["compile"].get("graph_breaks") == 0
     assert not rep["ranks"][0]["facts"]["compile"].get("recompiles")
+
+
+def test_analyze_on_the_torch_trace_logs_finds_what_the_live_run_found(sick, logs, tmp_path):
+    """`torchdoctor analyze TORCH_TRACE_DIR`: the same breaks (line, id, times met) and recompiles
+    (frame, count, input, dim, sizes) as the probe read from Dynamo in the live run."""
+    out = tmp_path / "logs.json"
+    result = run([PY, "-m", "torchdoctor.cli", "analyze", str(logs), "--quiet", "--json", str(out)])
+    assert result.returncode in (0, 3), result.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    live, offline = sick["ranks"][0]["compile"], rep["ranks"][0]["compile"]
+
+    def breaks(section):
+        return sorted((b["location"], b["gb_id"], b["function"], b["count"]) for b in section["graph_breaks"])
+
+    def recompiles(section):
+        return sorted((r["frame"], r["count"], r["kind"], r["tensor"], r["dim"], tuple(r["values"]), r["limit_hit"])
+                      for r in section["recompiles"])
+
+    assert breaks(offline) == breaks(live) and len(breaks(live)) == 2
+    assert recompiles(offline) == recompiles(live) and recompiles(live)
+    assert offline["graphs"] == live["graphs"] and offline["compile_s"] > 0
+    assert {f["id"] for f in rep["findings"]} >= {"CG-2", "CG-3", "CG-6"}

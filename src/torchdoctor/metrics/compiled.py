@@ -15,12 +15,12 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..compile.records import RESUME, base_function
 from ..facts import CompileFacts, GraphBreakFacts
 from ..trace.model import RankTrace
 from .steps import Window
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
 _GRAPH_CALLS = ("CompiledFunction", "## Call CompiledFxGraph", "AOTDispatcher Runtime Wrapper")
 # Compiling, as Dynamo records it while a profiler runs (dynamo_timed ranges): a resume function
 # compiled on its first call (or recompiled) is compiled inside the gap, and is not eager code.
@@ -109,13 +109,12 @@ def gaps_by_break(gaps_ms: dict[str, float], frame_names: dict[str, str],
     """
     out: dict[int, float] = {}
     for key, ms in gaps_ms.items():
-        m = _RESUME.fullmatch(frame_names.get(key.split("/")[0], ""))
+        m = RESUME.fullmatch(frame_names.get(key.split("/")[0], ""))
         if not m:
             continue
         for i, b in enumerate(breaks):
             line = (b.location or "").rsplit(":", 1)[-1]
-            resumed = _RESUME.fullmatch(b.function or "")  # facts of older probes: the resume's own name
-            if (resumed.group(1) if resumed else b.function) == m.group(1) and line == m.group(2):
+            if base_function(b.function) == m.group(1) and line == m.group(2):
                 out[i] = round(out.get(i, 0.0) + ms, 4)
                 break
     return out

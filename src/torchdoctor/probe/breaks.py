@@ -17,12 +17,12 @@ import re
 import sys
 from typing import Any
 
+from torchdoctor.compile.records import base_function
 from torchdoctor.facts import GraphBreakFacts
 
 _MAX_READ = 2000  # newest records read per summary write (a recompile storm repeats the same ones)
 _MAX_BREAKS = 30
 _GB_LINK = re.compile(r"/gb/gb(\d+)\.html")
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_\d+")
 # torch 2.13 records a data-dependent `if` under this legacy text; the registry calls it:
 _LEGACY = {"generic_jump": "Data-dependent branching"}
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -67,13 +67,6 @@ def parse_message(text: str) -> tuple[str, str | None, str | None, list[str]]:
     return reason, (f"GB{link.group(1)}" if link else None), explanation, hints
 
 
-def _function(name: str | None) -> str | None:
-    """The user's function: after a break, Dynamo runs the rest of ``forward`` as a resume
-    function named "torch_dynamo_resume_in_forward_at_101"; a later break in it is in forward."""
-    m = _RESUME.fullmatch(name or "")
-    return m.group(1) if m else name
-
-
 def user_frame(stack: list[Any], torch_dir: str) -> Any:
     """The innermost frame of ``stack`` in the user's code (not torch's, not torchdoctor's probe:
     its bundled jobs count as the user's)."""
@@ -115,7 +108,7 @@ def graph_breaks(utils: Any) -> list[GraphBreakFacts]:
             reason=reason[:200], gb_id=gb_id, explanation=(explanation or "")[:400] or None,
             hints=[h[:300] for h in hints[:4]], location=location,
             source=(str(getattr(frame, "line", "") or "").strip()[:200] or None) if frame is not None else None,
-            function=_function(getattr(frame, "name", None)) if frame is not None else None,
+            function=base_function(getattr(frame, "name", None)) if frame is not None else None,
             in_torch=frame is None or frame is not stack[-1],
         )
     return list(out.values())

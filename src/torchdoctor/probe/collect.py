@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from torchdoctor.compile.guards import first_line
+from torchdoctor.compile.records import LIMIT_REASON
 from torchdoctor.facts import (
     BackendFacts,
     CompileFacts,
@@ -25,7 +27,7 @@ from torchdoctor.facts import (
     OptimizerFacts,
 )
 from torchdoctor.probe.breaks import graph_breaks as breaks_of
-from torchdoctor.probe.recompiles import LIMIT_REASON, compile_seconds, first_line, frame_names
+from torchdoctor.probe.recompiles import compile_seconds, frame_names
 from torchdoctor.probe.recompiles import recompiles as recompiles_of
 
 T = TypeVar("T")

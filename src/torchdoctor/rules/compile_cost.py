@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import CompileFacts, RecompileFacts
 
 from ._common import View, finding, per_rank
@@ -58,12 +59,9 @@ def _input(tensor: str | None) -> tuple[str, str]:
     return f"input '{name}'", name if name.isidentifier() else "x"
 
 
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
-
-
 def frame_name(r: RecompileFacts) -> str:
     """The frame in words: a graph break's resume function is the rest of its function."""
-    m = _RESUME.fullmatch(r.frame)
+    m = RESUME.fullmatch(r.frame)
     return f"{m.group(1)} (after line {m.group(2)})" if m else r.frame
 
 
@@ -178,11 +176,11 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
         if not shown and c is not None and c.recompile_reasons:
             evidence.append(Evidence(f"{total} recompile(s); failing guards: {'; '.join(c.recompile_reasons[:3])}.",
                                      {"recompiles": total}, [{"guard": g} for g in c.recompile_reasons[:5]]))
-        roots = {r.frame for r in shown if not _RESUME.fullmatch(r.frame)}
+        roots = {r.frame for r in shown if not RESUME.fullmatch(r.frame)}
         by_fix: dict[str, list[str]] = {}
         snippets: dict[str, None] = {}
         for r in shown:
-            m = _RESUME.fullmatch(r.frame)
+            m = RESUME.fullmatch(r.frame)
             if m and m.group(1) in roots:
                 continue  # the rest of a function after a break recompiles with it: its fix covers both
             text, snippet = fix_for(r)

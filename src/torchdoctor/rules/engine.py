@@ -145,7 +145,8 @@ def run_rules(inputs: RuleInputs, config: RuleConfig | None = None) -> tuple[lis
                 findings.append(f)
     # Equal step shares (0 for one-off costs) are ordered by severity, then by the share of the
     # job's wall time a one-off cost took (a recompile storm before a harmless break).
-    findings.sort(key=lambda f: (-f.recoverable_pct, SEVERITY_ORDER[f.severity], -(f.job_pct or 0.0), f.id))
+    findings.sort(key=lambda f: (-f.recoverable_pct, SEVERITY_ORDER[f.severity], -(f.job_pct or 0.0), -(f.job_s or 0.0),
+                                 f.id))
     return findings, problems
 
 

@@ -1,0 +1,72 @@
+"""Dynamo's failing guards, read as text: which input changed, how, and the values it took.
+
+Pure string work on what Dynamo prints (``torch._dynamo.utils.guard_failures``, the
+``recompile_reason`` of its compilation metrics, TORCH_TRACE's ``recompile_reasons``), shared by
+the live probe and the TORCH_TRACE reader. No torch import.
+"""
+
+from __future__ import annotations
+
+import re
+
+_MAX_VALUES = 12
+# "0/7: tensor 'x' size mismatch at index 0. expected 11, actual 12"
+_ENTRY = re.compile(r"^\s*\d+/\d+:\s*")
+_TENSOR = re.compile(r"tensor '([^']+)' (\w[\w ]*?) mismatch")
+_INDEX = re.compile(r"at index (\d+)")
+_EXPECTED = re.compile(r"expected ([^,]+), actual ([^\s.,]+)")
+_VALUE = re.compile(r"^(.+?)\s*==\s*(.+?)\s*(?:#.*)?$")
+
+
+def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
+    """(kind, tensor name, dim) of a failing guard as Dynamo prints it.
+
+    Kinds: "size", "stride", "rank", "dtype", "requires_grad", "device" (tensor guards from
+    C++ ``TensorCheck``, "dispatch key set" and "device index" both mean device/layout/autocast),
+    "global_state" (grad mode, autocast, num_threads...), "value" (a Python value compared with
+    ``==``), "identity" (``___check_obj_id``/``___check_type_id``: a different object or type),
+    "length" (``len(...) == n``), else "other".
+    """
+    text = _ENTRY.sub("", guard).strip()
+    m = _TENSOR.search(text)
+    if m:
+        what = m.group(2).strip()
+        kind = {"size": "size", "stride": "stride", "rank": "rank", "dtype": "dtype",
+                "requires_grad": "requires_grad", "dispatch key set": "device",
+                "device index": "device"}.get(what, "other")
+        idx = _INDEX.search(text)
+        return kind, m.group(1), int(idx.group(1)) if idx else None
+    if text.startswith("GLOBAL_STATE"):
+        return "global_state", None, None
+    if "___check_obj_id" in text or "___check_type_id" in text:
+        return "identity", None, None
+    if text.startswith("len("):
+        return "length", None, None
+    if _VALUE.match(text.split("\n", 1)[0]):
+        return "value", _VALUE.match(text.split("\n", 1)[0]).group(1).strip(), None  # type: ignore[union-attr]
+    return "other", None, None
+
+
+def first_line(guard: str) -> str:
+    """The guard itself: its first line, without the "frame/entry: " prefix and the source comment."""
+    line = _ENTRY.sub("", (guard or "").split("\n", 1)[0]).strip()
+    return re.sub(r"\s{2,}#.*$", "", line)[:300]
+
+
+def observed_values(guards: list[str], kind: str, tensor: str | None, dim: int | None) -> list[str]:
+    """Distinct values the guarded size or Python value took, in the order first seen."""
+    seen: dict[str, None] = {}
+    for g in guards:
+        line = first_line(g)
+        if kind in ("size", "stride", "rank", "dtype") and tensor is not None:
+            if f"tensor '{tensor}'" not in line or (dim is not None and f"index {dim}." not in line):
+                continue
+            m = _EXPECTED.search(line)
+            if m:
+                seen.setdefault(m.group(1).strip(), None)
+                seen.setdefault(m.group(2).strip(), None)
+        elif kind == "value" and tensor is not None:
+            m = _VALUE.match(line)
+            if m and m.group(1).strip() == tensor:
+                seen.setdefault(m.group(2).strip(), None)
+    return list(seen)[:_MAX_VALUES]

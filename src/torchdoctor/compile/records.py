@@ -1,0 +1,98 @@
+"""One record per compile Dynamo made, and the per-frame recompile summary built from them.
+
+Sources fill ``CompileRecord``s: the live probe from ``torch._dynamo.utils.get_compilation_metrics()``
+(probe/recompiles.py), the TORCH_TRACE reader from its ``compilation_metrics`` events
+(compile/torch_trace.py). Everything below is the same for both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torchdoctor.compile.guards import first_line, guard_kind, observed_values
+from torchdoctor.facts import RecompileFacts
+
+# A frame past recompile_limit gets one more compile record with this ``fail_reason``: Dynamo runs
+# the frame in eager from then on.
+LIMIT_REASON = "Dynamo recompile limit exceeded"
+_MAX_FRAMES = 20
+# After a graph break Dynamo runs the rest of a function as a resume function of its own, named
+# after the function and the break's line ("torch_dynamo_resume_in_forward_at_101").
+RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)")
+
+
+def base_function(name: str | None) -> str | None:
+    """The user's function a (possibly resume) code name belongs to."""
+    m = RESUME.fullmatch(name or "")
+    return m.group(1) if m else name
+
+
+@dataclass
+class CompileRecord:
+    """One compile: its id "frame/entry", the code compiled, why it recompiled, what it cost."""
+
+    compile_id: str
+    forward: bool
+    name: str | None
+    location: str | None  # "file:first line" of the code object
+    reason: str | None  # the first failing guard (None for a frame's first compile)
+    limit: bool  # the compile that hit the recompile limit
+    seconds: float
+    backend_seconds: float = 0.0  # of which the backend's (AOTAutograd, Inductor): all of a backward compile
+
+    @property
+    def frame_id(self) -> str:
+        return self.compile_id.split("/")[0].lstrip("[!*")
+
+
+def record(compile_id: str, forward: bool, name: str | None, filename: str | None, firstlineno: int | None,
+           recompile_reason: str | None, fail_reason: str | None, seconds: float | None,
+           backend_seconds: float | None = None) -> CompileRecord:
+    """A CompileRecord from CompilationMetrics' fields (live object or TORCH_TRACE event)."""
+    return CompileRecord(
+        compile_id=compile_id, forward=forward, name=name,
+        location=f"{filename}:{firstlineno}" if filename and firstlineno else None,
+        reason=recompile_reason, limit=str(fail_reason or "").startswith(LIMIT_REASON), seconds=float(seconds or 0.0),
+        backend_seconds=float(backend_seconds or 0.0) if forward else float(seconds or 0.0))
+
+
+def recompile_frames(records: list[CompileRecord], guards: dict[tuple[str | None, str | None], list[str]]
+                     ) -> list[RecompileFacts]:
+    """One RecompileFacts per compiled frame that recompiled, most recompiles first.
+
+    ``guards``: every failing guard seen per (code name, "file:line") (``guard_failures``), for
+    the values the changing size or Python value took; without them, each compile's first reason.
+    """
+    frames: dict[str, list[CompileRecord]] = {}
+    for c in records:
+        if c.forward:
+            frames.setdefault(c.frame_id, []).append(c)
+    out = []
+    for compiles in frames.values():
+        named = next((c for c in compiles if c.name), None)
+        recompiled = [c for c in compiles if c.reason and not c.limit]
+        limit = any(c.limit for c in compiles)
+        if not recompiled and not limit:
+            continue
+        last = (recompiled or [c for c in compiles if c.reason] or compiles)[-1]
+        guard = first_line(last.reason or "")
+        kind, tensor, dim = guard_kind(guard)
+        name = named.name if named else None
+        location = named.location if named else None
+        seen = guards.get((name, location)) or [c.reason or "" for c in compiles]
+        out.append(RecompileFacts(
+            frame=name or "?", location=location, count=len(recompiled), guard=guard, kind=kind,
+            tensor=tensor, dim=dim, values=observed_values(seen, kind, tensor, dim), limit_hit=limit,
+            compile_s=round(sum(c.seconds for c in recompiled), 3)))
+    out.sort(key=lambda r: (-r.limit_hit, -r.count))
+    return out[:_MAX_FRAMES]
+
+
+def frame_names(records: list[CompileRecord]) -> dict[str, str]:
+    """Compiled frame id -> its code's name ("1" -> "torch_dynamo_resume_in_forward_at_9")."""
+    out: dict[str, str] = {}
+    for c in records:
+        if c.name and len(out) < 200:
+            out.setdefault(c.frame_id, c.name)
+    return out
