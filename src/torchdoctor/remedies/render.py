@@ -8,6 +8,8 @@ import statistics
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .breakeven import break_even
+from .breakeven import sentence as breakeven_sentence
 from .measure import Arm
 from .suggest import Change
 from .verdict import Outcome
@@ -81,6 +83,7 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "order": _order(arms, opts.ablate),
         "statistic": outcome.ab.method,
         "workers": outcome.workers,
+        "compile": break_even(arms),
         "ablation": "leave-one-out: treated steps/s over treated-without-it steps/s" if opts.ablate else None,
         "steps_limit": opts.steps,
         "steady_state": "steps after the first max(2, n//10) of each run (1 below 6 steps); slowest rank",
@@ -158,6 +161,8 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
                   + (f" [{iv[0]:.1f}%, {iv[1]:.1f}%]" if iv else "") + " (1 - 1/speed-up)"
                   + "".join(f"; {r['id']} {r['estimated_pct'] or 0:.1f}% vs {r['measured_pct']:.1f}%"
                             for r in evm["per_remedy"] if r["measured_pct"] is not None))
+    if d.get("compile"):
+        print(breakeven_sentence(d["compile"]))
     if outcome.workers and outcome.workers.get("notes"):
         print(f"workers: {'; '.join(outcome.workers['notes'])}" + (
             f" ({outcome.workers['text']})" if outcome.workers.get("text") else ""))
