@@ -285,3 +285,28 @@ def test_the_profilers_own_inflation_of_the_window_is_not_exposed_communication(
     # Without the probe's timings (a trace alone), the window's figure stands.
     (v,) = views(inputs((r, None)))
     assert exposed_comm_ms(v) == pytest.approx(28.0)
+
+
+def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
+    """The same exposed communication, advised by how the model is sharded: FSDP2 (fully_shard,
+    from the live facts) gets units, reshard and prefetch advice and set_requires_gradient_sync;
+    a trace whose collectives are all-gathers and reduce-scatters is sharded too; DDP keeps no_sync()."""
+    def accumulating(**kw):
+        r = comm_bound(exposed=10.0, overlap=50.0, **kw)
+        for s in r.steps:
+            s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
+        for s in r.steps[:4]:
+            s.host_split_ms = {"optimizer": 0.0}
+        return r
+
+    fsdp2 = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=True)])
+    for rid in ("DI-3", "DI-6"):
+        got = only(run(rid, (accumulating(), fsdp2)), rid)
+        assert "no_sync" not in got.fix.snippet, (rid, got.fix)
+    assert "fully_shard" in only(run("DI-3", (accumulating(), fsdp2)), "DI-3").fix.snippet
+    assert "set_requires_gradient_sync" in only(run("DI-6", (accumulating(), fsdp2)), "DI-6").fix.snippet
+    sharded = accumulating(collectives={"all_gather": [40, 10**6, 10**5], "reduce_scatter": [20, 6 * 10**5, 10**5]})
+    assert "fully_shard" in only(run("DI-3", (sharded, None)), "DI-3").fix.snippet
+    assert "no_sync" in only(run("DI-6", (accumulating(), gpu_facts(ddp=[DDPFacts()]))), "DI-6").fix.snippet
+    fsdp1 = gpu_facts(fsdp=[FSDPFacts(version=1)])
+    assert "BackwardPrefetch" in only(run("DI-3", (accumulating(), fsdp1)), "DI-3").fix.snippet

@@ -93,6 +93,17 @@ def ddp(v: View):
     return v.f.ddp[0] if v.f is not None and v.f.ddp else None
 
 
+def sharding(v: View) -> str | None:
+    """How the rank shards its model: "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel),
+    "fsdp" (a trace whose communication is mostly all-gathers and reduce-scatters: sharded, version
+    unknown), "ddp"; None when unknown. Advice differs: FSDP2 has no ``no_sync()``."""
+    if v.f is not None and v.f.fsdp:
+        return "fsdp2" if any(fs.version == 2 for fs in v.f.fsdp) else "fsdp1"
+    if ddp(v) is not None:
+        return "ddp"
+    return "fsdp" if dominant_collective(v) in ("all_gather", "reduce_scatter") else None
+
+
 def backend(v: View) -> str | None:
     if v.f is not None and v.f.distributed_backend:
         return v.f.distributed_backend

@@ -34,11 +34,48 @@ from ._comm import (
     facts_waits,
     overlap_text,
     sev_at_least,
+    sharding,
 )
 from ._common import WARN_PCT, View, data_wait_ms, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 from .model import Severity as Sev
+
+# --- advice by how the model is sharded ------------------------------------------------------------
+
+_FSDP2 = Fix("FSDP2: overlap and shrink the all-gathers: one fully_shard unit per transformer block (not per "
+             "layer: many tiny all-gathers are latency-bound; not one for the whole model: nothing overlaps), "
+             "the root with reshard_after_forward=False (no re-gather at the start of backward) when memory "
+             "allows, explicit prefetch of the next units, and bf16 parameters in the MixedPrecisionPolicy "
+             "(half the all-gather bytes).",
+             "for block in model.layers:\n    fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))\n"
+             "fully_shard(model, reshard_after_forward=False)\n"
+             "model.layers[i].set_modules_to_forward_prefetch([model.layers[i + 1]])   # and ..._backward_prefetch")
+_FSDP1 = Fix("FSDP: wrap per transformer block (auto_wrap_policy), prefetch the next unit in backward and "
+             "forward, and keep the rate limiter on.",
+             "FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
+             "     forward_prefetch=True, limit_all_gathers=True)")
+FSDP_FIX = {"fsdp2": _FSDP2, "fsdp1": _FSDP1,
+            "fsdp": Fix(_FSDP2.text + " (FSDP1: backward_prefetch=BACKWARD_PRE, forward_prefetch=True.)", _FSDP2.snippet)}
+
+
+def exposed_fix(kind: str | None) -> Fix:
+    """DI-3's advice: sharding-specific for FSDP (never no_sync() for FSDP2), else DDP's."""
+    if kind in FSDP_FIX:
+        return FSDP_FIX[kind]
+    return Fix("Overlap and shrink communication: larger per-rank batch or gradient accumulation "
+               "with no_sync(), bf16 gradient compression, FSDP/ZeRO sharding for large models.",
+               "with model.no_sync():\n    loss.backward()   # accumulate N-1 micro-batches, sync on the last")
+
+
+def accumulation_fix(kind: str | None) -> Fix:
+    """DI-6's advice: FSDP2 turns gradient sync off on the module; DDP and FSDP1 use no_sync()."""
+    if kind in ("fsdp2", "fsdp"):
+        return Fix("Skip the gradient reduce-scatter on all but the last micro-batch (FSDP2 has no no_sync()).",
+                   "model.set_requires_gradient_sync(is_last_microbatch)\nloss.backward()")
+    return Fix("Skip gradient sync on all but the last micro-batch.",
+               "ctx = model.no_sync() if (i + 1) % accum else contextlib.nullcontext()\nwith ctx:\n    loss.backward()")
+
 
 # --- rules -----------------------------------------------------------------------------------------
 
@@ -72,9 +109,7 @@ def exposed_comm(inputs: RuleInputs) -> list[Finding]:
             ms, sev=severity(v.pct(ms)) if others or (host_only and not ms)
             else severity(share, COMM_WARN_PCT, COMM_CRIT_PCT),
             evidence=[comm_evidence(v, budget)],
-            fix=Fix("Overlap and shrink communication: larger per-rank batch or gradient accumulation "
-                    "with no_sync(), bf16 gradient compression, FSDP/ZeRO sharding for large models.",
-                    "with model.no_sync():\n    loss.backward()   # accumulate N-1 micro-batches, sync on the last"),
+            fix=exposed_fix(sharding(v)),
             confidence="low" if host_only else "medium",
             confirm="analyse all ranks' traces together: part of the time inside a collective is waiting for the slowest rank",
             source="TBP communication > 10% of step; GPP comm_dominant 20%/40%")
@@ -110,6 +145,10 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
                       "pipeline = TrainPipelineSparseDist(model, optimizer, device)\nfor _ in range(n):\n"
                       "    pipeline.progress(dataloader_iter)")
             confidence = "low"
+        elif sharding(v) in ("fsdp2", "fsdp1", "fsdp"):
+            what = "the parameter all-gathers and gradient reduce-scatters"
+            fix = FSDP_FIX[sharding(v) or "fsdp"]
+            confidence = "medium"
         else:
             what = "the gradient all-reduce"
             fix = Fix("Let gradients all-reduce while backward runs: avoid find_unused_parameters=True, keep the "
@@ -305,8 +344,7 @@ def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
             v, "DI-6", "distributed",
             f"Micro-batches without an optimizer step still all-reduce gradients ({fmt_ms(ms)} per step).",
             ms, evidence=[comm_evidence(v, budget)],
-            fix=Fix("Skip gradient sync on all but the last micro-batch.",
-                    "ctx = model.no_sync() if (i + 1) % accum else contextlib.nullcontext()\nwith ctx:\n    loss.backward()"),
+            fix=accumulation_fix(sharding(v)),
             confidence="medium", source="TTG no_sync for gradient accumulation")
     return comm_rule(inputs, "DI-6", build)
 
