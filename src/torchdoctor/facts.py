@@ -68,6 +68,12 @@ class FSDPFacts(msgspec.Struct, omit_defaults=True):
     backward_prefetch: str | None = None
     cpu_offload: bool | None = None
     mixed_precision: str | None = None
+    # FSDP2: fully_shard units in the model and the unsharded parameter MB each one all-gathers
+    # (its own parameters, nested units excluded): median and largest.
+    units: int | None = None
+    unit_mb_median: float | None = None
+    unit_mb_max: float | None = None
+    model_mb: float | None = None  # all units together: the unsharded parameters
 
 
 class OptimizerFacts(msgspec.Struct, omit_defaults=True):

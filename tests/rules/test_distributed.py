@@ -299,11 +299,21 @@ def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
             s.host_split_ms = {"optimizer": 0.0}
         return r
 
-    fsdp2 = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=True)])
+    fsdp2 = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=False, units=11, unit_mb_median=8.0,
+                                      mixed_precision="MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)")])
     for rid in ("DI-3", "DI-6"):
         got = only(run(rid, (accumulating(), fsdp2)), rid)
         assert "no_sync" not in got.fix.snippet, (rid, got.fix)
-    assert "fully_shard" in only(run("DI-3", (accumulating(), fsdp2)), "DI-3").fix.snippet
+    di3 = only(run("DI-3", (accumulating(), fsdp2)), "DI-3").fix
+    assert "set_modules_to_forward_prefetch" in di3.snippet and "(11 units, 8.0 MB median)" in di3.text
+    assert "param_dtype=torch.bfloat16" in di3.snippet
+    one = gpu_facts(fsdp=[FSDPFacts(version=2, units=1, unit_mb_median=80.0, mixed_precision="bf16")])
+    assert "one fully_shard unit" in only(run("DI-3", (accumulating(), one)), "DI-3").fix.text
+    tiny = gpu_facts(fsdp=[FSDPFacts(version=2, units=40, unit_mb_median=0.05)])
+    assert "latency-bound" in only(run("DI-3", (accumulating(), tiny)), "DI-3").fix.text
+    toy = gpu_facts(fsdp=[FSDPFacts(version=2, units=11, unit_mb_median=0.013, model_mb=0.27)])
+    got = only(run("DI-3", (accumulating(), toy)), "DI-3").fix
+    assert "on a 0.3 MB model" in got.text and "DistributedDataParallel(model)" in got.snippet
     assert "set_requires_gradient_sync" in only(run("DI-6", (accumulating(), fsdp2)), "DI-6").fix.snippet
     sharded = accumulating(collectives={"all_gather": [40, 10**6, 10**5], "reduce_scatter": [20, 6 * 10**5, 10**5]})
     assert "fully_shard" in only(run("DI-3", (sharded, None)), "DI-3").fix.snippet

@@ -201,15 +201,33 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
             if fsdp2 is not None and isinstance(module, fsdp2):
                 state = attempt(lambda m=module: m._get_fsdp_state())  # a torch without it: None
                 group = getattr(state, "_fsdp_param_group", None)
+                sizes = attempt(lambda m=module: fsdp2_unit_mb(m, fsdp2)) or []
                 out.append(
                     FSDPFacts(
                         version=2,
                         reshard_after_forward=attempt(lambda g=group: g.post_forward_mesh_info is not None),
                         mixed_precision=attempt(lambda g=group: str(g.mp_policy)),
+                        units=len(sizes) or None,
+                        unit_mb_median=round(sorted(sizes)[len(sizes) // 2], 3) if sizes else None,
+                        unit_mb_max=round(max(sizes), 3) if sizes else None,
+                        model_mb=round(sum(sizes), 3) if sizes else None,
                     )
                 )
                 break
     return out[:_MAX_ENTRIES]
+
+
+def fsdp2_unit_mb(root: Any, unit_type: type) -> list[float]:
+    """Unsharded MB of parameters each fully_shard unit under ``root`` all-gathers: its own
+    parameters, those of nested units left out (a DTensor's numel is the global one)."""
+    units = [m for m in root.modules() if isinstance(m, unit_type)]
+    nested: set[int] = set()
+    sizes = []
+    for unit in reversed(units):  # innermost first: their parameters are theirs
+        own = [p for p in unit.parameters() if id(p) not in nested]
+        nested.update(id(p) for p in own)
+        sizes.append(sum(p.numel() * p.element_size() for p in own) / 1e6)
+    return sizes
 
 
 def _majority_device(module: Any) -> str | None:

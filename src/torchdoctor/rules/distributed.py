@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from torchdoctor.facts import FSDPFacts
+
 from ._comm import (
     COMM_CRIT_PCT,
     COMM_WARN_PCT,
@@ -43,29 +45,72 @@ from .model import Severity as Sev
 
 # --- advice by how the model is sharded ------------------------------------------------------------
 
-_FSDP2 = Fix("FSDP2: overlap and shrink the all-gathers: one fully_shard unit per transformer block (not per "
-             "layer: many tiny all-gathers are latency-bound; not one for the whole model: nothing overlaps), "
-             "the root with reshard_after_forward=False (no re-gather at the start of backward) when memory "
-             "allows, explicit prefetch of the next units, and bf16 parameters in the MixedPrecisionPolicy "
-             "(half the all-gather bytes).",
-             "for block in model.layers:\n    fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))\n"
-             "fully_shard(model, reshard_after_forward=False)\n"
-             "model.layers[i].set_modules_to_forward_prefetch([model.layers[i + 1]])   # and ..._backward_prefetch")
+# All-gathers below this many MB are latency-bound (nccl-tests' bandwidth knee is a few MB):
+# fully_shard units that small gain from being grouped (proposed threshold).
+SMALL_UNIT_MB = 1.0
+# A model whose parameters are below this many MB fits on any accelerator many times over with
+# its optimizer state: sharding it only adds collectives; replicate it (proposed threshold).
+SMALL_MODEL_MB = 100.0
+_PREFETCH = ("for i, block in enumerate(model.layers[:-1]):\n"
+             "    block.set_modules_to_forward_prefetch([model.layers[i + 1]])\n"
+             "    model.layers[i + 1].set_modules_to_backward_prefetch([block])")
 _FSDP1 = Fix("FSDP: wrap per transformer block (auto_wrap_policy), prefetch the next unit in backward and "
              "forward, and keep the rate limiter on.",
              "FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
              "     forward_prefetch=True, limit_all_gathers=True)")
-FSDP_FIX = {"fsdp2": _FSDP2, "fsdp1": _FSDP1,
-            "fsdp": Fix(_FSDP2.text + " (FSDP1: backward_prefetch=BACKWARD_PRE, forward_prefetch=True.)", _FSDP2.snippet)}
 
 
-def exposed_fix(kind: str | None) -> Fix:
+def fsdp2_fix(fs: FSDPFacts | None) -> Fix:
+    """FSDP2 advice from what the probe saw of its units: a model too small to shard (replicate
+    it), one unit (nothing overlaps), tiny units (latency-bound all-gathers), else explicit
+    prefetch; bf16 parameters when none are set."""
+    units, med = (fs.units, fs.unit_mb_median) if fs is not None else (None, None)
+    total = fs.model_mb if fs is not None else None
+    if total is not None and total < SMALL_MODEL_MB:
+        text = (f"FSDP2 on a {total:.1f} MB model: parameters, gradients and optimizer state fit on every rank "
+                f"many times over, so sharding only adds collectives ({units} all-gathers forward and backward, "
+                "reduce-scatters); replicate it: one gradient all-reduce per step, overlapped with backward.")
+        snippet = "model = DistributedDataParallel(model)   # instead of fully_shard"
+    elif units == 1:
+        text = ("FSDP2: the whole model is one fully_shard unit, so its all-gather cannot overlap any compute: "
+                "call fully_shard on each transformer block before the root.")
+        snippet = "for block in model.layers:\n    fully_shard(block)\nfully_shard(model)"
+    elif units and med is not None and med < SMALL_UNIT_MB:
+        text = (f"FSDP2: {units} fully_shard units of {med:.2f} MB (median) each: all-gathers this small are "
+                f"latency-bound; shard groups of blocks (a few MB or more per unit) instead.")
+        snippet = "for group in (model.layers[i:i + k] for i in range(0, len(model.layers), k)):\n    fully_shard(group)"
+    else:
+        text = ("FSDP2: start each unit's all-gather before it runs: explicit forward and backward prefetch"
+                + (f" ({units} units, {med:.1f} MB median)" if units and med is not None else "") + ".")
+        snippet = _PREFETCH
+    if fs is None or fs.mixed_precision is None or "param_dtype=None" in fs.mixed_precision:
+        text += " bf16 parameters in a MixedPrecisionPolicy halve the all-gather bytes."
+        snippet += "\n# fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))"
+    return Fix(text, snippet)
+
+
+def _fsdp(v: View) -> FSDPFacts | None:
+    return next((fs for fs in v.f.fsdp if fs.version == 2), None) if v.f is not None else None
+
+
+def sharded_fix(kind: str | None, v: View) -> Fix | None:
+    """The FSDP advice for this rank, or None when it does not shard."""
+    if kind == "fsdp2":
+        return fsdp2_fix(_fsdp(v))
+    if kind == "fsdp1":
+        return _FSDP1
+    if kind == "fsdp":
+        f = fsdp2_fix(None)
+        return Fix(f.text + " (FSDP1: backward_prefetch=BACKWARD_PRE, forward_prefetch=True.)", f.snippet)
+    return None
+
+
+def exposed_fix(kind: str | None, v: View) -> Fix:
     """DI-3's advice: sharding-specific for FSDP (never no_sync() for FSDP2), else DDP's."""
-    if kind in FSDP_FIX:
-        return FSDP_FIX[kind]
-    return Fix("Overlap and shrink communication: larger per-rank batch or gradient accumulation "
-               "with no_sync(), bf16 gradient compression, FSDP/ZeRO sharding for large models.",
-               "with model.no_sync():\n    loss.backward()   # accumulate N-1 micro-batches, sync on the last")
+    return sharded_fix(kind, v) or Fix(
+        "Overlap and shrink communication: larger per-rank batch or gradient accumulation "
+        "with no_sync(), bf16 gradient compression, FSDP/ZeRO sharding for large models.",
+        "with model.no_sync():\n    loss.backward()   # accumulate N-1 micro-batches, sync on the last")
 
 
 def accumulation_fix(kind: str | None) -> Fix:
@@ -109,7 +154,7 @@ def exposed_comm(inputs: RuleInputs) -> list[Finding]:
             ms, sev=severity(v.pct(ms)) if others or (host_only and not ms)
             else severity(share, COMM_WARN_PCT, COMM_CRIT_PCT),
             evidence=[comm_evidence(v, budget)],
-            fix=exposed_fix(sharding(v)),
+            fix=exposed_fix(sharding(v), v),
             confidence="low" if host_only else "medium",
             confirm="analyse all ranks' traces together: part of the time inside a collective is waiting for the slowest rank",
             source="TBP communication > 10% of step; GPP comm_dominant 20%/40%")
@@ -147,7 +192,7 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
             confidence = "low"
         elif sharding(v) in ("fsdp2", "fsdp1", "fsdp"):
             what = "the parameter all-gathers and gradient reduce-scatters"
-            fix = FSDP_FIX[sharding(v) or "fsdp"]
+            fix = sharded_fix(sharding(v), v) or _FSDP1
             confidence = "medium"
         else:
             what = "the gradient all-reduce"
