@@ -241,6 +241,10 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # another thread or process held (the run-queue delay: the step's CPU contention, measured).
     thread_cpu_ms: float | None = None
     run_delay_ms: float | None = None
+    # Time the training thread spent blocked in checkpoint saves in this step (torch.save, DCP
+    # save and the blocking part of async_save; nested calls counted once), and how many.
+    checkpoint_ms: float = 0.0
+    checkpoint_saves: int = 0
 
 
 class RankFacts(msgspec.Struct, omit_defaults=True):

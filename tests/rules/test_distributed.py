@@ -320,3 +320,15 @@ def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
     assert "no_sync" in only(run("DI-6", (accumulating(), gpu_facts(ddp=[DDPFacts()]))), "DI-6").fix.snippet
     fsdp1 = gpu_facts(fsdp=[FSDPFacts(version=1)])
     assert "BackwardPrefetch" in only(run("DI-3", (accumulating(), fsdp1)), "DI-3").fix.snippet
+
+
+def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
+    steps = [StepTiming(step=i, total_ms=100.0, checkpoint_ms=200.0 if i % 10 == 9 else 0.0,
+                        checkpoint_saves=1 if i % 10 == 9 else 0) for i in range(40)]
+    f0 = cpu_facts(rank=0, world_size=2, steps=steps)
+    got = only(run("DI-15", (None, f0)), "DI-15")
+    # 4 saves of 200 ms in 40 steps of 100 ms: 20 ms per step, 20% of the step.
+    assert abs(got.recoverable_ms - 20.0) < 1e-6 and got.severity == "critical" and "one every 10 steps" in got.title
+    assert "async_save" in got.fix.snippet
+    quiet = cpu_facts(rank=1, world_size=2, steps=[StepTiming(step=i, total_ms=100.0) for i in range(40)])
+    assert run("DI-15", (None, quiet)) == []

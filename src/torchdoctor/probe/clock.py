@@ -47,6 +47,10 @@ class Phase(enum.IntEnum):
     # runnable but waiting for one (the run-queue delay).
     ON_CPU = 9
     RUN_DELAY = 10
+    # Outside the split too (it is part of "other"): time the training thread spent inside
+    # checkpoint saves (torch.save, DCP save/async_save), and how many it made.
+    CHECKPOINT = 11
+    CHECKPOINT_SAVES = 12
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -179,6 +183,8 @@ class StepClock:
                     anomaly_stack_ms=ms[Phase.ANOMALY_STACKS],
                     thread_cpu_ms=ms[Phase.ON_CPU] if self.has_sched else None,
                     run_delay_ms=ms[Phase.RUN_DELAY] if self.has_sched else None,
+                    checkpoint_ms=ms[Phase.CHECKPOINT],
+                    checkpoint_saves=int(acc[Phase.CHECKPOINT_SAVES]),
                 )
             )
         return out

@@ -17,6 +17,8 @@ host syncs             shims on ``Tensor.item``, ``Tensor.tolist``, ``Tensor.num
 foreign profiler       shims on profiler start: the probe's window yields to the job's profiler
 anomaly-mode stacks    timer around ``torch.fx.traceback.format_stack`` (what anomaly mode calls
                        for every node the forward creates), active only while anomaly mode is on
+checkpoint saves       shims on ``torch.save`` and, once the job imports DCP, on
+                       ``torch.distributed.checkpoint.save``/``async_save`` (training thread only)
 =====================  =====================================================================
 
 Every callback is guarded: an exception is recorded once (``errors.ERRORS``) and the site is
@@ -37,7 +39,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torchdoctor.probe import collect, shims, unseen
+from torchdoctor.probe import collect, imphook, shims, unseen
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
 from torchdoctor.probe.errors import ERRORS, fault_point
@@ -138,6 +140,7 @@ def install_all(probe: Probe) -> None:
         ("profiler", _profiler_guard),
         ("distributed", _distributed),
         ("anomaly", _anomaly_stacks),
+        ("checkpoint", _checkpoints),
     ):
         try:
             fault_point(f"install.{name}")
@@ -522,3 +525,53 @@ def _distributed(probe: Probe) -> None:
     )
     distributed_c10d.destroy_process_group = shim
     dist.destroy_process_group = shim
+
+
+def _checkpoints(probe: Probe) -> None:
+    """Time the checkpoint saves the training thread blocks on.
+
+    ``torch.save`` now; DCP's ``save``/``async_save`` (``async_save`` returns once its tensors are
+    staged: that part blocks the step) when the job imports ``torch.distributed.checkpoint``,
+    which the probe never imports itself. A save inside a save (DCP writing with torch.save) is
+    counted once; saves on other threads (a background saver) do not block the step.
+    """
+    import torch
+
+    depth = [0]
+
+    def before(args: tuple[Any, ...]) -> float | None:
+        if "checkpoint" in BROKEN or threading.get_ident() != probe.main_thread:
+            return None
+        depth[0] += 1
+        return perf_counter() if depth[0] == 1 else None
+
+    def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
+        if threading.get_ident() != probe.main_thread:
+            return
+        depth[0] = max(0, depth[0] - 1)
+        if t0 is not None:
+            fault_point("checkpoint")
+            probe.clock.add(Phase.CHECKPOINT, perf_counter() - t0)
+            probe.clock.add(Phase.CHECKPOINT_SAVES, 1)
+
+    def wrap(owner: Any, name: str) -> None:
+        fn = getattr(owner, name, None)
+        if fn is not None and not getattr(fn, "_torchdoctor_checkpoint", False):
+            shim = shims.around(fn, before, after, _failed("checkpoint"))
+            shim._torchdoctor_checkpoint = True  # type: ignore[attr-defined]
+            setattr(owner, name, shim)
+
+    wrap(torch, "save")
+
+    def on_dcp(module: Any) -> None:
+        try:
+            for name in ("save", "async_save"):
+                wrap(module, name)
+        except Exception as exc:
+            ERRORS.record("checkpoint", exc)
+
+    dcp = sys.modules.get("torch.distributed.checkpoint")
+    if dcp is not None:
+        on_dcp(dcp)
+    else:
+        imphook.when_imported("torch.distributed.checkpoint", on_dcp)

@@ -251,7 +251,8 @@ def _facts_straggler(inputs: RuleInputs) -> int | None:
 
 
 def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
-    """Name the straggler's cause when its data wait explains >= 80% of the gap (TML coverage)."""
+    """Name the straggler's cause when its data wait, or its checkpoint saves, explain >= 80% of
+    the gap (TML coverage)."""
     vs = {v.rank: v for v in views(inputs)}
     if culprit not in vs:
         return ""
@@ -260,7 +261,17 @@ def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
     gap = inputs.cross.straggler_lead_ms if inputs.cross is not None and inputs.cross.straggler_lead_ms else 0.0
     if others and gap and waits[culprit] - float(np.median(others)) >= 0.8 * gap:
         return f"rank {culprit} waits {fmt_ms(waits[culprit])} for its DataLoader"
+    saves = {r: _checkpoint_ms(x) for r, x in vs.items()}
+    rest = [ms for r, ms in saves.items() if r != culprit]
+    if rest and gap and saves[culprit] - float(np.median(rest)) >= 0.8 * gap:
+        return f"rank {culprit} blocks {fmt_ms(saves[culprit])} per step in checkpoint saves"
     return ""
+
+
+def _checkpoint_ms(v: View) -> float:
+    """Checkpoint save time per recorded step of a rank (DI-15's amortised cost)."""
+    steps = v.f.steps if v.f is not None else []
+    return sum(s.checkpoint_ms for s in steps) / len(steps) if steps else 0.0
 
 
 @rule("DI-2", priority=PRIORITY["DI-2"], budgets=("comm.exposed",))

@@ -1,0 +1,64 @@
+"""Distributed layer, checkpoints: saves that block the training loop (DI-15).
+
+A checkpoint written synchronously from the training loop stops the step for as long as the
+write takes (``torch.save`` of a state dict, DCP ``save``); on a multi-rank job every other rank
+then waits at its next collective. The probe times each save on the training thread
+(``StepTiming.checkpoint_ms``/``checkpoint_saves``); the step's share is the save time
+amortised over the steps the probe recorded (a save every K steps costs 1/K of it per step).
+"""
+
+from __future__ import annotations
+
+from ._common import View, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+
+def saves(v: View) -> tuple[int, float, int]:
+    """(saves, ms blocked in them, steps recorded) over the probe's steps of this rank."""
+    steps = v.f.steps if v.f is not None else []
+    return sum(s.checkpoint_saves for s in steps), sum(s.checkpoint_ms for s in steps), len(steps)
+
+
+@rule("DI-15")
+def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
+    """Checkpoint saves that block the step (live: the probe times torch.save and DCP save).
+
+    Claim: the save time amortised per step (total blocked / steps recorded), an upper bound of
+    what an asynchronous save gives back: ``dcp.async_save`` still blocks while it copies the
+    state to host memory (staging), a background thread still competes for the CPU. Severity by
+    that share of the step (the default ladder). Saves outside the recorded steps (after the last
+    one) are not counted: they block nothing the job waits for.
+    """
+    def one(v: View) -> Finding | None:
+        n, blocked, steps = saves(v)
+        if not n or not steps or not v.step_ms:
+            return None
+        per_step = blocked / steps
+        if v.pct(per_step) < 0.5:
+            return None
+        at = [s.step for s in v.f.steps if s.checkpoint_saves] if v.f is not None else []
+        gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
+        every = gaps[len(gaps) // 2] if gaps else steps / n  # the median interval between saving steps
+        distributed = v.f is not None and v.f.world_size > 1
+        text = ("Save asynchronously: DCP async_save returns once the state is staged in host memory and writes "
+                "in the background" + ("; other ranks otherwise wait for this one at the next collective." if distributed
+                                       else "; or hand torch.save to a background thread with a copy of the state."))
+        snippet = ("import torch.distributed.checkpoint as dcp\n"
+                   "pending = dcp.async_save(state_dict, checkpoint_id=path)   # wait on pending.result() before the next save"
+                   if distributed else
+                   "state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}\n"
+                   "threading.Thread(target=torch.save, args=(state, path)).start()")
+        return finding(
+            v, "DI-15", "distributed",
+            f"Checkpoint saves block the training loop: {n} save(s) of {fmt_ms(blocked / n)} each in {steps} steps "
+            f"(one every {every:.0f} steps), {fmt_ms(per_step)} per step on average.",
+            per_step,
+            evidence=[Evidence(f"{n} save(s) on the training thread took {fmt_ms(blocked)} in all over {steps} recorded "
+                               f"steps; the median step is {fmt_ms(v.step_ms)}.",
+                               {"saves": n, "blocked_ms": round(blocked, 3), "steps": steps,
+                                "ms_per_step": round(per_step, 3), "every_steps": round(every, 1)})],
+            fix=Fix(text, snippet), confidence="medium",
+            confirm="time a run with the save made asynchronous: the staging copy still blocks",
+            source="probe: torch.save / DCP save timed on the training thread; proposed: the step ladder")
+    return per_rank(inputs, one)

@@ -1,0 +1,62 @@
+"""Checkpoint saves the training loop blocks on, timed live (torch.save and DCP), and DI-15."""
+
+from __future__ import annotations
+
+import json
+
+from probe.livejob import facts_of, run_wrapped, script
+
+JOB = """
+import os, sys, tempfile
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # 8 MB of weights
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+out = tempfile.mkdtemp()
+x = torch.randn(32, 512)
+for step in range(24):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 4 == 3:  # every 4 steps, from the training loop
+        if sys.argv[1] == "dcp":
+            import torch.distributed.checkpoint as dcp
+            dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, f"step{step}"))
+        else:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(out, f"step{step}.pt"))
+print("ok")
+"""
+
+
+def saves(run_dir):
+    steps = facts_of(run_dir)["steps"]
+    return {s["step"]: (s.get("checkpoint_saves", 0), s.get("checkpoint_ms", 0.0)) for s in steps}
+
+
+def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_path):
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, "torch", options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    got = saves(run_dir)
+    # A save after step k's optimizer step lands in the interval that ends at step k + 1's.
+    with_saves = sorted(k for k, (n, _) in got.items() if n)
+    assert len(with_saves) >= 5 and all(got[k][0] == 1 and got[k][1] > 0 for k in with_saves), got
+    assert all(n == 0 and ms == 0.0 for k, (n, ms) in got.items() if k not in with_saves)
+    report = json.loads((tmp_path / "r.json").read_text())
+    di15 = next(f for f in report["findings"] if f["id"] == "DI-15")
+    total = sum(ms for _, ms in got.values())
+    assert abs(di15["recoverable_ms"] - total / len(got)) < 0.01 and "one every 4 steps" in di15["title"]
+    assert "Thread(target=torch.save" in di15["fix"]["snippet"]
+
+
+def test_a_dcp_save_is_one_save_not_the_torch_saves_inside_it(tmp_path):
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, "dcp", options=("--profile-steps", "off",))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    got = saves(run_dir)
+    counts = [n for n, _ in got.values() if n]
+    assert len(counts) >= 5 and set(counts) == {1}, got
