@@ -184,6 +184,10 @@ class CpuFacts(msgspec.Struct, omit_defaults=True):
     # machine (this job included), percent of one core: with the job's own share it tells how
     # much of those CPUs other processes took.
     affinity_cpus_busy_pct: float | None = None
+    # NUMA node -> how many CPUs of the affinity mask are on it (keys are node numbers as text),
+    # and whether the running torch's torchrun has --numa-binding (torch.numa.binding).
+    affinity_numa: dict[str, int] = {}
+    numa_binding_available: bool | None = None
 
 
 class DeviceFacts(msgspec.Struct, omit_defaults=True):
@@ -196,6 +200,11 @@ class DeviceFacts(msgspec.Struct, omit_defaults=True):
     nvml_util_pct_mean: float | None = None
     nvml_mem_used_bytes_max: int | None = None
     max_memory_allocated_bytes: int | None = None
+    # The rank's accelerator on the host's topology (sysfs): PCI address and NUMA node (None:
+    # unknown), and the CPUs of that node.
+    pci_address: str | None = None
+    numa_node: int | None = None
+    numa_node_cpus: list[int] = []
     num_alloc_retries: int | None = None
 
 

@@ -26,6 +26,7 @@ from torchdoctor.facts import (
     ModuleDeviceFacts,
     OptimizerFacts,
 )
+from torchdoctor.hardware import topology
 from torchdoctor.probe.breaks import graph_breaks as breaks_of
 from torchdoctor.probe.recompiles import compile_seconds, frame_names
 from torchdoctor.probe.recompiles import recompiles as recompiles_of
@@ -284,6 +285,10 @@ def _fill_cuda(torch: Any, device: DeviceFacts) -> None:
         device.name = props.name
         device.capability = f"{props.major}.{props.minor}"
         device.total_memory_bytes = int(props.total_memory)
+        bus = getattr(props, "pci_bus_id", None)
+        if isinstance(bus, int):
+            device.pci_address = topology.pci_address(int(getattr(props, "pci_domain_id", 0) or 0), bus,
+                                                      int(getattr(props, "pci_device_id", 0) or 0))
     device.max_memory_allocated_bytes = attempt(lambda: int(torch.cuda.max_memory_allocated(index)))
     stats = attempt(lambda: torch.cuda.memory_stats(index)) or {}
     if "num_alloc_retries" in stats:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, RankFacts
+from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
+from torchdoctor.hardware import topology
 from torchdoctor.probe import collect, sysinfo
 from torchdoctor.probe.errors import ERRORS
 
@@ -104,12 +105,31 @@ def cpu_facts(probe: Probe) -> CpuFacts:
     )
 
 
+_TOPOLOGY: list[topology.Topology] = []
+
+
+def place(probe: Probe, device: DeviceFacts, cpu: CpuFacts) -> None:
+    """The rank on the host's topology (sysfs, read once): its mask's NUMA nodes, its accelerator's."""
+    if not _TOPOLOGY:
+        _TOPOLOGY.append(topology.read("/"))
+    topo = _TOPOLOGY[0]
+    device.numa_node = topology.numa_of(topo, device.pci_address)
+    where = topology.placement(topo, cpu.affinity, device.numa_node)
+    cpu.affinity_numa = {str(k): v for k, v in sorted(where.cpu_nodes.items())}
+    device.numa_node_cpus = where.near_cpus
+    # torchrun --numa-binding ships as torch/numa/binding.py: looked up as a file, never imported.
+    torch_dir = os.path.dirname(getattr(probe.torch, "__file__", "") or "")
+    cpu.numa_binding_available = os.path.isfile(os.path.join(torch_dir, "numa", "binding.py")) if torch_dir else None
+
+
 def rank_facts(probe: Probe) -> RankFacts:
     """Everything the probe of this process knows, as the contract struct the rules read."""
     torch = probe.torch
     rank, world, backend = probe.rank_identity()
     roots = probe.live_roots()
     device, off_device = collect.device_facts(torch, roots)
+    cpu = cpu_facts(probe)
+    collect.attempt(lambda: place(probe, device, cpu))
     if probe.nvml is not None:
         device.nvml_util_pct_mean, device.nvml_mem_used_bytes_max = probe.nvml.readings()
     backends = collect.backend_facts(torch)
@@ -143,7 +163,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         modules_off_device=off_device,
         embeddings=collect.embedding_facts(torch, roots),
         compile=collect.compile_facts(),
-        cpu=cpu_facts(probe),
+        cpu=cpu,
         device=device,
         backends=backends,
         env=collect.env_facts(),
