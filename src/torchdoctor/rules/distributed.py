@@ -83,7 +83,8 @@ def fsdp2_fix(fs: FSDPFacts | None) -> Fix:
         text = ("FSDP2: start each unit's all-gather before it runs: explicit forward and backward prefetch"
                 + (f" ({units} units, {med:.1f} MB median)" if units and med is not None else "") + ".")
         snippet = _PREFETCH
-    if fs is None or fs.mixed_precision is None or "param_dtype=None" in fs.mixed_precision:
+    replicate = total is not None and total < SMALL_MODEL_MB
+    if not replicate and (fs is None or fs.mixed_precision is None or "param_dtype=None" in fs.mixed_precision):
         text += " bf16 parameters in a MixedPrecisionPolicy halve the all-gather bytes."
         snippet += "\n# fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))"
     return Fix(text, snippet)
