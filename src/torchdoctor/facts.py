@@ -124,6 +124,12 @@ class GraphBreakFacts(msgspec.Struct, omit_defaults=True):
     # Times Dynamo met this break (same reason, same line) while compiling: once per compiled
     # frame, resume function or recompile that reaches it, not once per step.
     compiles: int = 1
+    # A data-dependent branch rewritten with torch.where (compile/rewrite.py), as a unified diff
+    # against the user's file, and its validation after the run (compile/rewrite_check.py):
+    # True validated, False refuted, None not checked (``rewrite_check`` says why).
+    rewrite: str | None = None
+    rewrite_ok: bool | None = None
+    rewrite_check: str | None = None
 
 
 class RecompileFacts(msgspec.Struct, omit_defaults=True):

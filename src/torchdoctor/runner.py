@@ -155,11 +155,32 @@ def write_manifest(run_dir: str, command: Sequence[str], job: JobResult) -> dict
         "duration_s": round(job.duration_s, 3),
         "ranks": rank_endings(run_dir, output.read_payloads(run_dir), job),
     }
+    attach_rewrites(manifest["ranks"])
     if job.returncode < 0:
         with contextlib.suppress(ValueError):
             manifest["signal"] = signal.Signals(-job.returncode).name
     output.write_json(os.path.join(run_dir, "run.json"), manifest)
     return manifest
+
+
+def attach_rewrites(payloads: list[dict]) -> None:
+    """Rewrite each data-dependent branch that broke the graph (compile/rewrite.py) and validate
+    the rewrite in a child Python, after the job (never inside it). Once per source line."""
+    from torchdoctor.compile.rewrite import rewrite
+    from torchdoctor.compile.rewrite_check import check
+
+    done: dict[str, tuple[str, bool | None, str] | None] = {}
+    for payload in payloads:
+        for b in (payload.get("facts") or {}).get("compile", {}).get("breaks", []) or []:
+            loc = b.get("location")
+            if not isinstance(loc, str) or b.get("reason") != "Data-dependent branching" or ":" not in loc:
+                continue
+            if loc not in done:
+                path, _, line = loc.rpartition(":")
+                rw = rewrite(path, int(line)) if line.isdigit() else None
+                done[loc] = (rw.diff, *check(rw)) if rw is not None else None
+            if done[loc] is not None:
+                b["rewrite"], b["rewrite_ok"], b["rewrite_check"] = done[loc]
 
 
 def rank_endings(run_dir: str, payloads: list[dict], job: JobResult) -> list[dict]:

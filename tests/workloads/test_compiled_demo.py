@@ -47,6 +47,10 @@ def test_each_break_is_named_at_its_line_with_its_kind_and_eager_time(sick):
     assert items[log_at]["kind"] == "logger" and items[log_at]["gb_id"] == "GB0291"
     assert items[if_at]["kind"] == "branch" and items[if_at]["gb_id"] == "GB0170"
     assert "at 2 place(s)" in cg2["title"] and cg2["recoverable_pct"] == 0.0
+    # The branch, rewritten with torch.where after the run and validated in a child Python.
+    assert items[if_at]["rewrite_ok"] is True and "both branches" in items[if_at]["rewrite_check"]
+    assert "+            h = torch.where(h.abs().max() > CLIP, h.clamp(-CLIP, CLIP), h)" in cg2["fix"]["snippet"]
+    assert "rewritten below with torch.where (validated: " in cg2["fix"]["text"]
     # Each break's eager time is measured in the profiler window (the gap before its resume).
     assert all(i["eager_ms_per_step"] is not None and i["eager_ms_per_step"] > 0 for i in items.values()), items
     # The report's compile section says the same, per break.

@@ -137,8 +137,14 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                                   [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0],
                                     "eager_ms_per_step": gaps.get(i) if gaps else None}]) for i, b in enumerate(shown)]
             steps = {f"{(b.location or 'torch').rsplit('/', 1)[-1]}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
-            snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1])
-            fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0], "\n".join(snippets))
+            snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1] and not b.rewrite)
+            rewrites = [b for b in shown if b.rewrite and b.rewrite_ok is not False]
+            for b in rewrites:  # the branch rewritten at the user's line: the diff, with its validation
+                steps.add(f"{(b.location or '').rsplit('/', 1)[-1]}: rewritten below with torch.where "
+                          f"({'validated: ' if b.rewrite_ok else ''}{b.rewrite_check or 'not validated'}).")
+            fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0],
+                      "\n".join([*snippets, *(b.rewrite or "" for b in rewrites)]),
+                      language="diff" if rewrites and not snippets else "python")
         return finding(
             v, "CG-2", "compile", (f"torch.compile breaks the graph at {len(listed)} place(s)" if listed else
                                    f"torch.compile breaks the graph {n} time(s)") + ": eager code runs between compiled pieces"
