@@ -231,8 +231,10 @@ def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None =
 
 def read_torch_traces(logs: list[str], trace_ranks: list[int | None]) -> tuple[dict[int, CompileFacts], list[ErrorEntry]]:
     """TORCH_TRACE logs -> compile facts by rank, and one error per unreadable log. A log without
-    a rank belongs to the only trace's rank (or rank 0); two logs of one rank keep the first."""
+    a rank belongs to the only trace's rank (or rank 0); of two logs of one rank (a helper process
+    that compiled too), the one with more records is the rank's."""
     out: dict[int, CompileFacts] = {}
+    records: dict[int, int] = {}
     errors: list[ErrorEntry] = []
     default = trace_ranks[0] if len(trace_ranks) == 1 and trace_ranks[0] is not None else 0
     for path in logs:
@@ -241,7 +243,9 @@ def read_torch_traces(logs: list[str], trace_ranks: list[int | None]) -> tuple[d
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             errors.append(ErrorEntry(path, f"TORCH_TRACE log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"))
             continue
-        out.setdefault(got.rank if got.rank is not None else default, got.facts)
+        key = got.rank if got.rank is not None else default
+        if got.records > records.get(key, -1):
+            out[key], records[key] = got.facts, got.records
     return out, errors
 
 

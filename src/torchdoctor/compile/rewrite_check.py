@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -80,8 +81,11 @@ def check(rw: Rewrite, python: str | None = None) -> tuple[bool | None, str]:
     spec = {"names": rw.names, "result": rw.result, "constants": rw.constants, "original": rw.original,
             "rewritten": rw.rewritten, "condition": rw.condition, "shape": list(CHECK_SHAPE)}
     try:
+        # The job's compile logging and the probe stay out of the check's process.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCH_TRACE", "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCHDOCTOR_"))}
         proc = subprocess.run([python, "-c", _CHILD], input=json.dumps(spec), capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+                              timeout=TIMEOUT_S, env=env)
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         return got["ok"], str(got["text"])
     except subprocess.TimeoutExpired:
