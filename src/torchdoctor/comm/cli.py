@@ -71,6 +71,54 @@ def cmd_comm(args: argparse.Namespace) -> int:
     except (ValueError, IndexError):
         print(f"torchdoctor: comm: bad size {args.min_bytes!r} or {args.max_bytes!r} (use 8, 64K, 16M, 1G)", file=sys.stderr)
         return EXIT_USAGE
+    if args.from_json:
+        try:
+            with open(args.from_json, encoding="utf-8") as f:
+                result = json.load(f)
+            if not isinstance(result, dict) or not isinstance(result.get("collectives"), list):
+                raise ValueError("no collectives[]")
+        except (OSError, ValueError) as exc:
+            print(f"torchdoctor: comm: {args.from_json}: not a comm result ({exc})", file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        code, result = _benchmark(args)
+        if code:
+            return code
+    if args.json and not args.from_json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    if not args.quiet and not args.compare:
+        render(result, Console())
+    if args.compare:
+        return _compare(args, result)
+    return EXIT_OK
+
+
+def _compare(args: argparse.Namespace, bench: dict) -> int:
+    """Place the job's collectives (a trace or run directory) on the benchmark's curve."""
+    import msgspec
+
+    from torchdoctor.comm.compare import place, sentence
+    from torchdoctor.session import analyze_paths
+
+    report = msgspec.to_builtins(analyze_paths(args.compare))
+    rows = place(report, bench)
+    for e in report.get("errors", []):
+        print(f"torchdoctor: comm: {e['file']}: {e['message']}", file=sys.stderr)
+    if not rows:
+        print("torchdoctor: comm: the job's trace records no collective sizes (gloo traces carry none without "
+              "record_param_comms; NCCL traces do)", file=sys.stderr)
+        return EXIT_FAILED
+    if args.compare_json:
+        with open(args.compare_json, "w", encoding="utf-8") as f:
+            json.dump({"placed": rows}, f, indent=1)
+    if not args.quiet:
+        for row in rows:
+            print(sentence(row, human))
+    return EXIT_OK
+
+
+def _benchmark(args: argparse.Namespace) -> tuple[int, dict]:
     with tempfile.TemporaryDirectory(prefix="td-comm-") as tmp:
         out = os.path.join(tmp, "comm.json")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -80,15 +128,9 @@ def cmd_comm(args: argparse.Namespace) -> int:
                         proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
             print(f"torchdoctor: comm: the benchmark failed (exit {proc.returncode}): {last.strip()[:300]}",
                   file=sys.stderr)
-            return EXIT_FAILED
+            return EXIT_FAILED, {}
         with open(out, encoding="utf-8") as f:
-            result = json.load(f)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-    if not args.quiet:
-        render(result, Console())
-    return EXIT_OK
+            return EXIT_OK, json.load(f)
 
 
 def add_comm_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -105,6 +147,10 @@ def add_comm_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may take before the run fails")
     p.add_argument("--json", metavar="FILE", help="write the result as JSON (collectives[]: op, bytes, time_us, ...)")
     p.add_argument("--quiet", action="store_true", help="print nothing (with --json)")
+    p.add_argument("--compare", nargs="+", metavar="PATH",
+                   help="the job's traces or run directory: place its collectives on the measured curve")
+    p.add_argument("--from-json", metavar="FILE", help="use an earlier --json result instead of measuring again")
+    p.add_argument("--compare-json", metavar="FILE", help="write the placed collectives as JSON")
     p.add_argument("launcher", nargs=argparse.REMAINDER, help="-- torchrun ... (the job's launcher), optional")
     p.set_defaults(func=cmd_comm)
     return p
