@@ -8,7 +8,9 @@ Sources fill ``CompileRecord``s: the live probe from ``torch._dynamo.utils.get_c
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torchdoctor.compile.guards import first_line, guard_kind, observed_values
 from torchdoctor.facts import RecompileFacts
@@ -46,15 +48,30 @@ class CompileRecord:
         return self.compile_id.split("/")[0].lstrip("[!*")
 
 
-def record(compile_id: str, forward: bool, name: str | None, filename: str | None, firstlineno: int | None,
-           recompile_reason: str | None, fail_reason: str | None, seconds: float | None,
-           backend_seconds: float | None = None) -> CompileRecord:
-    """A CompileRecord from CompilationMetrics' fields (live object or TORCH_TRACE event)."""
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def from_metrics(field: Callable[[str], Any], forward: bool) -> CompileRecord | None:
+    """A CompileRecord from CompilationMetrics' fields, read through ``field(name)`` (an attribute
+    of the live object, or a key of a TORCH_TRACE event, which is untrusted: numbers are checked);
+    None without a "frame/entry" compile id. A backward compile's seconds are its cumulative
+    backward (else Inductor) microseconds, and all of them are the backend's."""
+    cid = str(field("compile_id") or "")
+    if "/" not in cid:
+        return None
+    if forward:
+        seconds, backend = _number(field("entire_frame_compile_time_s")), _number(field("backend_compile_time_s"))
+    else:
+        us = _number(field("backward_cumulative_compile_time_us")) or _number(field("inductor_cumulative_compile_time_us"))
+        seconds = us / 1e6 if us else None
+        backend = seconds
+    name, filename, line = field("co_name"), field("co_filename"), field("co_firstlineno")
     return CompileRecord(
-        compile_id=compile_id, forward=forward, name=name,
-        location=f"{filename}:{firstlineno}" if filename and firstlineno else None,
-        reason=recompile_reason, limit=str(fail_reason or "").startswith(LIMIT_REASON), seconds=float(seconds or 0.0),
-        backend_seconds=float(backend_seconds or 0.0) if forward else float(seconds or 0.0))
+        compile_id=cid, forward=forward, name=name if isinstance(name, str) else None,
+        location=f"{filename}:{line}" if filename and line else None,
+        reason=field("recompile_reason"), limit=str(field("fail_reason") or "").startswith(LIMIT_REASON),
+        seconds=seconds or 0.0, backend_seconds=backend or 0.0)
 
 
 def recompile_frames(records: list[CompileRecord], guards: dict[tuple[str | None, str | None], list[str]]

@@ -25,7 +25,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from torchdoctor.compile.records import CompileRecord, base_function, frame_names, recompile_frames, record
+from torchdoctor.compile.records import (
+    CompileRecord,
+    base_function,
+    frame_names,
+    from_metrics,
+    recompile_frames,
+)
 from torchdoctor.facts import CompileFacts, GraphBreakFacts
 
 LOG_NAME = re.compile(r"^dedicated_log_torch_trace_(?:rank_(\d+)_)?.*\.log$")
@@ -62,10 +68,10 @@ def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
             logs.append(p)
             continue
         if os.path.isdir(p):
-            found = sorted(os.path.join(root, f) for root, _d, files in os.walk(p) for f in files if is_log(f))
+            names = [(root, f) for root, _d, files in os.walk(p) for f in files]
+            found = sorted(os.path.join(root, f) for root, f in names if is_log(f))
             logs.extend(found)
-            has_traces = any(f.endswith((".json", ".json.gz")) for _r, _d, files in os.walk(p) for f in files)
-            if found and not has_traces:
+            if found and not any(f.endswith((".json", ".json.gz")) for _r, f in names):
                 continue
         rest.append(p)
     return logs, rest
@@ -148,17 +154,10 @@ def read(path: str) -> TorchTrace:
             rank = meta["rank"]
         for kind in ("compilation_metrics", "bwd_compilation_metrics"):
             cm = meta.get(kind)
-            if isinstance(cm, dict) and cm.get("compile_id"):
-                fwd = kind == "compilation_metrics"
-                seconds = cm.get("entire_frame_compile_time_s")
-                if not fwd:
-                    us = cm.get("backward_cumulative_compile_time_us") or cm.get("inductor_cumulative_compile_time_us")
-                    seconds = us / 1e6 if isinstance(us, (int, float)) else None
-                backend = cm.get("backend_compile_time_s")
-                compiles.append(record(str(cm["compile_id"]), fwd, cm.get("co_name"), cm.get("co_filename"),
-                                       cm.get("co_firstlineno"), cm.get("recompile_reason"), cm.get("fail_reason"),
-                                       seconds if isinstance(seconds, (int, float)) else None,
-                                       backend if isinstance(backend, (int, float)) else None))
+            if isinstance(cm, dict):
+                rec = from_metrics(cm.get, kind == "compilation_metrics")
+                if rec is not None:
+                    compiles.append(rec)
         if "dynamo_output_graph" in meta:
             graphs += 1
         art = meta.get("artifact")

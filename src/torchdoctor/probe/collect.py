@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from torchdoctor.compile.guards import first_line
-from torchdoctor.compile.records import LIMIT_REASON
+from torchdoctor.compile.records import LIMIT_REASON, frame_names, recompile_frames
 from torchdoctor.facts import (
     BackendFacts,
     CompileFacts,
@@ -27,9 +27,9 @@ from torchdoctor.facts import (
     OptimizerFacts,
 )
 from torchdoctor.hardware import topology
+from torchdoctor.probe import recompiles as compiles_read
 from torchdoctor.probe.breaks import graph_breaks as breaks_of
-from torchdoctor.probe.recompiles import compile_seconds, frame_names
-from torchdoctor.probe.recompiles import recompiles as recompiles_of
+from torchdoctor.probe.recompiles import compile_seconds
 
 T = TypeVar("T")
 
@@ -334,7 +334,8 @@ def compile_facts() -> CompileFacts:
     frames = counters.get("frames", {})
     stats = counters.get("stats", {})
     inductor = counters.get("inductor", {})
-    per_frame = attempt(lambda: recompiles_of(utils))
+    records = attempt(lambda: compiles_read.read(utils))  # None: no compilation metrics on this torch
+    per_frame = attempt(lambda: recompile_frames(records, compiles_read.guards(utils))) if records is not None else None
     failures = getattr(utils, "guard_failures", {}) or {}
     # One failing guard per cache entry checked: the first guard of each recompile is enough.
     reasons = list(dict.fromkeys(first_line(str(r)) for rs in failures.values() for r in rs))
@@ -347,7 +348,7 @@ def compile_facts() -> CompileFacts:
         recompiles=sum(r.count for r in per_frame) if per_frame is not None else len(reasons) or None,
         recompile_reasons=reasons[:10],
         recompile_frames=per_frame or [],
-        frame_names=attempt(lambda: frame_names(utils)) or {},
+        frame_names=frame_names(records or []),
         unique_graphs=stats.get("unique_graphs"),
         cache_hits=inductor.get("fxgraph_cache_hit"),
         cache_misses=inductor.get("fxgraph_cache_miss"),

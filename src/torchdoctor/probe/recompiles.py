@@ -23,48 +23,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.compile.records import CompileRecord, recompile_frames, record
-from torchdoctor.compile.records import frame_names as names_of
-from torchdoctor.facts import RecompileFacts
+from torchdoctor.compile.records import CompileRecord, from_metrics
 
 # What the probe has read so far, by (compile id, forward): the metrics deque forgets, this does not.
 _SEEN: dict[tuple[str, bool], CompileRecord] = {}
 
 
-def _read_metrics(utils: Any) -> None:
+def read(utils: Any) -> list[CompileRecord]:
+    """Every compile Dynamo recorded so far (new metrics entries added to what was read before);
+    raises where this torch has no compilation metrics."""
     for m in list(utils.get_compilation_metrics()):
-        cid = str(getattr(m, "compile_id", None) or "")
-        fwd = getattr(m, "is_forward", True) is not False
-        if "/" not in cid or (cid, fwd) in _SEEN:
-            continue
-        seconds = getattr(m, "entire_frame_compile_time_s", None)
-        if not fwd:
-            us = getattr(m, "backward_cumulative_compile_time_us", None) or getattr(m, "inductor_cumulative_compile_time_us", None)
-            seconds = us / 1e6 if us else None
-        _SEEN[(cid, fwd)] = record(cid, fwd, getattr(m, "co_name", None), getattr(m, "co_filename", None),
-                                   getattr(m, "co_firstlineno", None), getattr(m, "recompile_reason", None),
-                                   getattr(m, "fail_reason", None), seconds)
+        rec = from_metrics(lambda name, m=m: getattr(m, name, None), getattr(m, "is_forward", True) is not False)
+        if rec is not None:
+            _SEEN.setdefault((rec.compile_id, rec.forward), rec)
+    return list(_SEEN.values())
 
 
-def recompiles(utils: Any) -> list[RecompileFacts]:
-    """One record per compiled frame that recompiled, most recompiles first; [] when unknown."""
-    try:
-        _read_metrics(utils)
-    except Exception:  # no metrics on this torch: counters still count
-        return []
+def guards(utils: Any) -> dict[tuple[str | None, str | None], list[str]]:
+    """Every failing guard seen, by (code name, "file:first line") (``guard_failures``)."""
     failures = getattr(utils, "guard_failures", None) or {}
-    guards = {(getattr(code, "co_name", None), f"{getattr(code, 'co_filename', '')}:{getattr(code, 'co_firstlineno', '')}"):
-              [str(r) for r in rs] for code, rs in list(failures.items())}
-    return recompile_frames(list(_SEEN.values()), guards)
-
-
-def frame_names(utils: Any) -> dict[str, str]:
-    """Compiled frame id -> its code's name, for the trace's regions (compile.records.frame_names)."""
-    try:
-        _read_metrics(utils)
-    except Exception:
-        return {}
-    return names_of(list(_SEEN.values()))
+    return {(getattr(code, "co_name", None), f"{getattr(code, 'co_filename', '')}:{getattr(code, 'co_firstlineno', '')}"):
+            [str(r) for r in rs] for code, rs in list(failures.items())}
 
 
 def compile_seconds(utils: Any) -> tuple[float | None, float | None, float | None]:

@@ -113,6 +113,13 @@ class View:
         return float(np.median([getattr(s, attr) for s in self.timed]))
 
 
+def checkpoint_saves(v: View) -> tuple[int, float, int]:
+    """(saves, ms blocked in them, steps recorded) over the probe's steps of this rank (DI-15's
+    facts; its amortised cost per step is the middle over the last)."""
+    steps = v.f.steps if v.f is not None else []
+    return sum(s.checkpoint_saves for s in steps), sum(s.checkpoint_ms for s in steps), len(steps)
+
+
 def steady(steps: list[StepTiming]) -> list[StepTiming]:
     """Drop leading steps slower than WARMUP_FACTOR x the median of the rest (as metrics/steps.py does
     for ProfilerSteps): the first steps pay for worker start-up, allocator growth, autotuning."""

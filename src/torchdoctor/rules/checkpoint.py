@@ -9,15 +9,9 @@ amortised over the steps the probe recorded (a save every K steps costs 1/K of i
 
 from __future__ import annotations
 
-from ._common import View, finding, fmt_ms, per_rank
+from ._common import View, checkpoint_saves, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
-
-
-def saves(v: View) -> tuple[int, float, int]:
-    """(saves, ms blocked in them, steps recorded) over the probe's steps of this rank."""
-    steps = v.f.steps if v.f is not None else []
-    return sum(s.checkpoint_saves for s in steps), sum(s.checkpoint_ms for s in steps), len(steps)
 
 
 @rule("DI-15")
@@ -35,7 +29,7 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
     from 110 to 24 ms per save, yet the steps with a save stayed about 100 ms longer than the rest.
     """
     def one(v: View) -> Finding | None:
-        n, blocked, steps = saves(v)
+        n, blocked, steps = checkpoint_saves(v)
         if not n or not steps or not v.step_ms:
             return None
         per_step = blocked / steps

@@ -75,16 +75,7 @@ def _values(r: RecompileFacts) -> str:
 def describe(r: RecompileFacts) -> str:
     """One sentence: which frame, how often, which input changed how, with the values seen."""
     where = f"{frame_name(r)} ({r.location.rsplit('/', 1)[-1]})" if r.location else frame_name(r)
-    what = _KINDS.get(r.kind, _KINDS["other"])[0]
-    words = _input(r.tensor)[0]
-    if r.tensor and r.kind in ("size", "stride"):
-        subject = f"{words} {what} at dim {r.dim}" if r.dim is not None else f"{words} {what}"
-    elif r.tensor and r.kind == "value":
-        subject = f"the Python value {r.tensor} changes"
-    elif r.tensor:
-        subject = f"{words} {what}"
-    else:
-        subject = what
+    subject = _cause(r)
     seen = f" (values seen: {_values(r)})" if r.values and r.kind in ("size", "value") else ""
     cliff = "; it hit the recompile limit and runs in eager from then on" if r.limit_hit else ""
     return (f"{where} recompiled {r.count} time(s): {subject}{seen}{cliff}. "

@@ -38,7 +38,17 @@ from ._comm import (
     sev_at_least,
     sharding,
 )
-from ._common import WARN_PCT, View, data_wait_ms, finding, fmt_ms, per_rank, severity, views
+from ._common import (
+    WARN_PCT,
+    View,
+    checkpoint_saves,
+    data_wait_ms,
+    finding,
+    fmt_ms,
+    per_rank,
+    severity,
+    views,
+)
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 from .model import Severity as Sev
@@ -262,17 +272,17 @@ def _straggler_cause(inputs: RuleInputs, culprit: int | None) -> str:
     gap = inputs.cross.straggler_lead_ms if inputs.cross is not None and inputs.cross.straggler_lead_ms else 0.0
     if others and gap and waits[culprit] - float(np.median(others)) >= 0.8 * gap:
         return f"rank {culprit} waits {fmt_ms(waits[culprit])} for its DataLoader"
-    saves = {r: _checkpoint_ms(x) for r, x in vs.items()}
+    saves = {r: _per_step(checkpoint_saves(x)) for r, x in vs.items()}
     rest = [ms for r, ms in saves.items() if r != culprit]
     if rest and gap and saves[culprit] - float(np.median(rest)) >= 0.8 * gap:
         return f"rank {culprit} blocks {fmt_ms(saves[culprit])} per step in checkpoint saves"
     return ""
 
 
-def _checkpoint_ms(v: View) -> float:
-    """Checkpoint save time per recorded step of a rank (DI-15's amortised cost)."""
-    steps = v.f.steps if v.f is not None else []
-    return sum(s.checkpoint_ms for s in steps) / len(steps) if steps else 0.0
+def _per_step(got: tuple[int, float, int]) -> float:
+    """Checkpoint ms per recorded step (DI-15's amortised cost) from ``checkpoint_saves``."""
+    _, blocked, steps = got
+    return blocked / steps if steps else 0.0
 
 
 @rule("DI-2", priority=PRIORITY["DI-2"], budgets=("comm.exposed",))

@@ -16,11 +16,11 @@ from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
 
-def _peers(inputs: RuleInputs, v: View) -> tuple[int, int]:
+def _peers(every: list[View], v: View) -> tuple[int, int]:
     """(local ranks whose accelerator is on v's node, v's index among them), by host and rank."""
     host = v.f.hostname if v.f is not None else None
     node = v.f.device.numa_node if v.f is not None else None
-    same = sorted(x.rank or 0 for x in views(inputs)
+    same = sorted(x.rank or 0 for x in every
                   if x.f is not None and x.f.hostname == host and x.f.device.numa_node == node)
     return max(len(same), 1), same.index(v.rank or 0) if (v.rank or 0) in same else 0
 
@@ -31,7 +31,8 @@ def numa_placement(inputs: RuleInputs) -> list[Finding]:
     CPUs elsewhere (info). Fix: torchrun --numa-binding=node where the running torch has it, else
     the exact CPU list per local rank (the node's CPUs split among the ranks on it)."""
     out = []
-    for v in views(inputs):
+    every = views(inputs)
+    for v in every:
         f = v.f
         if f is None or f.device.numa_node is None or len(f.cpu.affinity_numa) == 0:
             continue
@@ -42,7 +43,7 @@ def numa_placement(inputs: RuleInputs) -> list[Finding]:
         total = sum(counts.values())
         if near * 2 >= total:
             continue
-        ranks_on_node, index = _peers(inputs, v)
+        ranks_on_node, index = _peers(every, v)
         cpus = near_cpus_per_rank(f.device.numa_node_cpus, ranks_on_node, index)
         where = ", ".join(f"node {k}: {n}" for k, n in sorted(counts.items()))
         if f.cpu.numa_binding_available:
