@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="window: ProfilerStep numbers A<=N<B, 'all' steps, or 'trace' = first to last "
                         "device event (HTA's window). Default: steady-state steps (warm-up skipped)")
     a.add_argument("--jobs", "-j", type=int, help="worker processes for multi-rank input (default: CPUs)")
+    a.add_argument("--executor", metavar="local|dask[://ADDR]|ray[://ADDR]", default="local",
+                   help="where the per-rank work runs: local processes (default), a Dask cluster or a "
+                        "Ray cluster (a local one is started when no address is given); only each "
+                        "rank's summary travels back. Paths may be URLs that fsspec reads (s3://...)")
     add_output_options(a)
     a.set_defaults(func=cmd_analyze)
     # Live-run subcommands live in their own modules (they need torch only inside the user's job).
@@ -149,8 +153,15 @@ def exit_code(report, fail_on: str | None) -> int:
 
 
 def cmd_analyze(args) -> int:
+    from .executors import ExecutorError, parse_executor
     from .metrics.steps import WindowError, parse_step_range
     from .session import analyze_paths
+
+    try:
+        executor = parse_executor(args.executor)
+    except ExecutorError as e:
+        print(f"torchdoctor: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
     if args.steps not in (None, "all", "trace"):
         try:
@@ -158,8 +169,13 @@ def cmd_analyze(args) -> int:
         except WindowError as e:
             print(f"torchdoctor: {e}", file=sys.stderr)
             return EXIT_FAILED
-    report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs,
-                           config=getattr(args, "rule_config", None))
+    try:
+        report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs,
+                               config=getattr(args, "rule_config", None), executor=executor,
+                               progress=False if args.quiet else None)
+    except ExecutorError as e:
+        print(f"torchdoctor: {e}", file=sys.stderr)
+        return EXIT_FAILED
     return emit(report, args)
 
 

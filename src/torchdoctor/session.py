@@ -15,13 +15,11 @@ warning or worse, and every rank showed device activity (or, CPU-only, its steps
 from __future__ import annotations
 
 import gzip
-import multiprocessing as mp
 import os
 import re
 import signal
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
@@ -30,17 +28,21 @@ import numpy as np
 from . import __version__
 from . import config as user_config
 from .compile import torch_trace
+from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
+from .executors.progress import rank_progress
 from .facts import CompileFacts, RankFacts
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
 from .metrics.ranks import cross_rank
 from .metrics.steps import WindowError
+from .metrics.summary import SUMMARY_RANKS
 from .report.model import ErrorEntry, RankReport, Report
 from .rules import RankInputs, RuleInputs, diagnose
 from .trace.decode import TraceFormatError
 from .trace.load import discover, load_trace, rank_from_filename
 from .trace.model import CATEGORY_NAMES, DEVICE_WORK, HOST_CATS, IGNORED_CATEGORIES, Cat, RankTrace
+from .trace.remote import is_url
 
 RUN_MANIFEST = "run.json"
 _PEEK_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
@@ -149,7 +151,10 @@ def _analyze_one(path: str, steps: str | None, jobs: int = 1) -> Outcome:
 
 
 def peek_rank(path: str) -> int | None:
-    """The rank a file declares, from distributedInfo near its start, else from its name."""
+    """The rank a file declares, from distributedInfo near its start, else from its name (a URL:
+    from its name only; its worker reads it)."""
+    if is_url(path):
+        return rank_from_filename(path)
     try:
         with open(path, "rb") as f:
             magic = f.read(2)
@@ -169,18 +174,34 @@ def _workers(n_files: int, jobs: int | None) -> int:
     return max(1, min(jobs or cpus, n_files))
 
 
-def analyze_files(files: list[str], steps: str | None = None, jobs: int | None = None
-                  ) -> list[Outcome]:
-    """Analyse files (in parallel when more than one), results in the files' order."""
-    if len(files) == 1:
+def analyze_files(files: list[str], steps: str | None = None, jobs: int | None = None,
+                  executor: ExecutorSpec | None = None, progress: bool | None = None) -> list[Outcome]:
+    """Analyse files as tasks on an executor (local processes by default), results in the files'
+    order. Above SUMMARY_RANKS files each rank's result is reduced to its summary on the worker
+    (metrics/summary.py), so the driver's memory stays flat however many ranks there are.
+    `progress`: a bar on stderr (None: when stderr is a terminal)."""
+    spec = executor or ExecutorSpec("local")
+    compact = len(files) > SUMMARY_RANKS
+    if len(files) == 1 and spec.engine == "local":
         # One file: its own decoding may use the CPUs (byte ranges of a large file).
-        return [_analyze_one(files[0], steps, _workers(1 << 30, jobs))]
-    n = _workers(len(files), jobs)
-    if n == 1:
-        return [_analyze_one(f, steps) for f in files]
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        return list(pool.map(_analyze_one, files, [steps] * len(files), chunksize=1))
+        tasks = [Task(files[0], steps, compact, _workers(1 << 30, jobs))]
+    else:
+        # A cluster's workers do not share this process's working directory: absolute paths.
+        far = spec.engine != "local"
+        tasks = [Task(os.path.abspath(f) if far and not is_url(f) else f, steps, compact) for f in files]
+    with rank_progress(len(tasks), f"analysing ranks ({spec})", progress) as advance:
+        outcomes = run_tasks(spec, tasks, _workers(len(files), jobs), advance)
+    for f, o in zip(files, outcomes, strict=True):
+        if o.result is not None:
+            o.result.file = f  # the name the user gave
+    return [_outcome(o) for o in outcomes]
+
+
+def _outcome(o: TaskOutcome) -> Outcome:
+    if o.status != "ok" or o.result is None:
+        return "error", o.message, None
+    sight = TraceSight(**o.sight) if isinstance(o.sight, dict) else None
+    return "ok", o.result, sight
 
 
 def assign_ranks(results: list[RankResult], files: list[str], warnings: list[ErrorEntry],
@@ -206,16 +227,20 @@ def assign_ranks(results: list[RankResult], files: list[str], warnings: list[Err
 
 
 def analyze_paths(paths: list[str], steps: str | None = None, rank: int | None = None,
-                  jobs: int | None = None, config: user_config.LoadedConfig | None = None) -> Report:
+                  jobs: int | None = None, config: user_config.LoadedConfig | None = None,
+                  executor: ExecutorSpec | None = None, progress: bool | None = None) -> Report:
     """`torchdoctor analyze`: traces and/or run directories in, a diagnosed report out.
 
-    `config`: the rule configuration (default: the running command's, `config.active()`)."""
+    `config`: the rule configuration (default: the running command's, `config.active()`);
+    `executor`: where the per-rank work runs (executors/, default local processes); `progress`: a bar
+    over ranks on stderr (None: when stderr is a terminal)."""
     runs = [p for p in paths if is_run_dir(p)]
     if runs:
         return report_from_run_dir(runs[0], steps=steps, rank=rank, jobs=jobs,
                                    extra=[p for p in paths if p != runs[0]], config=config)
     logs, paths = torch_trace.split_paths(paths)
-    results, errors, warnings, sights = analyze_traces(paths, steps, rank, jobs) if paths else ([], [], [], {})
+    results, errors, warnings, sights = (analyze_traces(paths, steps, rank, jobs, executor=executor, progress=progress)
+                                         if paths else ([], [], [], {}))
     compiled, log_errors = read_torch_traces(logs, [r.rank for r in results])
     errors += log_errors
     if rank is not None:
@@ -250,7 +275,8 @@ def read_torch_traces(logs: list[str], trace_ranks: list[int | None]) -> tuple[d
 
 
 def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None = None,
-                   jobs: int | None = None, taken: dict[int, str] | None = None
+                   jobs: int | None = None, taken: dict[int, str] | None = None,
+                   executor: ExecutorSpec | None = None, progress: bool | None = None
                    ) -> tuple[list[RankResult], list[ErrorEntry], list[ErrorEntry], dict[str, TraceSight]]:
     """Trace files, directories or globs -> (rank results, input errors, warnings, sight by file).
 
@@ -262,7 +288,7 @@ def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None 
         files = [f for f in files if peek_rank(f) in (rank, None)]
     results: list[RankResult] = []
     sights: dict[str, TraceSight] = {}
-    for f, (status, value, sight) in zip(files, analyze_files(files, steps, jobs), strict=True):
+    for f, (status, value, sight) in zip(files, analyze_files(files, steps, jobs, executor, progress), strict=True):
         if status == "ok":
             assert isinstance(value, RankResult)
             results.append(value)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .decode import TraceFormatError, decode_file
 from .model import RankTrace
+from .remote import RemoteError, discover_url, is_url
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Files a run directory holds next to its traces that are not traces.
@@ -25,11 +26,21 @@ class InputError:
 
 
 def discover(paths: list[str]) -> tuple[list[str], list[InputError]]:
-    """Expand files, directories (recursively) and glob patterns into trace files, in stable order."""
+    """Expand files, directories (recursively), glob patterns and URLs (trace/remote.py) into trace
+    files, in stable order."""
     found: list[str] = []
     errors: list[InputError] = []
     for p in paths:
-        if os.path.isdir(p):
+        if is_url(p):
+            try:
+                hits = discover_url(p)
+            except RemoteError as e:
+                errors.append(InputError(p, str(e)))
+                continue
+            if not hits:
+                errors.append(InputError(p, "no .json or .json.gz trace at this URL"))
+            found.extend(hits)
+        elif os.path.isdir(p):
             hits = sorted(
                 os.path.join(root, f)
                 for root, _dirs, files in os.walk(p)
@@ -49,7 +60,7 @@ def discover(paths: list[str]) -> tuple[list[str], list[InputError]]:
     seen: set[str] = set()
     unique = []
     for f in found:
-        key = os.path.realpath(f)
+        key = f if is_url(f) else os.path.realpath(f)
         if key not in seen:
             seen.add(key)
             unique.append(f)

@@ -1,0 +1,60 @@
+"""The Dask executor: one task per trace on a Dask cluster (`distributed`).
+
+`address` None starts a local cluster for the run: one single-threaded worker process per CPU (the
+decoder holds the GIL), no dashboard. A worker that dies while running a task makes the scheduler
+retry it on another worker; the local cluster allows one such retry (`allowed-failures` 1), after which
+the scheduler gives up on the task (`KilledWorker`) and the rank is reported failed. A remote scheduler
+keeps its own setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import ExecutorError
+from .task import Task, TaskOutcome, decode, lost, run_task
+
+
+def _client(address: str | None, workers: int):
+    try:
+        import dask
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ExecutorError("--executor dask needs Dask: pip install 'torchdoctor[dask]'") from None
+    try:
+        if address:
+            return Client(address, timeout="20s"), None
+        with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, silence_logs=50)
+            return Client(cluster), cluster
+    except (OSError, TimeoutError) as e:
+        raise ExecutorError(f"cannot reach the Dask scheduler {address or '(local)'}: {e}") from None
+
+
+def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[TaskOutcome]:
+    from distributed import as_completed
+    from distributed.scheduler import KilledWorker
+
+    client, cluster = _client(address, workers)
+    out: dict[int, TaskOutcome] = {}
+    try:
+        futures = client.map(run_task, tasks, pure=False, key=[f"torchdoctor-{i}" for i in range(len(tasks))])
+        index = {f.key: i for i, f in enumerate(futures)}
+        for fut in as_completed(futures):
+            i = index[fut.key]
+            try:
+                out[i] = decode(fut.result())
+            except KilledWorker:
+                out[i] = lost(tasks[i], "Dask killed worker")
+            except Exception as e:  # an engine failure on this task only: report the rank, go on
+                out[i] = TaskOutcome(tasks[i].path, "error", message=f"Dask task failed: {type(e).__name__}: {e}")
+            progress(1)
+            fut.release()
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+    return [out[i] for i in range(len(tasks))]

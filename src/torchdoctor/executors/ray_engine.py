@@ -1,0 +1,66 @@
+"""The Ray executor: one task per trace on a Ray cluster.
+
+`address` None starts a local Ray instance for the run (as many CPUs as asked for, no dashboard) and
+stops it after; an address connects to an existing cluster (`ray://HOST:PORT`, or `auto`) and leaves it
+running. A task whose worker process dies is retried once (`max_retries=1`); dying again, its rank is
+reported failed. Exceptions are not retried: a bad trace is an "error" outcome of the task itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from . import ExecutorError
+from .task import Task, TaskOutcome, decode, lost, run_task
+
+
+def _start(address: str | None, workers: int):
+    try:
+        import ray
+    except ImportError:
+        raise ExecutorError("--executor ray needs Ray: pip install 'torchdoctor[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        try:
+            if address:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            else:
+                # The workers are forked from Ray's own processes: they must find torchdoctor the way
+                # this process did (an editable install, or PYTHONPATH in tests).
+                env = {k: v for k in ("PYTHONPATH",) if (v := os.environ.get(k))}
+                ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR",
+                         log_to_driver=False, runtime_env={"env_vars": env} if env else None)
+            started = True
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ExecutorError(f"cannot start or reach Ray {address or '(local)'}: {e}") from None
+    return ray, started
+
+
+def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[TaskOutcome]:
+    ray, started = _start(address, workers)
+    from ray.exceptions import RayError, WorkerCrashedError
+
+    remote = ray.remote(num_cpus=1, max_retries=1, retry_exceptions=False)(run_task)
+    out: dict[int, TaskOutcome] = {}
+    try:
+        refs = [remote.remote(t) for t in tasks]
+        index = {r: i for i, r in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=min(len(pending), 64), timeout=1.0)
+            for ref in ready:
+                i = index.pop(ref)
+                try:
+                    out[i] = decode(ray.get(ref))
+                except WorkerCrashedError:
+                    out[i] = lost(tasks[i], "Ray worker crashed")
+                except RayError as e:
+                    out[i] = TaskOutcome(tasks[i].path, "error",
+                                         message=f"Ray task failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+                progress(1)
+    finally:
+        if started and address is None:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+    return [out[i] for i in range(len(tasks))]

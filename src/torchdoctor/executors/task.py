@@ -1,0 +1,84 @@
+"""One rank's analysis as a task any executor can run: a trace path (or URL) in, msgpack bytes out.
+
+The bytes are a `TaskOutcome`: the rank's `RankResult` (reduced to its summary, metrics/summary.py,
+when `compact`) and what the trace let the tool see (`TraceSight`), or the one-line reason it could
+not be analysed. Encoding on the worker keeps what travels small and independent of the engine's
+own serialiser (pickle, cloudpickle, Arrow).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import msgspec
+
+from ..metrics.model import RankResult
+
+# Fault injection for the tests of worker loss: "NAME" kills the worker process that starts on a
+# trace whose file name is NAME, every time; "NAME:MARKER" only while the file MARKER does not exist
+# (it is created first, so the retry succeeds).
+KILL_ENV = "TORCHDOCTOR_FAULT_KILL_TASK"
+
+
+class Task(msgspec.Struct, frozen=True):
+    path: str
+    steps: str | None = None
+    compact: bool = False
+    jobs: int = 1  # processes for decoding one large uncompressed file
+
+
+class TaskOutcome(msgspec.Struct):
+    path: str
+    status: str  # "ok" | "error"
+    result: RankResult | None = None
+    message: str = ""
+    sight: Any = None  # session.TraceSight as a dict (decoded by the session)
+
+
+def run_task(task: Task) -> bytes:
+    """Analyse one trace; never raises for a bad trace (that is an "error" outcome)."""
+    _maybe_die(task.path)
+    from .. import session  # here, not at import: the session imports the executors
+    from ..metrics.summary import compact
+    from ..trace.remote import RemoteError, is_url, local_path
+
+    try:
+        if is_url(task.path):
+            with local_path(task.path) as local:
+                status, value, sight = session._analyze_one(local, task.steps, task.jobs)
+            if status == "ok":
+                value.file = task.path
+        else:
+            status, value, sight = session._analyze_one(task.path, task.steps, task.jobs)
+    except RemoteError as e:
+        status, value, sight = "error", str(e), None
+    if status != "ok":
+        return msgspec.msgpack.encode(TaskOutcome(task.path, "error", message=str(value)))
+    result = compact(value) if task.compact else value
+    return msgspec.msgpack.encode(TaskOutcome(task.path, "ok", result, sight=sight))
+
+
+def decode(data: bytes) -> TaskOutcome:
+    return msgspec.msgpack.decode(data, type=TaskOutcome)
+
+
+def lost(task: Task, why: str) -> TaskOutcome:
+    """The outcome of a task whose worker died on both tries."""
+    return TaskOutcome(task.path, "error", message=f"worker lost twice while analysing ({why}); rank not analysed")
+
+
+def _maybe_die(path: str) -> None:
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    name, _, marker = spec.partition(":")
+    if os.path.basename(path) != name:
+        return
+    if marker:
+        if os.path.exists(marker):
+            return
+        with open(marker, "w"):
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)

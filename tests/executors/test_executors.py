@@ -1,0 +1,102 @@
+"""Per-rank analysis on each executor: the same report everywhere, a worker lost once is retried, a
+worker lost twice is a failed rank in errors[] while the other ranks are still reported.
+
+Dask and Ray are pinned in requirements-dev.txt: these tests run (and fail, never skip) without them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rank_job import write_job
+from torchdoctor.cli import main
+from torchdoctor.executors import ExecutorError, ExecutorSpec, parse_executor
+from torchdoctor.executors.task import KILL_ENV
+from torchdoctor.report.json_out import to_json
+from torchdoctor.session import analyze_paths
+
+WORLD = 6
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("job")
+    write_job(folder, WORLD, straggler=2)
+    return folder
+
+
+def comparable(report) -> dict:
+    doc = json.loads(to_json(report))
+    doc.pop("generated", None)
+    return doc
+
+
+def test_parse_executor():
+    assert parse_executor(None) == ExecutorSpec("local")
+    assert parse_executor("dask") == ExecutorSpec("dask")
+    assert parse_executor("dask://sched:8786") == ExecutorSpec("dask", "tcp://sched:8786")
+    assert parse_executor("dask://tls://sched:8786") == ExecutorSpec("dask", "tls://sched:8786")
+    assert parse_executor("ray://head:10001") == ExecutorSpec("ray", "ray://head:10001")
+    assert parse_executor("ray://auto") == ExecutorSpec("ray", "auto")
+    for bad in ("spark", "dask://", "local://x"):
+        with pytest.raises(ExecutorError):
+            parse_executor(bad)
+
+
+def test_unknown_executor_is_a_one_line_error(job, capsys):
+    assert main(["analyze", str(job), "--executor", "spark", "-q"]) == 2  # usage error
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown executor 'spark'" in err
+
+
+def test_local_executor_names_the_straggler(job):
+    report = analyze_paths([str(job)], jobs=2)
+    assert [r.rank for r in report.ranks] == list(range(WORLD)) and not report.errors
+    assert report.cross_rank.straggler == 2
+    assert report.cross_rank.victims == [0, 1, 3, 4, 5]
+    # Serially, in this process: the same report.
+    assert comparable(analyze_paths([str(job)], jobs=1)) == comparable(report)
+
+
+def test_local_worker_lost_once_is_retried(job, tmp_path, monkeypatch):
+    marker = tmp_path / "died"
+    monkeypatch.setenv(KILL_ENV, f"rank3.json:{marker}")
+    report = analyze_paths([str(job)], jobs=2)
+    assert marker.exists(), "the fault was not injected"
+    assert not report.errors and [r.rank for r in report.ranks] == list(range(WORLD))
+    assert report.cross_rank.straggler == 2
+
+
+def test_local_worker_lost_twice_fails_that_rank_only(job, tmp_path, monkeypatch):
+    monkeypatch.setenv(KILL_ENV, "rank3.json")
+    out = tmp_path / "r.json"
+    code = main(["analyze", str(job), "-j", "2", "--json", str(out), "-q"])
+    doc = json.loads(out.read_text())
+    assert code == 1  # partial: some input could not be analysed
+    assert [e["file"].rsplit("/", 1)[-1] for e in doc["errors"]] == ["rank3.json"]
+    assert "worker lost twice" in doc["errors"][0]["message"]
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 4, 5]
+    assert doc["cross_rank"]["straggler"] == 2
+
+
+@pytest.mark.parametrize("engine", ["dask", "ray"])
+def test_engine_gives_the_local_report_and_survives_a_lost_worker(engine, job, tmp_path, monkeypatch):
+    local = comparable(analyze_paths([str(job)], jobs=2))
+    spec = parse_executor(engine)
+    assert comparable(analyze_paths([str(job)], jobs=2, executor=spec)) == local
+    marker = tmp_path / "died"
+    monkeypatch.setenv(KILL_ENV, f"rank4.json:{marker}")
+    report = analyze_paths([str(job)], jobs=2, executor=spec)
+    assert marker.exists(), "the fault was not injected"
+    assert comparable(report) == local
+
+
+@pytest.mark.parametrize("engine", ["dask", "ray"])
+def test_engine_reports_a_rank_whose_worker_dies_every_time(engine, job, monkeypatch):
+    monkeypatch.setenv(KILL_ENV, "rank4.json")
+    report = analyze_paths([str(job)], jobs=2, executor=parse_executor(engine))
+    assert [e.file.rsplit("/", 1)[-1] for e in report.errors] == ["rank4.json"]
+    assert "worker lost twice" in report.errors[0].message
+    assert [r.rank for r in report.ranks] == [0, 1, 2, 3, 5]
+    assert report.cross_rank.straggler == 2
