@@ -36,7 +36,7 @@ from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
 from .metrics.ranks import cross_rank
 from .metrics.steps import WindowError
-from .metrics.summary import SUMMARY_RANKS
+from .metrics.summary import SUMMARY_RANKS, share_strings
 from .report.model import ErrorEntry, RankReport, Report
 from .rules import RankInputs, RuleInputs, diagnose
 from .trace.decode import TraceFormatError
@@ -191,9 +191,12 @@ def analyze_files(files: list[str], steps: str | None = None, jobs: int | None =
         tasks = [Task(os.path.abspath(f) if far and not is_url(f) else f, steps, compact) for f in files]
     with rank_progress(len(tasks), f"analysing ranks ({spec})", progress) as advance:
         outcomes = run_tasks(spec, tasks, _workers(len(files), jobs), advance)
+    names: dict[str, str] = {}
     for f, o in zip(files, outcomes, strict=True):
         if o.result is not None:
             o.result.file = f  # the name the user gave
+            if compact:  # one copy of each name for all ranks (metrics/summary.py)
+                share_strings(o.result, names)
     return [_outcome(o) for o in outcomes]
 
 

@@ -106,10 +106,18 @@ def test_thousands_of_ranks_stay_bounded(real_report: Report):
     rows = figs["fig-timeline"]["layout"]["yaxis"]["ticktext"]
     assert len(rows) == H.MAX_TIMELINE_RANKS
     assert any("straggler" in t and "rank 500" in t for t in rows)
-    # The heat map has every rank; detail panels and table rows are capped.
-    assert len(figs["fig-heatmap"]["data"][0]["y"]) == 1500
+    # The heat map has every rank, a row per group of 6 consecutive ranks (1500 / 256 rows, rounded
+    # up); the straggler's group is marked and light in exposed comm (its least).
+    heat = figs["fig-heatmap"]["data"]
+    assert len(heat[0]["y"]) == 250 and heat[0]["y"][0] == "rank 0–5"
+    marked = [i for i, y in enumerate(heat[0]["y"]) if "straggler" in y]
+    assert marked == [500 // 6] and heat[0]["y"][83] == "rank 498–503 ◀ straggler"
+    assert heat[1]["z"][83] == [round(min(c), 3) for c in zip(*(
+        [s.comm_exposed_ms for s in rr.analysis.steps] for rr in rep.ranks[498:504]), strict=True)]
+    # Histograms show all ranks; detail panels and table rows are the worst ranks, straggler first.
+    assert len(figs["fig-spread"]["data"][0]["x"]) == 1500
     assert page.count('class="rank-panel"') == H.MAX_DETAIL_RANKS
-    assert "more ranks (see --json)" in page
+    assert "Showing 64 of 1500 ranks: the straggler and those with the most device idle time" in page
     # Large figure data is packed like plotly.js, and the page stays a few MB.
     assert 'id="td-figures" data-encoding="gzip+base64"' in page
     assert len(page) < 5_000_000
@@ -219,3 +227,24 @@ def test_script_in_kernel_name_renders_as_text(chromium: str, tmp_path: Path):
     assert "&lt;img src=x onerror=" in m.group(1)
     # ... and in the finding's title and evidence.
     assert page.dom.count("The GPU waits for the DataLoader&lt;script&gt;alert(1)&lt;/script&gt;") >= 1
+
+
+def test_console_shows_the_worst_ranks_and_the_spread_of_all(real_report: Report):
+    import io
+
+    from rich.console import Console
+
+    from torchdoctor.report.console import MAX_RANK_ROWS, print_report
+
+    rep = many_ranks(real_report, 1500)
+    out = io.StringIO()
+    print_report(rep, Console(file=out, width=200))
+    text = out.getvalue()
+    rows = [line for line in text.splitlines() if line.strip().startswith("│") and "NVIDIA" in line]
+    assert len(rows) == MAX_RANK_ROWS
+    assert "500 (straggler)" in text
+    # The ranks shown are the straggler and the most idle (i % 11 == 10 adds the most idle here).
+    shown = [int(line.split("│")[1].split()[0]) for line in rows]
+    assert all(r == 500 or r % 11 == 10 for r in shown)
+    assert "Across all 1500 ranks (median / p90 / max): step" in text
+    assert "straggler: rank 500" in text

@@ -10,23 +10,24 @@ again, it is reported as a failed rank.
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from .task import Task, TaskOutcome, decode, lost, run_task
 
-_started: mp.SimpleQueue | None = None  # set in each worker: where it says which task it starts
+# Set in each worker: one byte per task of the round, shared with the driver, set to 1 as the task
+# starts (shared memory, not a pipe: a pipe nobody reads until the pool breaks fills up and blocks).
+_started = None
 
 
-def _init(started: mp.SimpleQueue) -> None:
+def _init(started) -> None:
     global _started
     _started = started
 
 
-def _run(i: int, task: Task) -> bytes:
+def _run(i: int, slot: int, task: Task) -> bytes:
     if _started is not None:
-        _started.put(i)
+        _started[slot] = 1
     return run_task(task)
 
 
@@ -34,42 +35,27 @@ def _context():
     return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
 
 
-def _drain(started: mp.SimpleQueue) -> set[int]:
-    seen = set()
-    while True:
-        try:
-            if started.empty():
-                return seen
-            seen.add(started.get())
-        except (OSError, EOFError, queue.Empty):
-            return seen
-
-
 def _pool_round(tasks: list[Task], ids: list[int], workers: int, out: dict[int, TaskOutcome], progress
                 ) -> tuple[list[int], list[int]]:
     """Run tasks `ids` in one pool until done or broken -> (not started, started but unfinished)."""
     ctx = _context()
-    started = ctx.SimpleQueue()
+    started = ctx.RawArray("b", len(ids))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(started,))
-    futures = {pool.submit(_run, i, tasks[i]): i for i in ids}
-    pending = set(futures)
+    futures = {pool.submit(_run, i, slot, tasks[i]): i for slot, i in enumerate(ids)}
     broken = False
     try:
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                try:
-                    out[futures[fut]] = decode(fut.result())
-                    progress(1)
-                except BrokenProcessPool:
-                    broken = True
-            if broken:
+        for fut in as_completed(futures):  # once over all futures (wait() in a loop is quadratic)
+            try:
+                out[futures.pop(fut)] = decode(fut.result())  # the future, and its bytes, go
+                progress(1)
+            except BrokenProcessPool:
+                broken = True
                 break
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     if not broken:
         return [], []
-    ran = _drain(started)
+    ran = {i for slot, i in enumerate(ids) if started[slot]}
     left = [i for i in ids if i not in out]
     return [i for i in left if i not in ran], [i for i in left if i in ran]
 

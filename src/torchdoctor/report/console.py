@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..metrics.model import RankResult
 from .model import Report
+from .offenders import spread, worst
 from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
@@ -52,7 +53,10 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
         console.print(Text(line, "dim"))
     results = [r.analysis for r in report.ranks if r.analysis is not None]
     if results:
-        console.print(rank_table(results))
+        straggler = report.cross_rank.straggler if report.cross_rank is not None else None
+        console.print(rank_table(results, straggler))
+        if len(results) > MAX_RANK_ROWS:
+            console.print(spread_line(results))
         _print_cross_rank(report, console)
         first = results[0]
         if first.idle_causes and first.metrics.idle_pct:
@@ -82,25 +86,45 @@ def config_line(config: dict) -> str:
     return " — ".join(parts)
 
 
-def rank_table(results: list[RankResult]) -> Table:
-    t = Table(title="Per-rank summary (shares of the analysis window)", title_justify="left")
+def rank_table(results: list[RankResult], straggler: int | None = None) -> Table:
+    """One row per rank; beyond MAX_RANK_ROWS ranks, the straggler and the ranks that lose most."""
+    many = len(results) > MAX_RANK_ROWS
+    first = next((i for i, r in enumerate(results) if r.rank == straggler), None) if straggler is not None else None
+    shown = [results[i] for i in worst(results, MAX_RANK_ROWS, first)]
+    title = "Per-rank summary (shares of the analysis window)"
+    if many:
+        title = (f"Per-rank summary: {len(shown)} of {len(results)} ranks, "
+                 f"{'the straggler and ' if first is not None else ''}those with most device idle time "
+                 "(shares of the analysis window)")
+    t = Table(title=title, title_justify="left")
     for col in ("rank", "device", "window", "step ms", "busy", "idle", "compute", "comm",
                 "exposed comm", "data wait", "sync"):
         t.add_column(col, justify="right" if col not in ("device", "window") else "left")
-    shown = results if len(results) <= MAX_RANK_ROWS else results[: MAX_RANK_ROWS - 1]
     for r in shown:
         m, w = r.metrics, r.window
         steps = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
         if w.skipped_warmup:
             steps += f" (warm-up {','.join(map(str, w.skipped_warmup))} skipped)"
         device = r.device or ("CPU only" if r.device_kind == "cpu" else f"{r.device_kind.upper()} (unnamed)")
-        t.add_row(str(r.rank), escape(device), steps, fmt(m.step_ms_median, digits=2),
-                  fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"), fmt(m.compute_pct, "%"),
-                  fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
+        t.add_row(str(r.rank) + (" (straggler)" if many and r.rank == straggler else ""), escape(device), steps,
+                  fmt(m.step_ms_median, digits=2), fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"),
+                  fmt(m.compute_pct, "%"), fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
                   fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%"))
-    if len(results) > len(shown):
-        t.add_row("…", f"{len(results) - len(shown)} more ranks (see --json)", *[""] * 9)
     return t
+
+
+def spread_line(results: list[RankResult]) -> str:
+    """The spread over all ranks of what the table shows for a few: median / p90 / max."""
+    parts = []
+    for label, values, unit, digits in (
+            ("step", [r.metrics.step_ms_median for r in results], " ms", 2),
+            ("device idle", [r.metrics.idle_pct for r in results], "%", 1),
+            ("exposed comm", [r.metrics.comm_exposed_pct for r in results], "%", 1),
+            ("data wait", [r.metrics.dataloader_exposed_pct for r in results], "%", 1)):
+        s = spread(values)
+        if s is not None:
+            parts.append(f"{label} {fmt(s[0], unit, digits)} / {fmt(s[1], unit, digits)} / {fmt(s[2], unit, digits)}")
+    return f"Across all {len(results)} ranks (median / p90 / max): " + "; ".join(parts) + "." if parts else ""
 
 
 def idle_table(r: RankResult) -> Table:

@@ -45,13 +45,15 @@ from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank, comm_wait_ms
 from .labels import BUSY_COLOR, CAUSE_COLOR, CAUSE_ORDER, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms
 from .model import ABResult, Evidence, Finding, RankReport, Report
+from .offenders import groups, worst
 from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
 # Bounds that keep the page light whatever the job size (thousands of ranks, long windows).
 MAX_TIMELINE_RANKS = 12  # rows in the timeline (each carries up to ~4000 intervals)
 MAX_DETAIL_RANKS = 16  # ranks offered in the per-rank detail selector
-MAX_HEATMAP_RANKS = 4096  # heat map rows (drawn as an image, cheap per cell)
+MAX_HEATMAP_RANKS = 4096  # ranks in the heat map
+MAX_HEATMAP_ROWS = 256  # beyond this, a heat-map row stands for a group of consecutive ranks
 MAX_HEATMAP_STEPS = 200
 MAX_TABLE_RANKS = 64
 MAX_HOVER_GAPS = 300  # per timeline row: the longest gaps get a hover target
@@ -198,17 +200,8 @@ def pick_ranks(views: list[RankView], straggler: str | None, cap: int) -> list[R
     """At most `cap` ranks worth drawing: the straggler, then the ranks with most device idle time
     (then longest step), shown in rank order. With thousands of ranks a row each would be unreadable
     and heavy; these are the rows a reader looks for."""
-    if len(views) <= cap:
-        return views
-
-    def badness(v: RankView) -> tuple[float, float]:
-        m = v.result.metrics
-        return (-(m.idle_pct if m.idle_pct is not None else -1.0), -(m.step_ms_median or 0.0))
-
-    first = [v for v in views if v.key == straggler]
-    rest = sorted((v for v in views if v not in first), key=badness)
-    chosen = first + rest[: cap - len(first)]
-    return sorted(chosen, key=lambda v: views.index(v))
+    first = next((i for i, v in enumerate(views) if v.key == straggler), None)
+    return [views[i] for i in worst([v.result for v in views], cap, first)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,16 +441,12 @@ def roofline_figure(r: RankResult) -> go.Figure | None:
     return fig
 
 
-def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | None:
-    """Ranks × steps of step time and exposed communication: a straggler is the row that waits
-    least (light in exposed comm) while its peers' rows are dark."""
-    if len(views) < 2:
-        return None
-    steps = sorted({s.step for v in views for s in v.result.steps})[-MAX_HEATMAP_STEPS:]
-    if not steps:
-        return None
+def _grouped(views: list[RankView], straggler: str | None, steps: list[int]
+             ) -> tuple[list[str], list[list[float | None]], list[list[float | None]], int | None]:
+    """Heat-map rows: one per rank, or beyond MAX_HEATMAP_ROWS one per group of consecutive ranks
+    (step time: the group's slowest rank; exposed comm: its least, so a straggler's row stays light).
+    -> (labels, step ms, exposed comm ms, the straggler's row)."""
     col = {s: i for i, s in enumerate(steps)}
-    n = len(views)
     dur: list[list[float | None]] = [[None] * len(steps) for _ in views]
     comm: list[list[float | None]] = [[None] * len(steps) for _ in views]
     for i, v in enumerate(views):
@@ -468,12 +457,41 @@ def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | 
             dur[i][j] = round(s.dur_ms, 3)
             c = s.comm_exposed_ms if s.comm_exposed_ms is not None else s.host_split_ms.get("comm")
             comm[i][j] = None if c is None else round(c, 3)
-    labels = [pesc(v.label) + (" ◀ straggler" if v.key == straggler else "") for v in views]
+    at = next((i for i, v in enumerate(views) if v.key == straggler), None)
+    if len(views) <= MAX_HEATMAP_ROWS:
+        labels = [pesc(v.label) + (" ◀ straggler" if v.key == straggler else "") for v in views]
+        return labels, dur, comm, at
+
+    def fold(rows: list[list[float | None]], g: range, pick) -> list[float | None]:
+        cells = [[r[j] for r in (rows[i] for i in g) if r[j] is not None] for j in range(len(steps))]
+        return [pick(c) if c else None for c in cells]
+
+    parts = groups(len(views), MAX_HEATMAP_ROWS)
+    labels = [f"{pesc(views[g[0]].label)}–{views[g[-1]].rank if views[g[-1]].rank is not None else g[-1]}"
+              + (" ◀ straggler" if at is not None and at in g else "") for g in parts]
+    row = next((k for k, g in enumerate(parts) if at is not None and at in g), None)
+    return labels, [fold(dur, g, max) for g in parts], [fold(comm, g, min) for g in parts], row
+
+
+def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | None:
+    """Ranks × steps of step time and exposed communication: a straggler is the row that waits
+    least (light in exposed comm) while its peers' rows are dark. Past MAX_HEATMAP_ROWS ranks a row
+    stands for a group of consecutive ranks."""
+    if len(views) < 2:
+        return None
+    steps = sorted({s.step for v in views for s in v.result.steps})[-MAX_HEATMAP_STEPS:]
+    if not steps:
+        return None
+    labels, dur, comm, row = _grouped(views, straggler, steps)
+    grouped = len(labels) < len(views)
+    n = len(labels)
     x = [str(s) for s in steps]
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.12,
-                        subplot_titles=("<b>Step time</b> (ms)", "<b>Exposed communication</b> (ms per step)"))
+    titles = (("<b>Step time</b> (ms, slowest rank of each group)", "<b>Exposed communication</b> (ms per step, "
+               "least of each group)") if grouped else
+              ("<b>Step time</b> (ms)", "<b>Exposed communication</b> (ms per step)"))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.12, subplot_titles=titles)
     show_text = n * len(steps) <= MAX_HEATMAP_TEXT_CELLS
-    # White cell borders only while cells are several px tall/wide: with thousands of rows a 1 px
+    # White cell borders only while cells are several px tall/wide: with hundreds of rows a 1 px
     # gap would be wider than the row and erase the map.
     gap_y = 1 if n <= 64 else 0
     gap_x = 1 if len(steps) <= 64 else 0
@@ -483,15 +501,35 @@ def heatmap_figure(views: list[RankView], straggler: str | None) -> go.Figure | 
                         texttemplate="%{z:.1f}" if show_text else None, textfont={"size": 10},
                         hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>", hoverongaps=False)
     fig.update_layout(**base_layout(min(110 + 26 * n, 760), margin={"l": 90, "r": 20, "t": 40, "b": 46}))
-    row = next((i for i, v in enumerate(views) if v.key == straggler), None)
     if row is not None:
-        # Outline the straggler's row in both maps: with thousands of ranks its tick label is thinned
-        # away, the outline stays visible however thin the row.
+        # Outline the straggler's row in both maps: with many rows its tick label is thinned away,
+        # the outline stays visible however thin the row.
         for xref in ("x domain", "x2 domain"):
             fig.add_shape(type="rect", xref=xref, yref="y", x0=0, x1=1, y0=row - 0.5, y1=row + 0.5,
                           line={"color": "#1f2933", "width": 2}, fillcolor="rgba(0,0,0,0)")
     fig.update_xaxes(title_text="step", type="category", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False, type="category", automargin=True)
+    fig.update_annotations(font_size=12)
+    return fig
+
+
+def spread_figure(views: list[RankView], straggler: str | None) -> go.Figure | None:
+    """Histograms over all ranks of the median step time and of exposed communication per step: the
+    shape of thousands of ranks in two plots (a straggler is the lone bar at the low end of the wait)."""
+    steps = [v.result.metrics.step_ms_median for v in views if v.result.metrics.step_ms_median is not None]
+    waits = [w for w in (comm_wait_ms(v.result) for v in views) if w is not None]
+    if len(steps) < 2:
+        return None
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("<b>Median step time</b> (ms), ranks", "<b>Time in collectives</b> "
+                                        "(ms per step), ranks"))
+    fig.add_histogram(x=steps, nbinsx=60, marker_color="#e8590c", row=1, col=1, name="step",
+                      hovertemplate="%{x} ms: %{y} ranks<extra></extra>")
+    if waits:
+        fig.add_histogram(x=waits, nbinsx=60, marker_color="#1c7ed6", row=1, col=2, name="collectives",
+                          hovertemplate="%{x} ms: %{y} ranks<extra></extra>")
+    fig.update_layout(**base_layout(300, showlegend=False, margin={"l": 50, "r": 20, "t": 40, "b": 40}))
+    fig.update_yaxes(title_text="ranks")
     fig.update_annotations(font_size=12)
     return fig
 
@@ -712,7 +750,8 @@ def cards_html(report: Report, views: list[RankView]) -> str:
 
 def rank_table_html(views: list[RankView], straggler: str | None) -> str:
     rows = []
-    for v in views[:MAX_TABLE_RANKS]:
+    shown = pick_ranks(views, straggler, MAX_TABLE_RANKS)
+    for v in shown:
         m, w = v.result.metrics, v.result.window
         win = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
         tag = ' <span class="badge critical">straggler</span>' if v.key == straggler else ""
@@ -720,8 +759,9 @@ def rank_table_html(views: list[RankView], straggler: str | None) -> str:
                      fmt(m.step_ms_median, "", 2), fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"),
                      fmt(m.compute_pct, "%"), fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
                      fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%")])
-    more = (f'<p class="muted">… {len(views) - MAX_TABLE_RANKS} more ranks (see --json)</p>'
-            if len(views) > MAX_TABLE_RANKS else "")
+    more = (f'<p class="muted">Showing {len(shown)} of {len(views)} ranks: '
+            f"{'the straggler and ' if straggler is not None else ''}those with the most device idle time; "
+            "every rank is in the heat map, the histograms and --json.</p>" if len(shown) < len(views) else "")
     return _table(["rank", "device", "window", "step ms", "busy", "idle", "compute", "comm", "exposed comm",
                    "data wait", "sync"], rows, "ranks", "lllrrrrrrrr") + more
 
@@ -910,6 +950,8 @@ class _Page:
         return ('<section><h2>Ranks <span class="muted">a straggler shows as the row with little exposed '
                 "communication while its peers wait</span></h2>" + text
                 + self.fig("fig-heatmap", heatmap_figure(views, self.straggler))
+                + (self.fig("fig-spread", spread_figure(self.views, self.straggler))
+                   if len(self.views) > MAX_TABLE_RANKS else "")
                 + rank_table_html(self.views, self.straggler) + "</section>")
 
     def detail_section(self) -> str:

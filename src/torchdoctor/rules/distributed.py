@@ -232,12 +232,16 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     Gain for a victim: its extra wait.
     """
     c = inputs.cross
+    blame: list[tuple[int | None, str]] = []  # (culprit, cause): the same for every victim, found once
+    waits = (c.per_rank if c is not None else [])[:16]
 
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
             return None
-        culprit = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
-        cause = _straggler_cause(inputs, culprit)
+        if not blame:
+            who = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
+            blame.append((who, _straggler_cause(inputs, who)))
+        culprit, cause = blame[0]
         return finding(
             v, "DI-5", "distributed",
             f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(ms)} more per step inside collectives"
@@ -245,11 +249,11 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
             ms, warn=10.0 if v.n_steps >= STRAGGLER_WARN_STEPS else 101.0,
             crit=20.0 if v.n_steps >= TML_CRITICAL_STEPS else 101.0,
             evidence=[Evidence("Collective wait per step by rank: " + ", ".join(
-                f"rank {w.rank} {fmt_ms(w.comm_wait_ms)}" for w in (c.per_rank if c is not None else [])[:8])
+                f"rank {w.rank} {fmt_ms(w.comm_wait_ms)}" for w in waits[:8])
                 + f" (over {v.n_steps} step(s)).",
                                {"straggler": culprit},
                                [{"rank": w.rank, "comm_wait_ms": w.comm_wait_ms, "excess_wait_ms": w.excess_wait_ms,
-                                 "step_ms": w.step_ms} for w in (c.per_rank if c is not None else [])][:16])],
+                                 "step_ms": w.step_ms} for w in waits])],
             fix=Fix(f"Find what makes rank {culprit} late: its input pipeline, rank-0-only work (logging, "
                     "checkpoints, eval) on the step path, uneven batches (bucket by length), or a slow device."),
             confidence="medium", source="TML straggler score 10%/20%; NVRX; HTA potential stragglers")

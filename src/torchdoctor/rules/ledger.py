@@ -82,6 +82,7 @@ class Ledger:
         self._got: dict[tuple[int | None, str], float] = {}
         # (rule id, rank, budget, asked, granted) in the order granted: the audit trail.
         self.grants: list[tuple[str, int | None, str, float, float]] = []
+        self._rank_grants: dict[int | None, list[tuple[str, str, float]]] = {}  # by_rule's index
 
     def see(self, v: View) -> None:
         self.views[v.rank] = v
@@ -107,12 +108,13 @@ class Ledger:
         for b in chain(budget):
             self._got[(rank, b)] = self.claimed(rank, b) + got
         self.grants.append((rule_id, rank, budget, float(asked), got))
+        self._rank_grants.setdefault(rank, []).append((rule_id, budget, got))
         return got
 
     def by_rule(self, rank: int | None, budget: str) -> dict[str, float]:
         """Granted ms per rule on ``budget`` or any of its sub-budgets (for evidence texts)."""
         out: dict[str, float] = {}
-        for rid, r, b, _, got in self.grants:
-            if r == rank and budget in chain(b) and got:
+        for rid, b, got in self._rank_grants.get(rank, ()):
+            if budget in chain(b) and got:
                 out[rid] = out.get(rid, 0.0) + got
         return out

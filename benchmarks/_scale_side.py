@@ -1,0 +1,41 @@
+"""One measured analysis for benchmarks/scale.py, in its own process: what `torchdoctor analyze DIR
+--executor E --json OUT -q` does, then one JSON line (driver peak RSS, summary sizes, straggler)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+
+from torchdoctor.executors import parse_executor
+from torchdoctor.metrics.summary import summary_bytes
+from torchdoctor.report.json_out import write_json
+from torchdoctor.session import analyze_paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folder")
+    ap.add_argument("--executor", default="local")
+    ap.add_argument("--jobs", type=int)
+    a = ap.parse_args()
+    report = analyze_paths([a.folder], jobs=a.jobs, executor=parse_executor(a.executor), progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        write_json(report, out)
+        json_mb = os.path.getsize(out) / 1e6
+    sizes = [summary_bytes(r.analysis) for r in report.ranks if r.analysis is not None]
+    print(json.dumps({
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "summary_kb_mean": sum(sizes) / max(len(sizes), 1) / 1024,
+        "summary_kb_max": max(sizes, default=0) / 1024,
+        "analysed": len(sizes), "errors": len(report.errors),
+        "straggler": report.cross_rank.straggler if report.cross_rank else None,
+        "json_mb": round(json_mb, 1), "findings": [f.id for f in report.findings],
+    }))
+
+
+if __name__ == "__main__":
+    main()
