@@ -100,3 +100,15 @@ def test_engine_reports_a_rank_whose_worker_dies_every_time(engine, job, monkeyp
     assert "worker lost twice" in report.errors[0].message
     assert [r.rank for r in report.ranks] == [0, 1, 2, 3, 5]
     assert report.cross_rank.straggler == 2
+
+
+def test_progress_counts_every_rank_once_even_after_a_retry(job, tmp_path, monkeypatch):
+    from torchdoctor.executors import Task, run_tasks
+
+    marker = tmp_path / "died"
+    monkeypatch.setenv(KILL_ENV, f"rank1.json:{marker}")
+    ticks: list[int] = []
+    tasks = [Task(str(job / f"rank{r}.json")) for r in range(WORLD)]
+    outcomes = run_tasks(ExecutorSpec("local"), tasks, 2, ticks.append)
+    assert marker.exists() and [o.status for o in outcomes] == ["ok"] * WORLD
+    assert sum(ticks) == WORLD

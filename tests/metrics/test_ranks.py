@@ -28,3 +28,24 @@ def test_no_straggler_when_waits_are_even():
 
 def test_single_rank_has_no_cross_rank_view():
     assert cross_rank([rank(0, 100, 20)]) is None
+
+
+def test_collective_wait_matrix_names_the_last_arrival_of_every_call(tmp_path):
+    """Ranks whose all-reduces carry sequence numbers: each call is matched on every rank; the
+    straggler arrives last in each (least time inside) and the waiting it causes is summed."""
+    from rank_job import write_job
+    from torchdoctor.session import analyze_paths
+
+    write_job(tmp_path, 5, straggler=3, seq=True)
+    c = analyze_paths([str(tmp_path)], jobs=1).cross_rank
+    assert c.matched_by == "seq" and c.matched_calls == 4 and c.straggler == 3
+    assert [(w.group, w.last_rank) for w in c.collective_waits] == [("0", 3)] * 4
+    assert sorted(w.seq for w in c.collective_waits) == [0, 1, 2, 3]
+    w = c.collective_waits[0]
+    # rank_job: everyone leaves at 8,600 + 140 + 500 µs after compute starts; rank 3 computes 8,600 + 60.
+    assert w.min_ms == 0.58
+    others = [8.6 + 0.14 + 0.5 - (6.0 + (r % 7) * 0.02) for r in (0, 1, 2, 4)]
+    assert abs(w.excess_ms - sum(o - 0.58 for o in others)) < 1e-3
+    assert w.max_ms == round(max(others), 4)
+    (late,) = c.late_ranks
+    assert (late.rank, late.calls) == (3, 4) and abs(late.excess_ms - 4 * w.excess_ms) < 1e-3

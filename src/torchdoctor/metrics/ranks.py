@@ -20,6 +20,28 @@ class RankWait(msgspec.Struct):
     excess_wait_ms: float
 
 
+class CollectiveWait(msgspec.Struct):
+    """One collective call (process group, sequence number) seen on every rank, ms inside it per rank.
+
+    The rank that arrived last spends the least time inside (everyone leaves together), so
+    `last_rank` is the rank with `min_ms`; `excess_ms` sums over ranks the time each spent inside
+    beyond `min_ms`: what the call cost the job in waiting for its last arrival."""
+
+    group: str
+    seq: int
+    last_rank: int
+    min_ms: float
+    median_ms: float
+    max_ms: float
+    excess_ms: float
+
+
+class LateRank(msgspec.Struct):
+    rank: int
+    calls: int  # matched calls in which this rank arrived last
+    excess_ms: float  # the waiting those calls cost the other ranks
+
+
 class CrossRank(msgspec.Struct):
     ranks: int
     step_ms_median: float | None = None
@@ -36,6 +58,14 @@ class CrossRank(msgspec.Struct):
     # sequence number); "aggregate": each rank's total collective time per step.
     matched_by: str = "aggregate"
     matched_calls: int = 0
+    # Matched by sequence number only: the calls that cost the most waiting (at most TOP_CALLS), and
+    # the ranks that arrived last most often (at most TOP_LATE), from the ranks x calls wait matrix.
+    collective_waits: list[CollectiveWait] = []
+    late_ranks: list[LateRank] = []
+
+
+TOP_CALLS = 16
+TOP_LATE = 8
 
 
 def comm_wait_ms(r: RankResult) -> float | None:
@@ -48,25 +78,41 @@ def comm_wait_ms(r: RankResult) -> float | None:
     return None
 
 
-def matched_waits_ms(ranked: list[RankResult]) -> tuple[list[float], int] | None:
-    """Per rank, the time per step inside the collective calls every rank recorded, matched by
-    (process group, sequence number); and how many calls matched. None when any rank lacks
-    sequence numbers or no call is common to all. Matching compares the same calls everywhere, so
-    a rank that also ran other collectives (or lost some rows) is not blamed for them. O(calls)."""
+def wait_matrix(ranked: list[RankResult]) -> tuple[list[tuple[str, int]], np.ndarray] | None:
+    """The collective calls every rank recorded, matched by (process group, sequence number), and a
+    ranks x calls matrix of ns inside each; None when any rank lacks sequence numbers or no call is
+    common to all. Matching compares the same calls everywhere, so a rank that also ran other
+    collectives (or lost some rows) is not blamed for them. O(ranks x calls) time and memory."""
     tables = []
     for r in ranked:
         c = r.collectives
         if c is None or not c.call_seq:
             return None
         tables.append({(c.groups[g], s): d for g, s, d in zip(c.call_group, c.call_seq, c.call_dur_ns, strict=True)})
-    common = set(tables[0]).intersection(*tables[1:])
+    common = sorted(set(tables[0]).intersection(*tables[1:]), key=lambda k: (k[1], k[0]))
     if not common:
         return None
-    waits = []
-    for r, table in zip(ranked, tables, strict=True):
-        steps = max(1, len(r.window.steps))
-        waits.append(sum(table[k] for k in common) / steps / 1e6)
-    return waits, len(common)
+    return common, np.array([[t[k] for k in common] for t in tables], dtype=np.float64)
+
+
+def collective_waits(ranked: list[RankResult], calls: list[tuple[str, int]], m: np.ndarray
+                     ) -> tuple[list[CollectiveWait], list[LateRank]]:
+    """Per matched call: who arrived last and the waiting it cost (top TOP_CALLS by cost); per rank:
+    how often it arrived last (top TOP_LATE by the waiting it caused)."""
+    low = m.min(axis=0)
+    last = m.argmin(axis=0)
+    excess = (m - low).sum(axis=0)
+    out = []
+    for k in np.argsort(-excess, kind="stable")[:TOP_CALLS]:
+        col = m[:, k]
+        out.append(CollectiveWait(calls[k][0], int(calls[k][1]), int(ranked[last[k]].rank), round(low[k] / 1e6, 4),
+                                  round(float(np.median(col)) / 1e6, 4), round(float(col.max()) / 1e6, 4),
+                                  round(float(excess[k]) / 1e6, 4)))
+    counts = np.bincount(last, minlength=len(ranked))
+    cost = np.bincount(last, weights=excess, minlength=len(ranked))
+    late = [LateRank(int(ranked[i].rank), int(counts[i]), round(float(cost[i]) / 1e6, 4))
+            for i in np.argsort(-cost, kind="stable")[:TOP_LATE] if counts[i]]
+    return out, late
 
 
 def cross_rank(results: list[RankResult]) -> CrossRank | None:
@@ -88,10 +134,13 @@ def cross_rank(results: list[RankResult]) -> CrossRank | None:
         step_ms_max=round(float(steps.max()), 4),
         step_skew_pct=round(100.0 * float(steps.max() - steps.min()) / med, 3) if med else None,
     )
-    matched = matched_waits_ms(ranked)
-    if matched is not None:
-        out.matched_by, out.matched_calls = "seq", matched[1]
-        waits = list(zip(ranked, matched[0], strict=True))
+    matrix = wait_matrix(ranked)
+    if matrix is not None:
+        calls, m = matrix
+        steps = np.array([max(1, len(r.window.steps)) for r in ranked], dtype=np.float64)
+        out.matched_by, out.matched_calls = "seq", len(calls)
+        out.collective_waits, out.late_ranks = collective_waits(ranked, calls, m)
+        waits = list(zip(ranked, (m.sum(axis=1) / steps / 1e6).tolist(), strict=True))
     else:
         waits = [(r, comm_wait_ms(r)) for r in ranked]
         waits = [(r, w) for r, w in waits if w is not None]

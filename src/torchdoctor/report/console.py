@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..metrics.model import RankResult
 from .model import Report
-from .offenders import spread, worst
+from .offenders import late_line, spread, worst
 from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
@@ -161,6 +161,9 @@ def _print_cross_rank(report: Report, console: Console) -> None:
         line += (f"; straggler: rank {c.straggler} (waits least in collectives, "
                  f"others wait up to {fmt(c.straggler_lead_ms, ' ms', 2)} more per step)")
     console.print(line)
+    late = late_line(c)
+    if late:
+        console.print(late)
 
 
 def _print_findings(report: Report, console: Console, verbose: bool) -> None:

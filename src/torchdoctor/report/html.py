@@ -45,7 +45,7 @@ from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank, comm_wait_ms
 from .labels import BUSY_COLOR, CAUSE_COLOR, CAUSE_ORDER, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms
 from .model import ABResult, Evidence, Finding, RankReport, Report
-from .offenders import groups, worst
+from .offenders import groups, late_line, worst
 from .roofline_text import roofline_lines
 
 LAYERS = ("input", "host", "compile", "distributed", "hardware")
@@ -947,6 +947,8 @@ class _Page:
                          f"the others wait up to {fmt(c.straggler_lead_ms, ' ms', 2)} per step longer for it"
                          + (f" (ranks {esc(victims)})" if victims else "") + ".")
             text += "</p>"
+            if c.late_ranks:
+                text += f"<p>{esc(late_line(c))}</p>"
         return ('<section><h2>Ranks <span class="muted">a straggler shows as the row with little exposed '
                 "communication while its peers wait</span></h2>" + text
                 + self.fig("fig-heatmap", heatmap_figure(views, self.straggler))

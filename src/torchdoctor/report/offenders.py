@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..metrics.model import RankResult
+from ..metrics.ranks import CrossRank
 
 
 def badness(r: RankResult) -> tuple[float, float]:
@@ -38,3 +39,11 @@ def groups(n: int, rows: int) -> list[range]:
     """`n` items cut into at most `rows` consecutive groups of equal size (the last may be shorter)."""
     size = max(1, -(-n // rows))
     return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def late_line(c: CrossRank) -> str:
+    """Who arrived last in the collectives matched across ranks by sequence number ("" without)."""
+    if not c.late_ranks:
+        return ""
+    parts = [f"rank {r.rank} in {r.calls} (the others waited {r.excess_ms:.2f} ms for it in all)" for r in c.late_ranks[:4]]
+    return f"Last to arrive, of {c.matched_calls} collective calls matched on every rank: " + "; ".join(parts) + "."
