@@ -207,7 +207,8 @@ def test_multi_rank_in_chromium(chromium: str, multi_report: Report, tmp_path: P
 def test_many_ranks_packed_figures_in_chromium(chromium: str, real_report: Report, tmp_path: Path):
     out = H.write_html(many_ranks(real_report, 600), tmp_path / "many.html")
     assert 'data-encoding="gzip+base64">' in out.read_text()
-    assert_drawn(load_page(chromium, out, tmp_path), 5)  # timeline, heat map, the focused rank's steps, kernels, roofline
+    # timeline, heat map, histograms of all ranks (over 64), the focused rank's steps, kernels, roofline
+    assert_drawn(load_page(chromium, out, tmp_path), 6)
 
 
 def test_script_in_kernel_name_renders_as_text(chromium: str, tmp_path: Path):

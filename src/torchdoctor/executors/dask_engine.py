@@ -41,14 +41,19 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
     try:
         futures = client.map(run_task, tasks, pure=False, key=[f"torchdoctor-{i}" for i in range(len(tasks))])
         index = {f.key: i for i, f in enumerate(futures)}
-        for fut in as_completed(futures):
+        # with_results: results are gathered in batches as tasks finish (one round trip per future
+        # would cost more than small tasks); an engine failure comes back as the task's exception.
+        for fut, value in as_completed(futures, with_results=True, raise_errors=False):
             i = index[fut.key]
-            try:
-                out[i] = decode(fut.result())
-            except KilledWorker:
+            if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], BaseException):
+                value = value[1]  # some releases give an erred task's (type, exception, traceback)
+            if isinstance(value, bytes):
+                out[i] = decode(value)
+            elif isinstance(value, KilledWorker):
                 out[i] = lost(tasks[i], "Dask killed worker")
-            except Exception as e:  # an engine failure on this task only: report the rank, go on
-                out[i] = TaskOutcome(tasks[i].path, "error", message=f"Dask task failed: {type(e).__name__}: {e}")
+            else:  # an engine failure on this task only: report the rank, go on
+                out[i] = TaskOutcome(tasks[i].path, "error",
+                                     message=f"Dask task failed: {type(value).__name__}: {value}")
             progress(1)
             fut.release()
     finally:
