@@ -1,10 +1,14 @@
 """The Dask executor: one task per trace on a Dask cluster (`distributed`).
 
 `address` None starts a local cluster for the run: one single-threaded worker process per CPU (the
-decoder holds the GIL), no dashboard. A worker that dies while running a task makes the scheduler
-retry it on another worker; the local cluster allows one such retry (`allowed-failures` 1), after which
-the scheduler gives up on the task (`KilledWorker`) and the rank is reported failed. A remote scheduler
-keeps its own setting.
+decoder holds the GIL), no dashboard.
+
+A worker that dies takes down every task it was processing, the one that killed it and the ones queued
+beside it, and Dask counts that death against all of them. So the local cluster gives up on them at
+once (`allowed-failures` 0: `KilledWorker`), and each such task is then retried once here, alone on the
+cluster: an innocent neighbour succeeds, a task that kills its worker again is reported as a failed
+rank. (The local executor does the same, `local.py`.) A remote scheduler keeps its own
+`allowed-failures`; its `KilledWorker` tasks get the same one retry.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ def _client(address: str | None, workers: int):
     try:
         if address:
             return Client(address, timeout="20s"), None
-        with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None, silence_logs=50)
             return Client(cluster), cluster
@@ -38,6 +42,7 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
 
     client, cluster = _client(address, workers)
     out: dict[int, TaskOutcome] = {}
+    suspects: list[int] = []
     try:
         futures = client.map(run_task, tasks, pure=False, key=[f"torchdoctor-{i}" for i in range(len(tasks))])
         index = {f.key: i for i, f in enumerate(futures)}
@@ -50,10 +55,22 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
             if isinstance(value, bytes):
                 out[i] = decode(value)
             elif isinstance(value, KilledWorker):
-                out[i] = lost(tasks[i], "Dask killed worker")
+                suspects.append(i)
+                fut.release()
+                continue
             else:  # an engine failure on this task only: report the rank, go on
                 out[i] = TaskOutcome(tasks[i].path, "error",
                                      message=f"Dask task failed: {type(value).__name__}: {value}")
+            progress(1)
+            fut.release()
+        for i in sorted(suspects):  # the retry: alone, so a second death is this task's own
+            fut = client.submit(run_task, tasks[i], pure=False, key=f"torchdoctor-{i}-retry")
+            try:
+                out[i] = decode(fut.result())
+            except KilledWorker:
+                out[i] = lost(tasks[i], "Dask killed worker")
+            except Exception as e:  # an engine failure on this task only: report the rank, go on
+                out[i] = TaskOutcome(tasks[i].path, "error", message=f"Dask task failed: {type(e).__name__}: {e}")
             progress(1)
             fut.release()
     finally:
