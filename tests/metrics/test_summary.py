@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from torchdoctor import session
-from torchdoctor.metrics.summary import SKETCH_INTERVALS, TOP_KERNELS, compact, merge_busy, summary_bytes
+from torchdoctor.metrics.intervals import merge_busy
+from torchdoctor.metrics.summary import SKETCH_INTERVALS, TOP_KERNELS, compact, summary_bytes
 from torchdoctor.report.json_out import to_json
 from torchdoctor.rules import RankInputs
 from torchdoctor.session import analyze_rank_file, build_report

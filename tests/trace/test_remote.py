@@ -7,6 +7,7 @@ import pytest
 
 from rank_job import write_job
 from torchdoctor.session import analyze_paths
+from torchdoctor.trace.load import is_trace_name
 from torchdoctor.trace.remote import discover_url, is_url
 
 
@@ -30,7 +31,7 @@ def remote_job(tmp_path):
 
 def test_url_directory_is_listed_and_analysed_like_local_files(remote_job):
     url, local = remote_job
-    files = discover_url(url)
+    files = discover_url(url, is_trace_name)
     assert [f.rsplit("/", 1)[-1] for f in files] == [f"rank{r}.json.gz" for r in range(4)]
     remote = analyze_paths([url], jobs=2)
     here = analyze_paths([str(local)], jobs=2)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from . import ExecutorError
-from .task import Task, TaskOutcome, decode, lost, run_task
+from .task import Task, TaskOutcome, decode, failed, lost, run_task
 
 
 def _client(address: str | None, workers: int):
@@ -59,8 +59,7 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
                 fut.release()
                 continue
             else:  # an engine failure on this task only: report the rank, go on
-                out[i] = TaskOutcome(tasks[i].path, "error",
-                                     message=f"Dask task failed: {type(value).__name__}: {value}")
+                out[i] = failed(tasks[i], "Dask", value)
             progress(1)
             fut.release()
         for i in sorted(suspects):  # the retry: alone, so a second death is this task's own
@@ -70,7 +69,7 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
             except KilledWorker:
                 out[i] = lost(tasks[i], "Dask killed worker")
             except Exception as e:  # an engine failure on this task only: report the rank, go on
-                out[i] = TaskOutcome(tasks[i].path, "error", message=f"Dask task failed: {type(e).__name__}: {e}")
+                out[i] = failed(tasks[i], "Dask", e)
             progress(1)
             fut.release()
     finally:

@@ -25,7 +25,7 @@ def _init(started) -> None:
     _started = started
 
 
-def _run(i: int, slot: int, task: Task) -> bytes:
+def _run(slot: int, task: Task) -> bytes:
     if _started is not None:
         _started[slot] = 1
     return run_task(task)
@@ -41,7 +41,7 @@ def _pool_round(tasks: list[Task], ids: list[int], workers: int, out: dict[int, 
     ctx = _context()
     started = ctx.RawArray("b", len(ids))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(started,))
-    futures = {pool.submit(_run, i, slot, tasks[i]): i for slot, i in enumerate(ids)}
+    futures = {pool.submit(_run, slot, tasks[i]): i for slot, i in enumerate(ids)}
     broken = False
     try:
         for fut in as_completed(futures):  # once over all futures (wait() in a loop is quadratic)

@@ -12,7 +12,7 @@ import contextlib
 import os
 
 from . import ExecutorError
-from .task import Task, TaskOutcome, decode, lost, run_task
+from .task import Task, TaskOutcome, decode, failed, lost, run_task
 
 
 def _start(address: str | None, workers: int):
@@ -56,8 +56,7 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
                 except WorkerCrashedError:
                     out[i] = lost(tasks[i], "Ray worker crashed")
                 except RayError as e:
-                    out[i] = TaskOutcome(tasks[i].path, "error",
-                                         message=f"Ray task failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+                    out[i] = failed(tasks[i], "Ray", e)
                 progress(1)
     finally:
         if started and address is None:

@@ -46,10 +46,8 @@ def run_task(task: Task) -> bytes:
 
     try:
         if is_url(task.path):
-            with local_path(task.path) as local:
+            with local_path(task.path) as local:  # the session names the result by its URL
                 status, value, sight = session._analyze_one(local, task.steps, task.jobs)
-            if status == "ok":
-                value.file = task.path
         else:
             status, value, sight = session._analyze_one(task.path, task.steps, task.jobs)
     except RemoteError as e:
@@ -62,6 +60,12 @@ def run_task(task: Task) -> bytes:
 
 def decode(data: bytes) -> TaskOutcome:
     return msgspec.msgpack.decode(data, type=TaskOutcome)
+
+
+def failed(task: Task, engine: str, exc: BaseException) -> TaskOutcome:
+    """The outcome of a task the engine itself failed (not the trace): one line naming the error."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return TaskOutcome(task.path, "error", message=f"{engine} task failed: {type(exc).__name__}: {text}")
 
 
 def lost(task: Task, why: str) -> TaskOutcome:

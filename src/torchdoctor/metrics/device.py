@@ -182,14 +182,8 @@ def timeline_sketch(ctx: Context, sets: dict[str, iv.Intervals], cap: int = 2000
     """Busy intervals and idle gaps (relative to the window start) for plots, with each gap's main cause."""
     lo = ctx.win.start
     busy_s, busy_e = ctx.busy
-    if busy_s.size > cap:
-        # Merge the smallest gaps away so the plot keeps its shape with a bounded point count.
-        gaps = busy_s[1:] - busy_e[:-1]
-        cut = np.sort(gaps)[-(cap - 1)]
-        keep_gap = gaps >= cut
-        new = np.concatenate([[True], keep_gap])
-        idx = np.flatnonzero(new)
-        busy_s, busy_e = busy_s[idx], np.maximum.reduceat(busy_e, idx)
+    # Merge the smallest gaps away so the plot keeps its shape with a bounded point count.
+    busy_s, busy_e = iv.merge_busy(busy_s, busy_e, cap)
     busy = [(int(a - lo), int(b - lo)) for a, b in zip(busy_s, busy_e, strict=True)]
     gap_s, gap_e = ctx.idle
     if gap_s.size > cap:

@@ -101,3 +101,17 @@ def covered_by(points_start: np.ndarray, points_end: np.ndarray, iv: Intervals) 
         return np.where(i > 0, full + partial, 0)
 
     return covered_until(points_end) - covered_until(points_start)
+
+
+def merge_busy(starts: np.ndarray, ends: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint busy intervals merged across their smallest gaps until at most `cap` remain."""
+    if starts.size <= cap:
+        return starts, ends
+    if cap <= 1:
+        return starts[:1], ends[-1:]
+    gaps = starts[1:] - ends[:-1]
+    # The cap-1 largest gaps stay; ties are broken by position so exactly cap-1 are kept.
+    keep = np.zeros(gaps.size, bool)
+    keep[np.argsort(-gaps, kind="stable")[: cap - 1]] = True
+    idx = np.flatnonzero(np.concatenate([[True], keep]))
+    return starts[idx], np.maximum.reduceat(ends, idx)

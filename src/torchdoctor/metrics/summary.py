@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .intervals import merge_busy
 from .model import RankResult
 
 # Above this many ranks every rank's result is reduced to its summary (session.analyze_files).
@@ -30,20 +31,6 @@ SUMMARY_RANKS = 64
 SKETCH_INTERVALS = 32
 TOP_KERNELS = 5
 NAME_CHARS = 160
-
-
-def merge_busy(starts: np.ndarray, ends: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted, disjoint busy intervals merged across their smallest gaps until at most `cap` remain."""
-    if starts.size <= cap:
-        return starts, ends
-    if cap <= 1:
-        return starts[:1], ends[-1:]
-    gaps = starts[1:] - ends[:-1]
-    # The cap-1 largest gaps stay; ties are broken by position so exactly cap-1 are kept.
-    keep = np.zeros(gaps.size, bool)
-    keep[np.argsort(-gaps, kind="stable")[: cap - 1]] = True
-    idx = np.flatnonzero(np.concatenate([[True], keep]))
-    return starts[idx], np.maximum.reduceat(ends, idx)
 
 
 def compact(r: RankResult, intervals: int = SKETCH_INTERVALS, kernels: int = TOP_KERNELS) -> RankResult:

@@ -12,6 +12,8 @@ First make the communication cheaper, then hide what is left.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from torchdoctor.facts import FSDPFacts
@@ -232,16 +234,18 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     Gain for a victim: its extra wait.
     """
     c = inputs.cross
-    blame: list[tuple[int | None, str]] = []  # (culprit, cause): the same for every victim, found once
     waits = (c.per_rank if c is not None else [])[:16]
+
+    @functools.cache
+    def blame() -> tuple[int | None, str]:
+        """(culprit, cause): the same for every victim, so found once."""
+        who = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
+        return who, _straggler_cause(inputs, who)
 
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
             return None
-        if not blame:
-            who = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
-            blame.append((who, _straggler_cause(inputs, who)))
-        culprit, cause = blame[0]
+        culprit, cause = blame()
         return finding(
             v, "DI-5", "distributed",
             f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(ms)} more per step inside collectives"

@@ -25,6 +25,11 @@ class InputError:
     message: str
 
 
+def is_trace_name(name: str) -> bool:
+    """Whether a file found in a directory is taken as a trace (by its base name)."""
+    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES and not name.startswith(".")
+
+
 def discover(paths: list[str]) -> tuple[list[str], list[InputError]]:
     """Expand files, directories (recursively), glob patterns and URLs (trace/remote.py) into trace
     files, in stable order."""
@@ -33,7 +38,7 @@ def discover(paths: list[str]) -> tuple[list[str], list[InputError]]:
     for p in paths:
         if is_url(p):
             try:
-                hits = discover_url(p)
+                hits = discover_url(p, is_trace_name)
             except RemoteError as e:
                 errors.append(InputError(p, str(e)))
                 continue
@@ -41,12 +46,7 @@ def discover(paths: list[str]) -> tuple[list[str], list[InputError]]:
                 errors.append(InputError(p, "no .json or .json.gz trace at this URL"))
             found.extend(hits)
         elif os.path.isdir(p):
-            hits = sorted(
-                os.path.join(root, f)
-                for root, _dirs, files in os.walk(p)
-                for f in files
-                if f.endswith(TRACE_SUFFIXES) and f not in NOT_TRACES and not f.startswith(".")
-            )
+            hits = sorted(os.path.join(root, f) for root, _dirs, files in os.walk(p) for f in files if is_trace_name(f))
             if not hits:
                 errors.append(InputError(p, "directory holds no .json or .json.gz trace"))
             found.extend(hits)

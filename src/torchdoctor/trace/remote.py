@@ -12,10 +12,9 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def is_url(path: str) -> bool:
@@ -37,13 +36,13 @@ def _fs(url: str):
         raise RemoteError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
-def discover_url(url: str) -> list[str]:
-    """The trace files under a URL (a file, a directory searched recursively, or a glob), as URLs."""
+def discover_url(url: str, is_trace_name: Callable[[str], bool]) -> list[str]:
+    """The trace files under a URL (a file, a directory searched recursively for base names that
+    `is_trace_name` accepts, or a glob), as URLs."""
     fs, root = _fs(url)
     try:
         if fs.isdir(root):
-            hits = [p for p in fs.find(root) if p.endswith(TRACE_SUFFIXES)
-                    and not os.path.basename(p).startswith(".") and os.path.basename(p) != "run.json"]
+            hits = [p for p in fs.find(root) if is_trace_name(os.path.basename(p))]
         elif fs.exists(root):
             hits = [root]
         else:
