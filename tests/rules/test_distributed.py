@@ -124,6 +124,51 @@ def test_di5_from_live_step_timings():
     assert got.ranks == [1] and "Rank 0" in got.title
 
 
+def series_facts(rank: int, own: list[float], n: int = 30, phase: str = "other_ms", longer=None):
+    """A DDP rank's probe facts over `n` steps of 100 ms with `own[s % len]` extra ms of its own work."""
+    steps = []
+    for s in range(n):
+        extra = own[s % len(own)]
+        parts = {"dataloader_ms": 5.0, "forward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 0.0}
+        parts[phase] = parts.get(phase, 0.0) + extra
+        if phase == "checkpoint_ms":
+            parts["other_ms"] += extra
+        busy = parts["dataloader_ms"] + parts["forward_ms"] + parts["optimizer_ms"] + parts["other_ms"]
+        total = 100.0 + (longer[s % len(longer)] if longer else 0.0)
+        steps.append(StepTiming(step=s, total_ms=total, backward_ms=total - busy, **parts))
+    return cpu_facts(rank=rank, steps=steps, ddp=[DDPFacts(avg_backward_comm_time_ns=40e6,
+                                                           avg_backward_compute_comm_overlap_time_ns=0)])
+
+
+def test_di5_from_the_whole_run_warns_where_the_window_could_not():
+    # 3-step windows (info at most) but 30 timed steps: rank 1 arrives 25 ms late every step.
+    a, b, _ = stragglers()
+    for r in (a, b):
+        r.window.steps = r.window.steps[:3]
+        r.window.end_ns = r.window.start_ns + int(3 * 100 * MS)
+    got = only(run("DI-5", (a, series_facts(0, [25.0])), (b, series_facts(1, [0.0]))), "DI-5")
+    # Rank 1 waits 25 ms, of which its window shows 20 ms exposed: 20% of the step, from 28 steps
+    # (>= TML's 20 for critical).
+    assert got.severity == "critical" and got.ranks == [1]
+    assert got.title.startswith("Rank 0 is a straggler (it reaches the collectives last in 28 of 28 steps")
+    assert "longer in the loop outside loading" in got.title and abs(got.recoverable_ms - 20.0) < 1e-6
+    data = got.evidence[0].values
+    assert data["persistent"] and data["gain_ms"] == 25.0 and data["lead_by_phase"]["other"] == 25.0
+
+
+def test_di5_names_a_periodic_checkpoint_as_a_transient_straggler():
+    saving = [0.0] * 4 + [100.0]
+    got = only(run("DI-5", (None, series_facts(0, saving, phase="checkpoint_ms", longer=saving)),
+                    (None, series_facts(1, [0.0], longer=saving))),
+               "DI-5")
+    assert "Rank 0 is a transient straggler" in got.title and "every 5 steps" in got.title
+    assert "blocks 100.0 ms more in checkpoint saves than the other ranks" in got.title and got.confidence == "low"
+    # 600 ms of waiting over 28 steps, a share of the run's mean step (100 ms + the waits).
+    gain = 600.0 / 28
+    assert got.ranks == [1] and abs(got.recoverable_pct - 100 * gain / (100 + gain)) < 0.01
+    assert f"waits for it {gain:.1f} ms per step on average over the run (18% of its time)" in got.title
+
+
 def test_di5_silent_without_cross_rank_spread():
     a, b, _ = stragglers()
     assert run("DI-5", (a, None), (b, None)) == []

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..metrics.stragglers import StragglerSeries, straggler_series
 from ._common import View, env_on, fmt_ms, per_rank, severity, tops_text, views
 from .engine import DERIVED, GENERIC, RuleInputs
 from .ledger import capacity
@@ -130,8 +131,32 @@ def dominant_collective(v: View) -> str | None:
     return max(s.collectives, key=lambda k: s.collectives[k][1])
 
 
+def run_stragglers(inputs: RuleInputs) -> StragglerSeries | None:
+    """The whole run's straggler series (metrics/stragglers.py) from the probe's step timings of the
+    ranks that wrap their model in DDP or FSDP (where the collectives sit is known); None without
+    two such ranks sharing STRAGGLER_WARN_STEPS steps. Computed once per diagnosis."""
+    if "stragglers" not in inputs.memo:
+        by_rank, sharded, skip = {}, False, {1}
+        for ri in inputs.ranks:
+            f = ri.facts
+            if f is not None and f.steps and (f.ddp or f.fsdp):
+                by_rank[ri.rank if ri.rank is not None else f.rank] = f.steps
+                sharded = sharded or bool(f.fsdp)
+                # The probe's first steps warm up; the step after its profiler window pays for the
+                # window's export, unevenly across ranks.
+                skip.update(f.profile_steps[1:2])
+        got = straggler_series(by_rank, sharded, skip)
+        inputs.memo["stragglers"] = got if got is not None and got.steps >= STRAGGLER_WARN_STEPS else None
+    return inputs.memo["stragglers"]
+
+
 def straggler_wait_ms(v: View, inputs: RuleInputs) -> float:
-    """Extra collective wait of this rank vs the rank that waits least (cross-rank blame)."""
+    """What this rank waits per step for the straggler: from the whole run's step timings when they
+    name one (the job's gain, amortised), else from the traces' cross-rank blame (its extra
+    collective wait vs the rank that waits least), else from the probe's comm timings."""
+    s = run_stragglers(inputs)
+    if s is not None and s.straggler is not None:
+        return s.gain_ms if v.rank != s.straggler else 0.0
     c = inputs.cross
     if c is not None and c.straggler is not None and v.rank in c.victims:
         return next((w.excess_wait_ms for w in c.per_rank if w.rank == v.rank), 0.0)

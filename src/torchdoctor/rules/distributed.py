@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from torchdoctor.facts import FSDPFacts
+from torchdoctor.metrics.stragglers import StragglerSeries
 
 from ._comm import (
     COMM_CRIT_PCT,
@@ -37,6 +38,7 @@ from ._comm import (
     exposed_comm_ms,
     facts_waits,
     overlap_text,
+    run_stragglers,
     sev_at_least,
     sharding,
 )
@@ -225,14 +227,19 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
     return comm_rule(inputs, "DI-4", build)
 
 
-@rule("DI-5", priority=PRIORITY["DI-5"], budgets=("comm.exposed",))
+@rule("DI-5", priority=PRIORITY["DI-5"], budgets=("comm.exposed", "step"))
 def straggler(inputs: RuleInputs) -> list[Finding]:
     """A straggler: the other ranks wait for one rank inside every collective.
 
     TML straggler score warn 10% / critical 20% of the step (critical from 20 steps, warning from
-    5 here); blame follows the asymmetry of waiting (the late rank waits least, metrics/ranks.py).
-    Gain for a victim: its extra wait.
+    5 here). Evidence, in order of trust: the whole live run's per-step timings of every rank
+    (metrics/stragglers.py: who reaches the collectives last, persistently or now and then), else
+    the traces' cross-rank blame over their window (the late rank waits least, metrics/ranks.py).
+    Gain for a victim: what it waits for the straggler per step.
     """
+    series = run_stragglers(inputs)
+    if series is not None and series.straggler is not None:
+        return per_rank(inputs, lambda v: _series_finding(v, series))
     c = inputs.cross
     waits = (c.per_rank if c is not None else [])[:16]
 
@@ -258,10 +265,101 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
                                {"straggler": culprit},
                                [{"rank": w.rank, "comm_wait_ms": w.comm_wait_ms, "excess_wait_ms": w.excess_wait_ms,
                                  "step_ms": w.step_ms} for w in waits])],
-            fix=Fix(f"Find what makes rank {culprit} late: its input pipeline, rank-0-only work (logging, "
-                    "checkpoints, eval) on the step path, uneven batches (bucket by length), or a slow device."),
+            fix=_straggler_fix(culprit),
             confidence="medium", source="TML straggler score 10%/20%; NVRX; HTA potential stragglers")
     return comm_rule(inputs, "DI-5", build)
+
+
+# What to do about a straggler whose lead one phase explains (series_cause).
+_PHASE_FIX = {
+    "dataloader": "Make rank {r}'s input keep up: more DataLoader workers, its data shard on local storage, or "
+                  "batches of even cost across ranks.",
+    "forward": "Give every rank batches of the same cost (bucket samples by length) and check rank {r}'s device.",
+    "optimizer": "Check what rank {r} does in its optimizer step that the others do not (gradient clipping with a "
+                 "host sync, logging of norms).",
+    "checkpoint": "Save asynchronously (torch.distributed.checkpoint.async_save), or from every rank's shard with "
+                  "DCP instead of gathering on rank {r}.",
+    "other": "Move rank {r}'s extra work off the step path: log, evaluate and write metrics every N steps, or in a "
+             "background thread, and keep host syncs (.item(), .cpu()) out of the loop.",
+}
+
+
+def _straggler_fix(culprit: int | None, phase: str | None = None) -> Fix:
+    if phase in _PHASE_FIX:
+        return Fix(_PHASE_FIX[phase].format(r=culprit))
+    return Fix(f"Find what makes rank {culprit} late: its input pipeline, rank-0-only work (logging, "
+               "checkpoints, eval) on the step path, uneven batches (bucket by length), or a slow device.")
+
+
+# What a straggler's extra own time in each phase means (metrics/stragglers.py lead_by_phase).
+_PHASE_CAUSE = {
+    "dataloader": "waits {ms} longer for its DataLoader",
+    "forward": "spends {ms} longer in its forward",
+    "optimizer": "spends {ms} longer in its optimizer step",
+    "checkpoint": "blocks {ms} more in checkpoint saves",
+    "other": "spends {ms} longer in the loop outside loading, forward, backward and the optimizer "
+             "(logging, evaluation, host syncs)",
+}
+# A phase names the cause when it explains this share of the lead (TML coverage, as _straggler_cause).
+CAUSE_COVERAGE = 0.8
+
+
+def series_cause(s: StragglerSeries) -> tuple[str | None, str]:
+    """(phase, words): the phase of its own work that explains CAUSE_COVERAGE of the straggler's
+    lead, and the sentence that says so; (None, "") when no phase does."""
+    if not s.lead_by_phase or s.lead_ms_mean <= 0:
+        return None, ""
+    phase, ms = max(s.lead_by_phase.items(), key=lambda kv: kv[1])
+    if ms < CAUSE_COVERAGE * s.lead_ms_mean:
+        return None, ""
+    return phase, (f"in those steps rank {s.straggler} " + _PHASE_CAUSE[phase].format(ms=fmt_ms(ms))
+                   + " than the other ranks")
+
+
+def _series_finding(v: View, s: StragglerSeries) -> Finding | None:
+    """DI-5 from the whole run's step timings (metrics/stragglers.py), for one victim.
+
+    The run's gain is a share of the run's mean step, claimed as that share of this view's step
+    (a profiler window's steps are not the run's). A persistent straggler's wait shows in every
+    step, the window's too: claimed from the exposed communication. A transient one's late steps
+    are usually outside the window: claimed from the step."""
+    who, n = s.straggler, s.steps
+    if v.rank == who or not v.step_ms or not s.step_ms_mean:
+        return None
+    share = s.gain_ms / s.step_ms_mean
+    ms = share * v.step_ms
+    budget = "comm.exposed" if s.persistent else "step"
+    if s.persistent:
+        ms = min(ms, v.left(budget))
+    if v.pct(ms) < 0.5:
+        return None
+    if s.persistent:
+        how = f"it reaches the collectives last in {s.late_count} of {n} steps"
+    else:
+        how = (f"it reaches the collectives last in {s.late_count} of {n} steps"
+               + (f", every {s.period} steps" if s.period else ""))
+    phase, cause = series_cause(s)
+    late = ", ".join(str(k) for k in s.late_steps) + (" ..." if s.late_count > len(s.late_steps) else "")
+    evidence = [Evidence(
+        f"Whole run, {n} steps timed by the probe on every rank: rank {who} arrived last by a median "
+        f"{fmt_ms(s.lead_ms_median)} in steps {late}; own time per step (outside the collectives) by rank: "
+        + ", ".join(f"rank {r.rank} {fmt_ms(r.own_ms_median)}" for r in s.ranks[:8])
+        + (f" ({len(s.ranks) - 8} more)" if len(s.ranks) > 8 else "") + ".",
+        {"straggler": who, "persistent": s.persistent, "steps": n, "late_steps": s.late_count,
+         "period": s.period, "lead_ms_median": s.lead_ms_median, "gain_ms": s.gain_ms,
+         "lead_by_phase": s.lead_by_phase},
+        [{"rank": r.rank, "own_ms_median": r.own_ms_median, "late_steps": r.late_steps,
+          "lead_ms_total": r.lead_ms_total} for r in s.ranks[:16]])]
+    return finding(
+        v, "DI-5", "distributed",
+        f"Rank {who} is a {'' if s.persistent else 'transient '}straggler ({how}"
+        + (f"; {cause}" if cause else "") + f"): rank {v.rank} waits for it "
+        + (f"{fmt_ms(ms)} per step." if s.persistent else
+           f"{fmt_ms(s.gain_ms)} per step on average over the run ({100 * share:.0f}% of its time)."),
+        ms, budget=budget, warn=10.0 if n >= STRAGGLER_WARN_STEPS else 101.0, crit=20.0 if n >= TML_CRITICAL_STEPS else 101.0,
+        evidence=evidence, fix=_straggler_fix(who, phase), confidence="medium" if s.persistent else "low",
+        confirm="" if s.persistent else "a transient straggler costs only in its late steps: check what runs there",
+        source="TML straggler score 10%/20%; NVRX straggler detection over the run's step times")
 
 
 def _facts_straggler(inputs: RuleInputs) -> int | None:

@@ -54,6 +54,9 @@ class RuleInputs:
     run: dict = field(default_factory=dict)
     # The claims ledger of this diagnosis (the engine makes a fresh one per run).
     ledger: Ledger = field(default_factory=Ledger)
+    # Values several rules derive from all ranks at once (e.g. the run's straggler series),
+    # computed once per diagnosis: keyed by the function that computes them.
+    memo: dict = field(default_factory=dict)
 
     @property
     def results(self) -> list[RankResult]:
@@ -125,6 +128,7 @@ def run_rules(inputs: RuleInputs, config: RuleConfig | None = None) -> tuple[lis
     rule errors."""
     config = config or RuleConfig()
     inputs.ledger = Ledger()
+    inputs.memo = {}
     findings: list[Finding] = []
     problems: list[str] = []
     for rule_id in order():
