@@ -14,7 +14,15 @@ from torch.nn.parallel import distributed  # noqa: E402
 from torch.optim import optimizer as optim_mod  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, IterableDataset, dataloader  # noqa: E402
 
-from torchdoctor.remedies import patch_data, patch_ddp, patch_flags, patch_model, patch_optim, recorder  # noqa: E402
+from torchdoctor.remedies import (  # noqa: E402
+    patch_data,
+    patch_ddp,
+    patch_flags,
+    patch_fsdp,
+    patch_model,
+    patch_optim,
+    recorder,
+)
 from torchdoctor.remedies.catalogue import parse  # noqa: E402
 from torchdoctor.remedies.runtime import ENV_SAID, ENV_STEPS, Runtime  # noqa: E402
 
@@ -181,6 +189,38 @@ def test_ddp_arguments(runtime: Runtime) -> None:
             ddp(torch.randn(2, 4)).sum().backward()
         assert {e["id"] for e in runtime.applied} == {"ddp.find_unused_false", "ddp.static_graph",
                                                        "ddp.grad_as_bucket_view", "ddp.bucket_cap"}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_units_keep_their_parameters_unsharded(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from torchdoctor.probe.collect import fsdp2_reshards
+
+    exporters = [importlib.import_module(name) for name in patch_fsdp.EXPORTERS]
+    for module in exporters:
+        monkeypatch.setattr(module, "fully_shard", module.fully_shard)
+    fsdp = exporters[0]
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        def build():
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+            fsdp.fully_shard(model[0])  # read from the module at call time, as `from ... import` would
+            fsdp.fully_shard(model)
+            return model
+
+        assert fsdp2_reshards(build(), fsdp.FSDPModule) is True  # FSDP2's default for the inner unit
+        want(runtime, "fsdp.keep_unsharded")
+        patch_fsdp.install(torch, runtime)
+        assert all(m.fully_shard is exporters[0].fully_shard for m in exporters)
+        model = build()
+        assert fsdp2_reshards(model, fsdp.FSDPModule) is False
+        model(torch.randn(2, 4)).sum().backward()
+        # Both calls (the block's and the root's lines), each recorded with what the user had.
+        assert [(e["set"], e["was"]) for e in runtime.applied] == [
+            ({"reshard_after_forward": False}, {"reshard_after_forward": None})] * 2
     finally:
         dist.destroy_process_group()
 

@@ -18,7 +18,7 @@ from torchdoctor.report.model import Finding
 
 REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persistent_workers", "dataloader.prefetch",
             "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap",
-            "optim.foreach", "optim.fused", "cudnn.benchmark", "precision.tf32", "precision.autocast",
+            "fsdp.keep_unsharded", "optim.foreach", "optim.fused", "cudnn.benchmark", "precision.tf32", "precision.autocast",
             "debug.off", "threads.affinity", "compile", "cudagraphs"]
 
 
@@ -27,9 +27,9 @@ def test_catalogue_has_every_id_the_rules_use() -> None:
     for r in REMEDIES:
         assert r.answers and r.changes and r.preconditions and r.safety in ("safe", "numerics", "experimental")
     assert {r.id for r in REMEDIES if r.safety == "experimental"} == {"compile", "cudagraphs"}
-    from torchdoctor.remedies import patch_data, patch_ddp, patch_flags, patch_model, patch_optim
+    from torchdoctor.remedies import patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim
 
-    installed = [i for m in (patch_data, patch_ddp, patch_flags, patch_model, patch_optim) for i in m.IDS]
+    installed = [i for m in (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim) for i in m.IDS]
     assert sorted(installed) == sorted(REQUIRED)  # every remedy has exactly one installer
 
 

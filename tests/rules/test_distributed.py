@@ -377,3 +377,28 @@ def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
     assert "async_save" in got.fix.snippet
     quiet = cpu_facts(rank=1, world_size=2, steps=[StepTiming(step=i, total_ms=100.0) for i in range(40)])
     assert run("DI-15", (None, quiet)) == []
+
+
+def test_di16_fsdp2_resharding_with_memory_to_spare():
+    """Units that reshard after forward all-gather again in backward: half the all-gather time when the
+    trace names the kinds; the remedy is offered only when the unsharded parameters fit."""
+    r = comm_bound(exposed=20.0, collectives={"all_gather": [40, 6 * 10**6, 10**5], "reduce_scatter": [20, 4 * 10**6, 10**5]})
+    gb = 2**30
+
+    def facts(reshard=True, peak_gb=20.0, mb=4000.0):
+        f = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=reshard, units=8, unit_mb_median=mb / 8,
+                                      model_mb=mb)])
+        f.world_size = 8
+        f.device.total_memory_bytes, f.device.max_memory_allocated_bytes = 80 * gb, int(peak_gb * gb)
+        return f
+
+    got = only(run("DI-16", (r, facts())), "DI-16")
+    # 20 ms exposed of a 100 ms step; all-gathers are 60% of the communication, backward's half of them.
+    assert abs(got.recoverable_ms - 20.0 * 0.5 * 0.6) < 1e-6 and got.remedy == "fsdp.keep_unsharded"
+    assert "3500 MB more memory per rank" in got.title and got.confidence == "medium"
+    assert run("DI-16", (r, facts(reshard=False))) == []
+    assert run("DI-16", (r, facts(peak_gb=70.0))) == []  # 70 GB + 3.5 GB > 90% of 80 GB
+    host = comm_bound(exposed=20.0)
+    host.signals.collectives = {}  # a host-only trace: kinds unknown, a quarter of the exposed time
+    got = only(run("DI-16", (host, facts())), "DI-16")
+    assert abs(got.recoverable_ms - 5.0) < 1e-6 and got.confidence == "low"

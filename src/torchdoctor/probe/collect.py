@@ -206,7 +206,8 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
                 out.append(
                     FSDPFacts(
                         version=2,
-                        reshard_after_forward=attempt(lambda g=group: g.post_forward_mesh_info is not None),
+                        # Any unit that reshards after forward (the root never does by default).
+                        reshard_after_forward=attempt(lambda m=module: fsdp2_reshards(m, fsdp2)),
                         mixed_precision=attempt(lambda g=group: str(g.mp_policy)),
                         units=len(sizes) or None,
                         unit_mb_median=round(sorted(sizes)[len(sizes) // 2], 3) if sizes else None,
@@ -216,6 +217,18 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
                 )
                 break
     return out[:_MAX_ENTRIES]
+
+
+def fsdp2_reshards(root: Any, unit_type: type) -> bool | None:
+    """Whether any fully_shard unit under ``root`` frees its unsharded parameters after forward
+    (and all-gathers them again in backward); None when no unit's state is readable."""
+    seen = []
+    for unit in root.modules():
+        if isinstance(unit, unit_type):
+            group = getattr(unit._get_fsdp_state(), "_fsdp_param_group", None)
+            if group is not None:
+                seen.append(group.post_forward_mesh_info is not None)
+    return any(seen) if seen else None
 
 
 def fsdp2_unit_mb(root: Any, unit_type: type) -> list[float]:

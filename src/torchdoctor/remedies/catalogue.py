@@ -87,6 +87,12 @@ REMEDIES: tuple[Remedy, ...] = (
            "the same sums; with more than 2 ranks a collective may add in another order, which the "
            "loss check would show", "DDP (any backend)", target="DistributedDataParallel", value="float",
            value_help="bucket size in MiB"),
+    Remedy("fsdp.keep_unsharded", ("DI-16",), "fully_shard(module, reshard_after_forward=False) on every "
+           "unit: parameters stay unsharded from forward to backward, so backward does not all-gather them "
+           "again (one all-gather per unit and step instead of two)", "safe",
+           "the same parameters and gradients; it costs memory: every unit's unsharded parameters stay "
+           "allocated through the step", "FSDP2 (fully_shard) imported after torch starts; memory for the "
+           "unsharded parameters", target="fully_shard"),
     Remedy("optim.foreach", ("HO-9",), "optimizer(foreach=True): one multi-tensor kernel per operation "
            "instead of a Python loop over parameters", "safe",
            "bit-identical updates (checked for Adam and SGD on torch 2.13 CPU)",

@@ -54,7 +54,14 @@ BANDWIDTH_BOUND_NS = 1_000_000
 TML_CRITICAL_STEPS = 20
 STRAGGLER_WARN_STEPS = 5
 TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")
-ORDER = ("DI-5", "DI-2", "DI-14", "DI-10", "DI-11e", "DI-13", "DI-6", "DI-4", "DI-11", "DI-3")
+ORDER = ("DI-5", "DI-2", "DI-14", "DI-10", "DI-11e", "DI-13", "DI-6", "DI-16", "DI-4", "DI-11", "DI-3")
+# FSDP2 with resharding: per unit and step, an all-gather in forward, the same all-gather again in
+# backward and a reduce-scatter of the gradients (the same bytes). Where the trace does not split
+# the communication by kind (host-only traces), the backward all-gathers are taken as a quarter of
+# it: a reduce-scatter costs about two all-gathers (a reduction and a scatter; gloo measured here).
+BACKWARD_GATHER_SHARE = 0.25
+# Keeping parameters unsharded must leave this much of the device's memory free.
+MEMORY_HEADROOM = 0.9
 # A replicated embedding is "large" from 256 MiB or 25% of the parameter bytes (our threshold:
 # from there its dense gradient is a visible share of every all-reduce).
 BIG_EMBEDDING_BYTES = 256 * 2**20
@@ -242,12 +249,47 @@ SHARES: dict[str, Callable[[View, RuleInputs, float], float]] = {
     "DI-11e": lambda v, inputs, rem: _embedding_share(v, rem),
     "DI-13": lambda v, inputs, rem: min(rem, broadcast_ms(v)),
     "DI-6": lambda v, inputs, rem: min(rem, accumulation_comm_ms(v)),
+    "DI-16": lambda v, inputs, rem: min(rem, backward_gather_ms(v, rem)) if keep_unsharded_room(v)[0] else 0.0,
     "DI-4": lambda v, inputs, rem: min(hideable_ms(v), comm_cap(v, rem)) if poor_overlap(v) else 0.0,
     "DI-11": lambda v, inputs, rem: _compress_share(v, rem),
     "DI-3": lambda v, inputs, rem: 0.0 if poor_overlap(v) else min(hideable_ms(v), comm_cap(v, rem)),
 }
 # Ledger priorities: inside the DERIVED tier, in ORDER; DI-3 (what is left) is generic.
 PRIORITY = {k: (GENERIC if k == "DI-3" else DERIVED + 1 + i) for i, k in enumerate(ORDER)}
+
+
+def resharding_fsdp2(v: View):
+    """The rank's FSDP2 facts when some unit reshards after forward (all-gathers again in backward)."""
+    if v.f is None:
+        return None
+    return next((fs for fs in v.f.fsdp if fs.version == 2 and fs.reshard_after_forward), None)
+
+
+def keep_unsharded_room(v: View) -> tuple[bool, float | None]:
+    """(whether the rank can keep its parameters unsharded through the step, the extra MB it would
+    hold): every unit's unsharded parameters less its own shard. On a device with memory facts the
+    peak plus the extra must stay under MEMORY_HEADROOM of its memory; without them (CPU) it is
+    allowed and the extra is said."""
+    fs = resharding_fsdp2(v)
+    if fs is None or not fs.model_mb:
+        return False, None
+    world = max(v.f.world_size, 1) if v.f is not None else 1
+    extra = fs.model_mb * (1 - 1 / world)
+    d = v.f.device if v.f is not None else None
+    if d is not None and d.total_memory_bytes and d.max_memory_allocated_bytes:
+        return d.max_memory_allocated_bytes + extra * 1e6 <= MEMORY_HEADROOM * d.total_memory_bytes, extra
+    return True, extra
+
+
+def backward_gather_ms(v: View, exposed: float) -> float:
+    """The exposed communication per step that backward's all-gathers take: half the all-gather
+    share of the communication where the trace names the kinds, else BACKWARD_GATHER_SHARE of it."""
+    s = v.r.signals if v.r is not None else None
+    if s is not None and s.collectives:
+        total = sum(x[1] for x in s.collectives.values())
+        gathered = s.collectives.get("all_gather", [0, 0])[1]
+        return exposed * 0.5 * gathered / total if total else 0.0
+    return exposed * BACKWARD_GATHER_SHARE
 
 
 def buckets_per_step(v: View) -> int | None:
