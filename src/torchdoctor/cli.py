@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("demo", "torchdoctor.workloads.cli", "add_demo_parser"),
                                 ("checkpoint", "torchdoctor.checkpoint.cli", "add_checkpoint_parser"),
                                 ("topo", "torchdoctor.hardware.topo_cli", "add_topo_parser"),
-                                ("comm", "torchdoctor.comm.cli", "add_comm_parser")):
+                                ("comm", "torchdoctor.comm.cli", "add_comm_parser"),
+                                ("cache", "torchdoctor.compile.cache_cli", "add_cache_parser")):
         try:
             getattr(importlib.import_module(module), adder)(sub)
         except Exception as e:  # noqa: BLE001 - any failure leaves the command registered, reporting it

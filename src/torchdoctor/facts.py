@@ -169,6 +169,14 @@ class CompileFacts(msgspec.Struct, omit_defaults=True):
     cache_hits: int | None = None
     cache_misses: int | None = None
     cudagraph_skips: int | None = None
+    # Hits, misses, bypasses per cache ("fx_graph.hit", "aot_autograd.miss", ...: Dynamo's counters),
+    # and the cache pack `run --cache` loaded before the job compiled, or why it was refused.
+    cache_counts: dict[str, int] = {}
+    cache_pack: str | None = None
+    # Inductor's cache directory, and whether it is Inductor's default (under the temporary
+    # directory: gone with the machine, a CI runner or a container).
+    cache_dir: str | None = None
+    cache_dir_default: bool | None = None
     # Compile seconds so far: every frame's compile and the backward graphs compiled at their first
     # backward; split into Dynamo's tracing and the backend's (AOTAutograd + Inductor) work.
     compile_time_s: float | None = None

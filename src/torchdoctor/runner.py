@@ -261,7 +261,7 @@ def execute(
     output.clear(run_dir)  # a reused --out must not mix two runs
     os.makedirs(os.path.join(run_dir, output.RANKS_DIR), exist_ok=True)
     try:
-        job = run_job(command, job_env(run_dir, profile))
+        job = run_job(command, {**job_env(run_dir, profile), **cache_env(getattr(args, "cache", None))})
     except (FileNotFoundError, PermissionError) as exc:
         print(f"torchdoctor: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
@@ -300,6 +300,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return execute(command, args.out or default_run_dir(), profile, args)
 
 
+def cache_env(pack: str | None) -> dict[str, str]:
+    """The environment that makes every rank load `pack` (probe/compile_cache.py); empty, with one
+    line on stderr, when it is not a usable pack (the job then compiles cold)."""
+    if not pack:
+        return {}
+    from torchdoctor.compile.cachepack import PackError, open_pack
+
+    try:
+        z, _ = open_pack(pack)
+        z.close()
+    except PackError as exc:
+        print(f"torchdoctor: cache pack not loaded: {exc} (the job compiles cold)", file=sys.stderr)
+        return {}
+    return {"TORCHDOCTOR_CACHE_PACK": os.path.abspath(pack)}
+
+
 def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``run`` on the ``torchdoctor`` command line."""
     p = subparsers.add_parser(
@@ -315,6 +331,9 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         default=f"{probe_config.DEFAULT_PROFILE_STEPS[0]}:{probe_config.DEFAULT_PROFILE_STEPS[1]}",
         help="torch.profiler window: steps A <= s < B (default %(default)s); 'off' disables it",
     )
+    p.add_argument("--cache", metavar="PACK",
+                   help="load this compile-cache pack (`torchdoctor cache pack`) before the job compiles; "
+                        "one made for another environment is refused and the job compiles cold")
     add_report_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     p.set_defaults(func=cmd_run)

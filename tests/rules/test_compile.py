@@ -126,6 +126,28 @@ def test_cg6_compile_time_is_a_job_share_never_a_step_share():
     assert run("CG-6", (None, gpu_facts(compile=CompileFacts(used=True)))) == []
 
 
+def test_cg7_a_cold_start_in_the_default_cache_directory():
+    def facts(**kw):
+        c = CompileFacts(used=True, compile_time_s=30.0, dynamo_s=6.0, backend_s=24.0,
+                         cache_counts={"fx_graph.miss": 2, "aot_autograd.miss": 1}, cache_dir="/tmp/torchinductor_ci",
+                         cache_dir_default=True)
+        for k, v in kw.items():
+            setattr(c, k, v)
+        return gpu_facts(compile=c, train_wall_s=120.0)
+
+    got = only(run("CG-7", (None, facts())), "CG-7")
+    # The backend's 24 s (what warm caches skip) of a 120 s job: 20%, a warning; no step claimed.
+    assert got.severity == "warning" and got.job_s == 24.0 and got.job_pct == 20.0 and not got.claims
+    assert "2 FX graph cache miss(es), no hit" in got.title and "/tmp/torchinductor_ci" in got.title
+    assert "torchdoctor run --cache" in got.fix.snippet
+    assert run("CG-7", (None, facts(cache_dir_default=False))) == []  # a directory the user chose: it persists
+    assert run("CG-7", (None, facts(cache_counts={"fx_graph.miss": 1, "fx_graph.hit": 1}))) == []
+    refused = only(run("CG-7", (None, facts(cache_dir_default=False, cache_pack="refused: p.zip: truncated"))), "CG-7")
+    assert "The cache pack was refused (p.zip: truncated)" in refused.title
+    small = facts(backend_s=2.0)  # 2 s of a 120 s job: not worth a line
+    assert run("CG-7", (None, small)) == []
+
+
 def test_cg4_cudagraph_skips():
     f = gpu_facts(compile=CompileFacts(used=True, cudagraph_skips=2))
     assert only(run("CG-4", (None, f)), "CG-4").remedy == "cudagraphs"

@@ -126,7 +126,10 @@ def compile_summary(facts: CompileFacts | None, gaps_ms: dict[str, float]) -> di
     ``compile_s``, ``dynamo_s``, ``backend_s``, ``graphs``, ``graph_breaks[]`` (``gb_id``, ``reason``,
     ``location``, ``function``, ``count``: times Dynamo met it while compiling, ``eager_ms_per_step``),
     ``recompiles[]`` (``frame``, ``location``, ``guard``, ``kind``, ``tensor``, ``dim``, ``values``,
-    ``count``, ``limit_hit``, ``compile_s``), ``cache`` (``hits``, ``misses``: FX graph cache),
+    ``count``, ``limit_hit``, ``compile_s``), ``cache`` (``hits``, ``misses``: FX graph cache; ``counters``: hits,
+    misses and bypasses of each cache, e.g. ``aot_autograd.hit``; ``dir``, ``default_dir``: Inductor's cache
+    directory and whether it is the default under the temporary directory; ``pack``: the pack `run --cache`
+    loaded, or why it was refused),
     ``eager_gaps_ms`` (the trace's gaps by compiled region).
     """
     if (facts is None or not facts.used) and not gaps_ms:
@@ -140,6 +143,7 @@ def compile_summary(facts: CompileFacts | None, gaps_ms: dict[str, float]) -> di
         "recompiles": [{"frame": r.frame, "location": r.location, "guard": r.guard, "kind": r.kind, "tensor": r.tensor,
                         "dim": r.dim, "values": r.values, "count": r.count, "limit_hit": r.limit_hit,
                         "compile_s": r.compile_s} for r in f.recompile_frames],
-        "cache": {"hits": f.cache_hits, "misses": f.cache_misses},
+        "cache": {"hits": f.cache_hits, "misses": f.cache_misses, "counters": dict(f.cache_counts), "dir": f.cache_dir,
+                  "default_dir": f.cache_dir_default, "pack": f.cache_pack},
         "eager_gaps_ms": dict(gaps_ms),
     }

@@ -334,6 +334,8 @@ def embedding_facts(torch: Any, roots: list[Any]) -> list[EmbeddingFacts]:
 
 
 def compile_facts() -> CompileFacts:
+    from torchdoctor.probe import compile_cache
+
     """torch.compile counters, read only if the job itself imported dynamo."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
@@ -365,6 +367,10 @@ def compile_facts() -> CompileFacts:
         unique_graphs=stats.get("unique_graphs"),
         cache_hits=inductor.get("fxgraph_cache_hit"),
         cache_misses=inductor.get("fxgraph_cache_miss"),
+        cache_counts=attempt(compile_cache.counters) or {},
+        cache_pack=attempt(compile_cache.summary),
+        cache_dir=attempt(compile_cache.where),
+        cache_dir_default=attempt(compile_cache.is_default_dir),
         cudagraph_skips=inductor.get("cudagraph_skips"),
         compile_time_s=total_s,
         dynamo_s=dynamo_s,

@@ -349,7 +349,17 @@ class Probe:
                 ERRORS.record("window", exc)
         self.ended = f"exception:{self.uncaught}" if self.uncaught else "exit"
         self._write_progress(self.ended)
+        self._save_compile_cache()
         self.flush()
+
+    def _save_compile_cache(self) -> None:
+        """A job that compiled: its caches' record and artefacts under the run directory
+        (probe/compile_cache.py), after its last step."""
+        facts = collect.attempt(collect.compile_facts)
+        if facts is not None and facts.used:
+            from torchdoctor.probe import compile_cache
+
+            compile_cache.save(self.torch, self.config.run_dir, self.rank_identity()[0], facts.compile_time_s)
 
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker, usually) starts with an empty, inactive probe."""

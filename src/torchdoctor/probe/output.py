@@ -83,6 +83,8 @@ def clear(run_dir: str) -> None:
         os.path.join(TRACES_DIR, "rank*.json.gz"),
         os.path.join(TRACES_DIR, "rank*.pending"),
         os.path.join(TRACES_DIR, "rank*.postprocess.log"),
+        os.path.join("caches", "rank*.json"),
+        os.path.join("caches", "rank*.megacache.bin"),
         "run.json",
     )
     for pattern in patterns:

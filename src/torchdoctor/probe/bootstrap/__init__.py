@@ -43,6 +43,13 @@ def _apply_remedies(ids: list[str]) -> None:
 
 
 def _on_torch_imported(torch_module: ModuleType, config: ProbeConfig) -> None:
+    if os.environ.get("TORCHDOCTOR_CACHE_PACK"):  # `run --cache FILE`: before the job compiles anything
+        try:
+            from torchdoctor.probe import compile_cache
+
+            compile_cache.load(torch_module)
+        except Exception as exc:
+            ERRORS.record("cache.load", exc)
     try:
         from torchdoctor.probe.core import install
 

@@ -1,0 +1,68 @@
+"""Compile layer, caches: a cold start that could have been warm (CG-7).
+
+The caches that make a second compile cheap (FX graph, AOTAutograd, kernels) live in Inductor's
+cache directory, by default under the temporary directory: on a CI runner, a container or a fresh
+node every job compiles from scratch. `torchdoctor cache pack` / `run --cache` carry them across
+machines (compile/cachepack.py).
+"""
+
+from __future__ import annotations
+
+from ._common import View, finding, per_rank
+from .compile_cost import _job
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+# A cold compile worth a finding: this share of the job's wall time, or this many seconds.
+COLD_MIN_PCT = 5.0
+COLD_MIN_S = 30.0
+# From this share of the job it is a warning (TBP's 10% for a one-off cost worth acting on).
+COLD_WARN_PCT = 10.0
+
+
+@rule("CG-7")
+def cold_start(inputs: RuleInputs) -> list[Finding]:
+    """Compiled from scratch where a warm cache was possible.
+
+    Live facts: every FX graph cache lookup missed (none hit), and the cache directory is
+    Inductor's default under the temporary directory, or a pack given to `run --cache` was refused.
+    Priced as the backend's compile seconds (AOTAutograd and Inductor: what warm caches skip;
+    Dynamo still traces), a one-off job cost (``job_s``), claimed from no step budget. Warning
+    from COLD_WARN_PCT of the job, else info; silent below COLD_MIN_PCT and COLD_MIN_S.
+    """
+    def one(v: View) -> Finding | None:
+        c = v.f.compile if v.f is not None else None
+        if c is None or not c.used or not c.cache_counts.get("fx_graph.miss") or c.cache_counts.get("fx_graph.hit"):
+            return None
+        refused = c.cache_pack is not None and c.cache_pack.startswith("refused")
+        if not (c.cache_dir_default or refused):
+            return None
+        seconds = c.backend_s if c.backend_s is not None else c.compile_time_s
+        if not seconds:
+            return None
+        pct, cost = _job(c, v, seconds)
+        if (pct is None or pct < COLD_MIN_PCT) and seconds < COLD_MIN_S:
+            return None
+        misses = c.cache_counts.get("fx_graph.miss", 0)
+        why = (f"the cache pack was refused ({c.cache_pack.removeprefix('refused: ')})" if refused else
+               f"the cache directory is Inductor's default, {c.cache_dir}, under the temporary directory: "
+               "gone with the machine, a CI runner or a container")
+        f = finding(
+            v, "CG-7", "compile",
+            f"Compiled from scratch: {misses} FX graph cache miss(es), no hit; AOTAutograd and Inductor spent {cost}, "
+            f"which a warm cache skips. {why[0].upper() + why[1:]}.",
+            0.0, sev="warning" if pct is not None and pct >= COLD_WARN_PCT else "info",
+            evidence=[Evidence(f"Cache counters: {', '.join(f'{k} {n}' for k, n in sorted(c.cache_counts.items()))}; "
+                               f"cache directory {c.cache_dir or 'unknown'}.",
+                               {"counters": dict(c.cache_counts), "cache_dir": c.cache_dir,
+                                "default_dir": c.cache_dir_default, "pack": c.cache_pack, "backend_s": seconds})],
+            fix=Fix("Keep the caches between runs: a persistent TORCHINDUCTOR_CACHE_DIR on one machine; across "
+                    "machines (CI, many nodes), pack this run's caches and load them before the next run compiles.",
+                    "export TORCHINDUCTOR_CACHE_DIR=/persistent/inductor-cache\n"
+                    "torchdoctor cache pack td-runs/<this run> compile-cache.zip   # then, on the next machine:\n"
+                    "torchdoctor run --cache compile-cache.zip -- python train.py", language="shell"),
+            confidence="high", confirm="run again with the same TORCHINDUCTOR_CACHE_DIR: the FX graph cache hits",
+            source="PT FX graph cache (default on, cache_dir under tempfile.gettempdir()); Mega-Cache (2.7+)")
+        f.job_s, f.job_pct = round(seconds, 3), (round(pct, 1) if pct is not None else None)
+        return f
+    return per_rank(inputs, one)
