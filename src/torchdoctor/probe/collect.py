@@ -355,6 +355,8 @@ def compile_facts() -> CompileFacts:
     # One failing guard per cache entry checked: the first guard of each recompile is enough.
     reasons = list(dict.fromkeys(first_line(str(r)) for rs in failures.values() for r in rs))
     total_s, dynamo_s, backend_s = attempt(lambda: compile_seconds(utils)) or (None, None, None)
+    caches = attempt(compile_cache.counters) or {}
+    inductor_ran = any(k.startswith("fx_graph.") for k in caches)  # else the cache directory is not this job's concern
     return CompileFacts(
         used=bool(frames.get("total") or stats.get("unique_graphs")),
         graph_breaks=sum(breaks.values()),
@@ -367,10 +369,10 @@ def compile_facts() -> CompileFacts:
         unique_graphs=stats.get("unique_graphs"),
         cache_hits=inductor.get("fxgraph_cache_hit"),
         cache_misses=inductor.get("fxgraph_cache_miss"),
-        cache_counts=attempt(compile_cache.counters) or {},
+        cache_counts=caches,
         cache_pack=attempt(compile_cache.summary),
-        cache_dir=attempt(compile_cache.where),
-        cache_dir_default=attempt(compile_cache.is_default_dir),
+        cache_dir=attempt(compile_cache.where) if inductor_ran else None,
+        cache_dir_default=attempt(compile_cache.is_default_dir) if inductor_ran else None,
         cudagraph_skips=inductor.get("cudagraph_skips"),
         compile_time_s=total_s,
         dynamo_s=dynamo_s,

@@ -356,7 +356,7 @@ class Probe:
         """A job that compiled: its caches' record and artefacts under the run directory
         (probe/compile_cache.py), after its last step."""
         facts = collect.attempt(collect.compile_facts)
-        if facts is not None and facts.used:
+        if facts is not None and facts.used and facts.cache_dir is not None:  # Inductor compiled (its caches)
             from torchdoctor.probe import compile_cache
 
             compile_cache.save(self.torch, self.config.run_dir, self.rank_identity()[0], facts.compile_time_s)
