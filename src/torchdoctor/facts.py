@@ -177,6 +177,9 @@ class CompileFacts(msgspec.Struct, omit_defaults=True):
     # directory: gone with the machine, a CI runner or a container).
     cache_dir: str | None = None
     cache_dir_default: bool | None = None
+    # Device-agnostic hash of each graph Dynamo captured, in capture order (probe/compile_cache.py):
+    # equal graphs hash equal on any machine.
+    graph_hashes: list[str] = []
     # Compile seconds so far: every frame's compile and the backward graphs compiled at their first
     # backward; split into Dynamo's tracing and the backend's (AOTAutograd + Inductor) work.
     compile_time_s: float | None = None

@@ -52,6 +52,8 @@ def test_a_pack_carries_the_caches_to_an_empty_directory_and_a_bad_one_is_refuse
     assert cold["cache_dir"] == str(tmp_path / "cache_a") and cold["cache_dir_default"] is False
     record = json.loads((tmp_path / "cold" / "caches" / "rank0.json").read_text())
     assert record["fingerprint"]["torch"].startswith("2.") and record["megacache"] == "rank0.megacache.bin"
+    (graph,) = record["graphs"]  # the one compiled function, hashed without its device
+    assert cold["graph_hashes"] == [graph["hash"]] and graph["nodes"][0] == "input float32[8,1]"
 
     pack = tmp_path / "pack.zip"
     made = cli("pack", str(tmp_path / "cold"), str(pack))
@@ -66,8 +68,10 @@ def test_a_pack_carries_the_caches_to_an_empty_directory_and_a_bad_one_is_refuse
     assert warm["cache_counts"].get("fx_graph.hit", 0) == cold["cache_counts"]["fx_graph.miss"]
     assert not warm["cache_counts"].get("fx_graph.miss") and warm["cache_pack"].startswith("loaded ")
     assert warm["backend_s"] < cold["backend_s"]
+    assert warm["graph_hashes"] == cold["graph_hashes"]
     same = cli("diff", str(tmp_path / "cold"), str(tmp_path / "warm"))
     assert same.returncode == 0 and "same environment" in same.stdout, same.stdout + same.stderr
+    assert "same 1 graph(s)" in same.stdout
 
     # A truncated pack: one line, the job runs without it; under another key tag every FX graph
     # lookup misses (the first run's directory, whose content-addressed C++ kernels keep the test

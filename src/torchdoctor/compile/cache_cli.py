@@ -102,6 +102,25 @@ def counts_text(record: dict[str, Any]) -> str:
     return (", ".join(parts) or "no cache counters") + (f"; compile {s:.1f} s" if isinstance(s, (int, float)) else "")
 
 
+def graphs_text(a: list[dict], b: list[dict]) -> tuple[bool | None, str]:
+    """(same graphs?, in words) from the runs' device-agnostic graph records; None: not recorded."""
+    if not a or not b:
+        return None, "graphs: not recorded on both sides"
+    if [g["hash"] for g in a] == [g["hash"] for g in b]:
+        return True, f"same {len(a)} graph(s) (device-agnostic hashes equal)"
+    for i, (ga, gb) in enumerate(zip(a, b, strict=False)):
+        if ga["hash"] != gb["hash"]:
+            at = next((k for k, (x, y) in enumerate(zip(ga["nodes"], gb["nodes"], strict=False)) if x != y),
+                      min(len(ga["nodes"]), len(gb["nodes"])))
+            x = ga["nodes"][at] if at < len(ga["nodes"]) else "(end)"
+            y = gb["nodes"][at] if at < len(gb["nodes"]) else "(end)"
+            return False, f"graph {i + 1} differs at node {at + 1}: A `{x}`, B `{y}`"
+    return False, f"A captured {len(a)} graph(s), B {len(b)}; the first {min(len(a), len(b))} are equal"
+
+
+DEVICE_FIELDS = ("device", "cuda", "hip", "triton", "cpu_isa")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     try:
         a, b = side(args.a), side(args.b)
@@ -111,6 +130,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     found = fingerprint.diff(fa, fb)
     print(f"A {args.a}: {counts_text(a)}")
     print(f"B {args.b}: {counts_text(b)}")
+    same_graphs, text = graphs_text(a.get("graphs") or [], b.get("graphs") or [])
+    print(text)
+    if same_graphs and found and all(d[0] in DEVICE_FIELDS for d in found):
+        print("same graphs, different device: safe to share the graphs, not the compiled kernels")
     if not found:
         print(f"same environment: {len(fa)} fingerprint fields equal")
         da, db = a.get("cache_dir"), b.get("cache_dir")
@@ -118,7 +141,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if misses and da and db and da != db:
             print(f"B's {misses} FX graph miss(es) with the same fingerprint: another cache directory ({db}, A used {da}); "
                   "load A's pack there (`torchdoctor cache pack` / `run --cache`) or share the directory")
-        return EXIT_OK
+        return EXIT_OK if same_graphs is not False else EXIT_DIFFERENT
     print(f"{len(found)} field(s) differ:")
     for d in found:
         print(f"  {fingerprint.explain(d)}")

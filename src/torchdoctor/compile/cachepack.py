@@ -86,7 +86,8 @@ def pack(run_dir: str, out: str) -> dict[str, Any]:
     kernels = kernel_files(record["cache_dir"]) if record.get("cache_dir") else []
     manifest = {"format": FORMAT, "fingerprint": record.get("fingerprint", {}),
                 "compile_time_s": record.get("compile_time_s"), "counters": record.get("counters", {}),
-                "artifacts": record.get("artifacts", {}), "kernels": len(kernels), "source_run": os.path.abspath(run_dir)}
+                "artifacts": record.get("artifacts", {}), "kernels": len(kernels), "source_run": os.path.abspath(run_dir),
+                "graphs": record.get("graphs", [])}
     tmp = f"{out}.tmp{os.getpid()}"
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:

@@ -373,6 +373,7 @@ def compile_facts() -> CompileFacts:
         cache_pack=attempt(compile_cache.summary),
         cache_dir=attempt(compile_cache.where) if inductor_ran else None,
         cache_dir_default=attempt(compile_cache.is_default_dir) if inductor_ran else None,
+        graph_hashes=[g["hash"] for g in compile_cache.GRAPHS],
         cudagraph_skips=inductor.get("cudagraph_skips"),
         compile_time_s=total_s,
         dynamo_s=dynamo_s,

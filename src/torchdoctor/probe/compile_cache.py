@@ -95,7 +95,9 @@ def summary() -> str | None:
         return None
     if "refused" in LOADED:
         return f"refused: {LOADED['refused']}"
-    return f"loaded {LOADED['file']} ({LOADED['kernels']} kernel files)"
+    cold = LOADED.get("cold_compile_s")
+    return f"loaded {LOADED['file']} ({LOADED['kernels']} kernel files)" + (
+        f"; the run that made it compiled for {cold:.1f} s" if isinstance(cold, (int, float)) else "")
 
 
 def dir_size(path: str) -> tuple[int, int]:
@@ -122,7 +124,7 @@ def save(torch: Any, run_dir: str, rank: int, compile_s: float | None) -> None:
         size = dir_size(where) if where and os.path.isdir(where) else (0, 0)
         record: dict[str, Any] = {"fingerprint": fingerprint.collect(torch), "cache_dir": where,
                                   "cache_bytes": size[0], "cache_files": size[1], "counters": counters(),
-                                  "compile_time_s": compile_s, "pack": dict(LOADED) or None}
+                                  "compile_time_s": compile_s, "pack": dict(LOADED) or None, "graphs": list(GRAPHS)}
         saver = getattr(getattr(torch, "compiler", None), "save_cache_artifacts", None)
         if rank == 0 and saver is not None:
             got = saver()
@@ -142,3 +144,73 @@ def _atomic(path: str, data: bytes) -> None:
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+# --- captured graphs, device-agnostic -----------------------------------------------------------------
+
+# Each graph Dynamo hands to the backend, in capture order: {"hash", "ops", "nodes"} (GRAPH_NODES
+# node lines kept for `cache diff`), at most MAX_GRAPHS.
+GRAPHS: list[dict[str, Any]] = []
+MAX_GRAPHS = 64
+GRAPH_NODES = 400
+
+
+def _value(v: Any) -> str:
+    """A node's example value without its device: dtype and shape for tensors."""
+    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{str(dtype).removeprefix('torch.')}[{','.join(str(s) for s in shape)}]"
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(_value(x) for x in v[:8]) + ")"
+    return type(v).__name__ if v is not None else "-"
+
+
+def _target(gm: Any, node: Any) -> str:
+    t = node.target
+    if node.op == "call_module":
+        return "module " + type(gm.get_submodule(t)).__name__
+    if node.op == "call_method":
+        return f"method {t}"
+    name = getattr(t, "__name__", None) or str(t)
+    return f"{getattr(t, '__module__', None) or ''}.{name}".lstrip(".")
+
+
+def graph_signature(gm: Any) -> dict[str, Any]:
+    """A captured FX graph as device-agnostic lines (inputs, then each op with its output's dtype and
+    shape; devices, file paths and node names left out) and their hash: equal graphs hash equal on
+    any machine (reference section 4: graph identity apart from environment identity)."""
+    lines = []
+    for node in gm.graph.nodes:
+        meta = node.meta.get("example_value", node.meta.get("val"))
+        if node.op == "placeholder":
+            lines.append(f"input {_value(meta)}")
+        elif node.op in ("call_function", "call_method", "call_module"):
+            lines.append(f"{_target(gm, node)} -> {_value(meta)}")
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    return {"hash": digest, "ops": sum(not s.startswith("input ") for s in lines), "nodes": lines[:GRAPH_NODES]}
+
+
+def watch_graphs(output_graph: Any, failed: Any) -> None:
+    """Record every graph Dynamo hands its backend (OutputGraph.call_user_compiler, feature-detected):
+    read only, the graph and the compile are unchanged. Not a probe shim: those stand aside while
+    torch.compiler.is_compiling(), which is True here (Dynamo's own code, not the user's, is running)."""
+    import functools
+
+    cls = getattr(output_graph, "OutputGraph", None)
+    fn = getattr(cls, "call_user_compiler", None)
+    if fn is None or getattr(fn, "_torchdoctor_graphs", False):
+        return
+
+    @functools.wraps(fn)
+    def call_user_compiler(self: Any, gm: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if len(GRAPHS) < MAX_GRAPHS:
+                GRAPHS.append(graph_signature(gm))
+        except Exception as exc:
+            failed(exc)
+        return fn(self, gm, *args, **kwargs)
+
+    call_user_compiler._torchdoctor_graphs = True  # type: ignore[attr-defined]
+    cls.call_user_compiler = call_user_compiler

@@ -141,6 +141,7 @@ def install_all(probe: Probe) -> None:
         ("distributed", _distributed),
         ("anomaly", _anomaly_stacks),
         ("checkpoint", _checkpoints),
+        ("graphs", _graphs),
     ):
         try:
             fault_point(f"install.{name}")
@@ -575,3 +576,17 @@ def _checkpoints(probe: Probe) -> None:
         on_dcp(dcp)
     else:
         imphook.when_imported("torch.distributed.checkpoint", on_dcp)
+
+
+def _graphs(probe: Probe) -> None:
+    """Each graph Dynamo captures, hashed without its devices (probe/compile_cache.py), once the job
+    imports Dynamo."""
+    from torchdoctor.probe import compile_cache
+
+    def watch(module: Any) -> None:
+        try:
+            compile_cache.watch_graphs(module, _failed("graphs"))
+        except Exception as exc:
+            ERRORS.record("graphs", exc)
+
+    imphook.when_imported("torch._dynamo.output_graph", watch)

@@ -208,6 +208,8 @@ def compile_time(inputs: RuleInputs) -> list[Finding]:
                  if c.dynamo_s is not None and c.backend_s is not None else "")
         cache = (f"FX graph cache: {c.cache_hits or 0} hit(s), {c.cache_misses or 0} miss(es)"
                  if c.cache_hits is not None or c.cache_misses is not None else "")
+        if c.cache_pack and c.cache_pack.startswith("loaded"):
+            cache += f" (warm start: cache pack {c.cache_pack.removeprefix('loaded ')})"
         f = finding(
             v, "CG-6", "compile", f"torch.compile took {cost}" + (f" ({split})" if split else "") + ".", 0.0, sev="info",
             evidence=[Evidence("; ".join(x for x in (f"{c.compile_time_s:.2f} s compiling", split, cache,
