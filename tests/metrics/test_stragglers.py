@@ -85,3 +85,16 @@ def test_one_long_step_on_one_rank_is_an_event_not_a_straggler():
     once[12] = 300.0
     s = straggler_series({0: ddp_steps(20, once, longer=once), 1: ddp_steps(20, [0.0], longer=once)})
     assert s.straggler is None and s.ranks[0].late_steps == 1
+
+
+def test_a_transient_straggler_s_events_are_its_late_steps_not_the_jitter_between_them():
+    # Rank 0 saves (150 ms) every 8 steps; one ordinary step it is also a little late in (6 ms) is
+    # an outlier of a very regular run: counted as jitter, not as one of its events.
+    own = [0.0] * 40
+    longer = [0.0] * 40
+    for s in (7, 15, 23, 31, 39):
+        own[s] = longer[s] = 150.0
+    own[12] = longer[12] = 6.0
+    s = straggler_series({0: ddp_steps(40, own, longer=longer), 1: ddp_steps(40, [0.0], longer=longer)})
+    assert s.straggler == 0 and s.late_steps == [7, 15, 23, 31, 39] and s.period == 8
+    assert abs(s.gain_ms - 5 * 150.0 / 39) < 1e-3

@@ -99,8 +99,10 @@ def test_single_process_facts(tmp_path):
         "dynamo_s": facts["compile"]["dynamo_s"],
         "backend_s": facts["compile"]["backend_s"],
         "frame_names": {"0": "forward"},
+        "graph_hashes": facts["compile"]["graph_hashes"],
     }
     c = facts["compile"]
+    assert len(c["graph_hashes"]) == 1 and len(c["graph_hashes"][0]) == 16  # the one graph, hashed
     assert abs(c["dynamo_s"] + c["backend_s"] - c["compile_time_s"]) < 0.01 and c["compile_time_s"] > 0
     assert 0 < c["compile_time_s"] < facts["train_wall_s"]
     assert all(s["forward_ms"] > 0 for s in facts["steps"][1:])  # roots are hooked after step 0

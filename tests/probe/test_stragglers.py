@@ -63,7 +63,7 @@ def test_a_rank_late_every_tenth_step_is_a_transient_straggler_with_its_period(t
     # Rank 0 sleeps 200 ms after steps 9, 19, 29 (in steps 10, 20, 30; step 39's lands after the
     # last step): late in those three, by about 200 ms.
     assert data["straggler"] == 0 and not data["persistent"] and data["period"] == 10
-    assert data["late_steps"] == 3 and 190.0 <= data["lead_ms_median"] <= 260.0
+    assert data["late_steps"] == 3 and 190.0 <= data["lead_ms_median"] <= 260.0  # jitter's late steps left out
     assert 3 * 190.0 / 34 <= data["gain_ms"] <= 3 * 260.0 / 34
     assert "transient straggler" in got["title"] and "every 10 steps" in got["title"]
     assert got["ranks"] == [1] and got["confidence"] == "low" and got["severity"] in ("warning", "critical")

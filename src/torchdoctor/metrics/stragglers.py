@@ -24,10 +24,11 @@ which pays for start-up, left out):
   Persistent: its median lead over all steps is itself late-sized (it is late most of the time);
   transient otherwise (a periodic save, evaluation or logging on one rank), counting only the late
   steps that stand out of the run: step time above the median by more than OUTLIER_SIGMAS robust
-  standard deviations (1.4826 x the median absolute deviation). Scheduler jitter makes some rank
-  late now and then in any job; a save or an evaluation makes its steps outliers. One such step is
-  an event, not a straggler: a transient one is late in at least TRANSIENT_MIN_STEPS. `period`: the spacing
-  of its big late steps (lead >= half its median lead) when they recur evenly.
+  standard deviations (1.4826 x the median absolute deviation), with a lead of at least
+  EVENT_SHARE of its largest. Scheduler jitter makes some rank late now and then in any job; a
+  save or an evaluation makes its steps outliers. One such step is an event, not a straggler: a
+  transient one is late in at least TRANSIENT_MIN_STEPS. `period`: the spacing of a transient
+  straggler's late steps when they recur evenly.
 - gain_ms: the straggler's total lead / steps: what the job gives back per step, amortised, when
   that rank arrives with the others.
 - lead_by_phase: over the straggler's late steps, the mean of its own time in each phase of its own
@@ -54,6 +55,9 @@ LATE_MIN_MS = 1.0
 # A transient straggler's late steps must be outliers of the run's step time by this many robust
 # standard deviations (a 3-sigma rule on the median absolute deviation).
 OUTLIER_SIGMAS = 3.0
+# ... and lead by at least this share of its largest lead (a save of 200 ms, not the 5 ms of jitter
+# that made it late in another outlier step).
+EVENT_SHARE = 0.25
 TRANSIENT_MIN_STEPS = 2
 # Late steps listed in the result (the first ones).
 LIST_STEPS = 16
@@ -126,6 +130,9 @@ def straggler_series(steps_by_rank: Mapping[int, Sequence[StepTiming]], sharded:
     i = int(np.argmax(lead.sum(axis=1)))
     persistent = bool(np.median(lead[i]) > threshold)
     mine = late[i] if persistent else late[i] & outliers(np.median(total, axis=0), threshold)
+    if not persistent and mine.any():
+        # Its events, not the jitter around them: leads of the same order as its largest.
+        mine &= lead[i] >= EVENT_SHARE * float(lead[i][mine].max())
     if not mine.any() or (not persistent and mine.sum() < TRANSIENT_MIN_STEPS):
         return out
     late_at = [common[k] for k in np.flatnonzero(mine)]
@@ -134,9 +141,8 @@ def straggler_series(steps_by_rank: Mapping[int, Sequence[StepTiming]], sharded:
     out.late_steps, out.late_count = late_at[:LIST_STEPS], len(late_at)
     out.lead_ms_median = round(float(np.median(leads)), 3)
     out.lead_ms_mean = round(float(leads.mean()), 3)
-    big = [k for k, x in zip(late_at, leads, strict=True) if x >= 0.5 * out.lead_ms_median]
-    gaps = set(np.diff(big).tolist())
-    out.period = int(gaps.pop()) if len(big) >= 3 and len(gaps) == 1 and not out.persistent else None
+    gaps = set(np.diff(late_at).tolist())
+    out.period = int(gaps.pop()) if len(late_at) >= 3 and len(gaps) == 1 and not persistent else None
     out.gain_ms = round(float((lead[i] if persistent else leads).sum()) / len(common), 3)
     out.lead_by_phase = phase_excess(tables, ranks[i], late_at, phases)
     return out
