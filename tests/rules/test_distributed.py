@@ -402,3 +402,6 @@ def test_di16_fsdp2_resharding_with_memory_to_spare():
     host.signals.collectives = {}  # a host-only trace: kinds unknown, a quarter of the exposed time
     got = only(run("DI-16", (host, facts())), "DI-16")
     assert abs(got.recoverable_ms - 5.0) < 1e-6 and got.confidence == "low"
+    small = facts(mb=0.26)  # pytorch/examples' FSDP2 Transformer: 0.26 MB on 8 ranks
+    assert got.title.startswith("FSDP2 all-gathers") and "for 0.23 MB more memory per rank." in only(
+        run("DI-16", (host, small)), "DI-16").title

@@ -30,11 +30,12 @@ def reshard_after_forward(inputs: RuleInputs) -> list[Finding]:
         assert fs is not None and extra is not None
         kinds = v.r is not None and v.r.signals is not None and bool(v.r.signals.collectives)
         where = "device memory allows it" if v.accel else "host memory: unchecked on a CPU job"
+        more = f"{extra:.0f}" if extra >= 10 else f"{extra:.2g}"
         return finding(
             v, "DI-16", "distributed",
             f"FSDP2 all-gathers every unit's parameters twice per step (reshard_after_forward=True): keeping them "
             f"unsharded from forward to backward saves the backward all-gathers, about {fmt_ms(ms)} per step, "
-            f"for {extra:.0f} MB more memory per rank.",
+            f"for {more} MB more memory per rank.",
             ms, sev=severity(v.pct(ms)),
             evidence=[comm_evidence(v, budget), Evidence(
                 f"{fs.units or '?'} fully_shard unit(s), {fs.model_mb:.1f} MB of parameters unsharded; kept through "
