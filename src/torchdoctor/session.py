@@ -27,6 +27,7 @@ import numpy as np
 
 from . import __version__
 from . import config as user_config
+from .compile import history as compile_history
 from .compile import torch_trace
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
@@ -585,4 +586,7 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
         sights.update(more_sights)
     run = {"dir": run_dir, "command": manifest.command, "exit_code": manifest.exit_code,
            "duration_s": manifest.duration_s}
+    misses = compile_history.explain_misses(run_dir)  # caches an earlier run beside it filled (CG-8)
+    if misses is not None:
+        run["compile_cache"] = misses
     return build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)

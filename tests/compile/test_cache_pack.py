@@ -79,7 +79,7 @@ def test_a_pack_carries_the_caches_to_an_empty_directory_and_a_bad_one_is_refuse
     broken = tmp_path / "broken.zip"
     broken.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])
     third = compiled_run(tmp_path, "third", tmp_path / "cache_a", "--cache", str(broken),
-                         TORCH_COMPILE_CACHE_KEY_TAG="ci-b")
+                         "--json", str(tmp_path / "third.json"), TORCH_COMPILE_CACHE_KEY_TAG="ci-b")
     refused = [line for line in third["stderr"].splitlines() if "cache pack not loaded" in line]
     assert len(refused) == 1 and str(broken) in refused[0], third["stderr"]
     assert third["facts"]["cache_counts"].get("fx_graph.miss", 0) >= 1 and not third["facts"]["cache_counts"].get("fx_graph.hit")
@@ -87,6 +87,10 @@ def test_a_pack_carries_the_caches_to_an_empty_directory_and_a_bad_one_is_refuse
     differs = cli("diff", str(tmp_path / "cold"), str(tmp_path / "third"))
     assert differs.returncode == 1 and "env.TORCH_COMPILE_CACHE_KEY_TAG: (unset) -> ci-b" in differs.stdout
     assert "compiler.cache_key_tag: '' -> 'ci-b' (invalidates fx_graph" in differs.stdout
+    # The run's own report names it too: the first run filled this cache directory (CG-8).
+    cg8 = next(f for f in json.loads((tmp_path / "third.json").read_text())["findings"] if f["id"] == "CG-8")
+    assert "previous run in this cache directory (cold)" in cg8["title"] and "cache_key_tag" in cg8["title"]
+    assert "same TORCH_COMPILE_CACHE_KEY_TAG" in cg8["fix"]["text"]
 
     # A pack from another torch: `cache load` refuses it, naming the field, and loads nothing.
     foreign = tmp_path / "foreign.zip"

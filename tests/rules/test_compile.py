@@ -148,6 +148,26 @@ def test_cg7_a_cold_start_in_the_default_cache_directory():
     assert run("CG-7", (None, small)) == []
 
 
+def test_cg8_names_what_changed_since_the_run_that_filled_the_cache():
+    from torchdoctor.rules import load_all
+    from torchdoctor.rules.engine import REGISTRY
+
+    from .conftest import inputs
+
+    load_all()
+    c = CompileFacts(used=True, compile_time_s=30.0, dynamo_s=6.0, backend_s=24.0, cache_counts={"fx_graph.miss": 2},
+                     cache_dir="/tmp/torchinductor_ci", cache_dir_default=True)
+    inp = inputs((None, gpu_facts(compile=c, train_wall_s=120.0)))
+    inp.run = {"dir": "td-runs/b", "compile_cache": {
+        "previous": "td-runs/a", "cache_dir": "/tmp/torchinductor_ci", "fields": ["threads"], "graphs": "same",
+        "changed": ["threads: 2 -> 1 (invalidates fx_graph, aot_autograd, dynamo)"]}}
+    (got,) = REGISTRY["CG-8"](inp)
+    assert got.severity == "warning" and got.job_s == 24.0 and not got.claims
+    assert "previous run in this cache directory (a) compiled into it: changed since then: threads: 2 -> 1" in got.title
+    assert "TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1" in got.fix.text and got.fix.snippet == "torchdoctor cache diff td-runs/a td-runs/b"
+    assert list(REGISTRY["CG-7"](inp)) == []  # the more specific CG-8 speaks
+
+
 def test_cg4_cudagraph_skips():
     f = gpu_facts(compile=CompileFacts(used=True, cudagraph_skips=2))
     assert only(run("CG-4", (None, f)), "CG-4").remedy == "cudagraphs"

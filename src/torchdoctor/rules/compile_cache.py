@@ -8,6 +8,8 @@ machines (compile/cachepack.py).
 
 from __future__ import annotations
 
+import os
+
 from ._common import View, finding, per_rank
 from .compile_cost import _job
 from .engine import RuleInputs, rule
@@ -30,6 +32,9 @@ def cold_start(inputs: RuleInputs) -> list[Finding]:
     Dynamo still traces), a one-off job cost (``job_s``), claimed from no step budget. Warning
     from COLD_WARN_PCT of the job, else info; silent below COLD_MIN_PCT and COLD_MIN_S.
     """
+    if inputs.run.get("compile_cache"):
+        return []  # an earlier run filled this cache directory: CG-8 says what changed
+
     def one(v: View) -> Finding | None:
         c = v.f.compile if v.f is not None else None
         if c is None or not c.used or not c.cache_counts.get("fx_graph.miss") or c.cache_counts.get("fx_graph.hit"):
@@ -65,4 +70,58 @@ def cold_start(inputs: RuleInputs) -> list[Finding]:
             source="PT FX graph cache (default on, cache_dir under tempfile.gettempdir()); Mega-Cache (2.7+)")
         f.job_s, f.job_pct = round(seconds, 3), (round(pct, 1) if pct is not None else None)
         return f
+    return per_rank(inputs, one)
+
+
+# What to do when one fingerprint field changed the keys (reference section 3.3).
+_FIELD_FIX = {
+    "threads": "Run with the same thread count as the run that filled the cache (OMP_NUM_THREADS, "
+               "torch.set_num_threads), or keep it out of the key: TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1.",
+    "compiler.cache_key_tag": "Use the same TORCH_COMPILE_CACHE_KEY_TAG as the run that filled the cache.",
+}
+
+
+@rule("CG-8")
+def changed_since_last_run(inputs: RuleInputs) -> list[Finding]:
+    """Every FX graph lookup missed although an earlier run beside this one compiled into the same
+    cache directory (compile/history.py): the fingerprint fields that changed, each with the caches it
+    invalidates, or the graphs that did. Priced as the backend's compile seconds (a one-off job
+    cost); warning from COLD_WARN_PCT of the job, else info.
+    """
+    got = inputs.run.get("compile_cache")
+    if not got:
+        return []
+
+    def one(v: View) -> Finding | None:
+        c = v.f.compile if v.f is not None else None
+        if c is None or not c.used:
+            return None
+        seconds = c.backend_s if c.backend_s is not None else (c.compile_time_s or 0.0)
+        pct, cost = _job(c, v, seconds)
+        prev = os.path.basename(str(got["previous"]).rstrip(os.sep))
+        if got["changed"]:
+            why = "changed since then: " + "; ".join(got["changed"])
+        elif got["graphs"] == "changed":
+            why = "the fingerprint is the same but the captured graphs changed (the model or its input shapes)"
+        else:
+            why = ("nothing in the fingerprint changed" + (" and the graphs are the same" if got["graphs"] == "same" else "")
+                   + ": the cache directory was emptied, or this is another machine")
+        fixes = [_FIELD_FIX[f] for f in got["fields"] if f in _FIELD_FIX]
+        f = finding(
+            v, "CG-8", "compile",
+            f"Compiled from scratch although the previous run in this cache directory ({prev}) compiled into it: {why}. "
+            f"AOTAutograd and Inductor spent {cost}.",
+            0.0, sev="warning" if pct is not None and pct >= COLD_WARN_PCT else "info",
+            evidence=[Evidence(f"Previous run {got['previous']}, cache directory {got['cache_dir']}; "
+                               f"this run's cache counters: {', '.join(f'{k} {n}' for k, n in sorted(c.cache_counts.items()))}.",
+                               {"previous": got["previous"], "changed": got["changed"], "graphs": got["graphs"],
+                                "backend_s": seconds})],
+            fix=Fix(" ".join(fixes) or "Keep what goes into the cache keys the same between runs (`torchdoctor cache diff "
+                    "PREVIOUS_RUN THIS_RUN` lists it), or pack the previous run's caches for this machine.",
+                    f"torchdoctor cache diff {got['previous']} {inputs.run.get('dir', 'THIS_RUN')}", language="shell"),
+            confidence="high" if got["changed"] else "medium",
+            source="PT FX graph cache key (FxGraphHashDetails); reference section 3.3 key stability")
+        f.job_s, f.job_pct = round(seconds, 3), (round(pct, 1) if pct is not None else None)
+        return f
+
     return per_rank(inputs, one)
