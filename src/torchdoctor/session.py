@@ -27,8 +27,8 @@ import numpy as np
 
 from . import __version__
 from . import config as user_config
+from .compile import fusion, torch_trace
 from .compile import history as compile_history
-from .compile import torch_trace
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
 from .facts import CompileFacts, RankFacts
@@ -589,4 +589,19 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
     misses = compile_history.explain_misses(run_dir)  # caches an earlier run beside it filled (CG-8)
     if misses is not None:
         run["compile_cache"] = misses
-    return build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)
+    report = build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)
+    attach_inductor(report, run_dir)
+    return report
+
+
+def attach_inductor(report: Report, run_dir: str) -> None:
+    """The first compiling rank's `compile.inductor`: what Inductor generated from its graphs, read
+    from the output code the probe kept (compile/fusion.py)."""
+    got = compile_history.record(run_dir)
+    if got is None or not got[0].get("output_code"):
+        return
+    modules = fusion.report(os.path.join(run_dir, "caches"), got[0])
+    target = next((rr for rr in report.ranks if rr.compile is not None), None)
+    if modules and target is not None:
+        ops = sum(g.get("ops", 0) for g in got[0].get("graphs") or []) or None
+        target.compile["inductor"] = {"summary": fusion.summary(modules, ops), "modules": modules}

@@ -54,6 +54,13 @@ def test_a_pack_carries_the_caches_to_an_empty_directory_and_a_bad_one_is_refuse
     assert record["fingerprint"]["torch"].startswith("2.") and record["megacache"] == "rank0.megacache.bin"
     (graph,) = record["graphs"]  # the one compiled function, hashed without its device
     assert cold["graph_hashes"] == [graph["hash"]] and graph["nodes"][0] == "input float32[8,1]"
+    # What Inductor made of it, in the run's report: one C++ kernel fusing the metric's ops, from its line.
+    from torchdoctor.session import report_from_run_dir
+
+    inductor = next(r.compile["inductor"] for r in report_from_run_dir(str(tmp_path / "cold")).ranks if r.compile)
+    ((kernel,),) = [m["kernels"] for m in inductor["modules"]]
+    assert kernel["name"].startswith("cpp_fused_") and {"abs", "mean", "mul"} <= set(kernel["aten"])
+    assert kernel["lines"] == [f"{tmp_path / 'job.py'}:7"] and inductor["summary"].endswith("-> 1 generated kernel(s) + 0 extern call(s)")
 
     pack = tmp_path / "pack.zip"
     made = cli("pack", str(tmp_path / "cold"), str(pack))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -134,6 +135,8 @@ def save(torch: Any, run_dir: str, rank: int, compile_s: float | None) -> None:
                 name = f"rank{rank}.megacache.bin"
                 _atomic(os.path.join(folder, name), blob)
                 record["megacache"] = name
+        if rank == 0:
+            record["output_code"] = save_output_code(folder)
         _atomic(os.path.join(folder, f"rank{rank}.json"), json.dumps(record, indent=1, default=str).encode())
     except Exception as exc:
         ERRORS.record("cache.save", exc)
@@ -144,6 +147,60 @@ def _atomic(path: str, data: bytes) -> None:
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+# Inductor's output code modules this process loaded (compiled or from the cache), at most MAX_CODE.
+OUTPUT_CODE: list[str] = []
+MAX_CODE = 64
+MAX_CODE_BYTES = 2 << 20
+
+
+def watch_output_code(codecache: Any, failed: Any) -> None:
+    """Remember the path of every module Inductor loads (PyCodeCache.load_by_key_path, a classmethod,
+    feature-detected): the output code of each compiled graph is among them (save() keeps those)."""
+    import functools
+    import inspect
+
+    cls = getattr(codecache, "PyCodeCache", None)
+    static = inspect.getattr_static(cls, "load_by_key_path", None) if cls is not None else None
+    func = getattr(static, "__func__", None)
+    if func is None or getattr(func, "_torchdoctor_code", False):
+        return
+
+    @functools.wraps(func)
+    def load_by_key_path(owner: Any, key: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if len(OUTPUT_CODE) < MAX_CODE and isinstance(path, str) and path not in OUTPUT_CODE:
+                OUTPUT_CODE.append(path)
+        except Exception as exc:
+            failed(exc)
+        return func(owner, key, path, *args, **kwargs)
+
+    load_by_key_path._torchdoctor_code = True  # type: ignore[attr-defined]
+    cls.load_by_key_path = classmethod(load_by_key_path)
+
+
+def save_output_code(folder: str) -> list[str]:
+    """Copy the output-code modules (those with a ``call``: the graphs' wrappers, not kernel modules)
+    into ``folder/output_code``; their names."""
+    out = []
+    target = os.path.join(folder, "output_code")
+    for path in OUTPUT_CODE:
+        try:
+            if os.path.getsize(path) > MAX_CODE_BYTES:
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if "def call(" not in text:
+            continue
+        os.makedirs(target, exist_ok=True)
+        name = os.path.basename(path)
+        _atomic(os.path.join(target, name), text.encode())
+        out.append(name)
+    return out
 
 
 # --- captured graphs, device-agnostic -----------------------------------------------------------------
@@ -175,13 +232,29 @@ def _target(gm: Any, node: Any) -> str:
     return f"{getattr(t, '__module__', None) or ''}.{name}".lstrip(".")
 
 
+def user_line(stack_trace: str | None) -> str | None:
+    """The innermost frame of a node's stack trace outside torch itself, as "file:line" (the stack
+    traces Dynamo records are of the traced code: the probe's own frames are never in them)."""
+    if not stack_trace:
+        return None
+    found = None
+    for m in _FRAME.finditer(stack_trace):
+        path = m.group(1)
+        if f"{os.sep}torch{os.sep}" not in path:
+            found = f"{path}:{m.group(2)}"
+    return found
+
+
 def graph_signature(gm: Any) -> dict[str, Any]:
     """A captured FX graph as device-agnostic lines (inputs, then each op with its output's dtype and
     shape; devices, file paths and node names left out) and their hash: equal graphs hash equal on
     any machine (reference section 4: graph identity apart from environment identity)."""
-    lines = []
+    lines, where = [], {}
     for node in gm.graph.nodes:
         meta = node.meta.get("example_value", node.meta.get("val"))
+        line = user_line(node.meta.get("stack_trace"))
+        if line and len(where) < GRAPH_NODES:
+            where[node.name] = line  # Inductor's output code names its source nodes by these names
         if node.op == "placeholder":
             lines.append(f"input {_value(meta)}")
         elif node.op in ("call_function", "call_method", "call_module"):
@@ -189,7 +262,8 @@ def graph_signature(gm: Any) -> dict[str, Any]:
     import hashlib
 
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    return {"hash": digest, "ops": sum(not s.startswith("input ") for s in lines), "nodes": lines[:GRAPH_NODES]}
+    return {"hash": digest, "ops": sum(not s.startswith("input ") for s in lines), "nodes": lines[:GRAPH_NODES],
+            "lines": where}
 
 
 def watch_graphs(output_graph: Any, failed: Any) -> None:

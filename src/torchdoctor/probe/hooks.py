@@ -589,4 +589,11 @@ def _graphs(probe: Probe) -> None:
         except Exception as exc:
             ERRORS.record("graphs", exc)
 
+    def watch_code(module: Any) -> None:
+        try:
+            compile_cache.watch_output_code(module, _failed("graphs"))
+        except Exception as exc:
+            ERRORS.record("graphs", exc)
+
     imphook.when_imported("torch._dynamo.output_graph", watch)
+    imphook.when_imported("torch._inductor.codecache", watch_code)

@@ -85,6 +85,7 @@ def clear(run_dir: str) -> None:
         os.path.join(TRACES_DIR, "rank*.postprocess.log"),
         os.path.join("caches", "rank*.json"),
         os.path.join("caches", "rank*.megacache.bin"),
+        os.path.join("caches", "output_code", "*.py"),
         "run.json",
     )
     for pattern in patterns:

@@ -67,6 +67,7 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
             console.print(Text(f"rank {first.rank} {line}"))
     elif report.ranks:
         console.print(f"{len(report.ranks)} rank(s) reported facts but no profiler trace was analysed.")
+    _print_inductor(report, console, verbose)
     _print_findings(report, console, verbose)
     for w in report.warnings[:20]:
         console.print(f"[dim]warning: {escape(w.file)}: {escape(w.message)}[/dim]")
@@ -149,6 +150,28 @@ def host_table(r: RankResult) -> Table:
     for phase, ms in r.host.phases_ms.items():
         t.add_row(phase, f"{ms:.2f}", fmt(r.host.phases_pct.get(phase), "%"))
     return t
+
+
+# Generated kernels listed per run in the console (all of them in the JSON, and with --verbose).
+INDUCTOR_ROWS = 8
+
+
+def _print_inductor(report: Report, console: Console, verbose: bool) -> None:
+    """What Inductor made of the first compiling rank's graphs (compile/fusion.py)."""
+    rr = next((r for r in report.ranks if r.compile and r.compile.get("inductor")), None)
+    if rr is None:
+        return
+    got = rr.compile["inductor"]
+    console.print(Text(f"Inductor (rank {rr.rank}): {got['summary']}", "bold"))
+    kernels = [k for m in got["modules"] for k in m["kernels"]]
+    for k in kernels if verbose else kernels[:INDUCTOR_ROWS]:
+        where = f" from {', '.join(k['lines'][:3])}" if k.get("lines") else ""
+        if where and k.get("lines_from") == "op names":
+            where += " (matched by op name)"
+        times = f" x{k['launches']}" if k.get("launches", 1) > 1 else ""
+        console.print(Text(f"  {k['name']}{times}: {', '.join(k['aten'])}{where}"))
+    if not verbose and len(kernels) > INDUCTOR_ROWS:
+        console.print(Text(f"  ... {len(kernels) - INDUCTOR_ROWS} more (--verbose, or the JSON's compile.inductor)", "dim"))
 
 
 def _print_cross_rank(report: Report, console: Console) -> None:

@@ -1,0 +1,59 @@
+"""What Inductor generated, read from output code (compile/fusion.py): kernels with their fused ops and
+user lines, extern calls and ATen fallbacks, in launch order."""
+
+from __future__ import annotations
+
+import json
+
+from torchdoctor.compile import fusion
+
+CODE = '''
+cpp_fused_gelu_0 = async_compile.cpp_pybinding(['const float*', 'float*'], r"""...""")
+triton_poi_fused_add_cos_sin_0 = async_compile.triton('triton_poi_fused_add_cos_sin_0', """...""")
+
+class Runner:
+    def call(self, args):
+        primals_1, primals_2 = args
+        buf0 = empty_strided_cpu((8, 64), (64, 1), torch.float32)
+        # Topologically Sorted Source Nodes: [input_1], Original ATen: [aten.t, aten.addmm]
+        extern_kernels.addmm(primals_2, primals_1, out=buf0)
+        cpp_fused_gelu_0(buf0, buf1)
+        # Topologically Sorted Source Nodes: [sin, cos, add], Original ATen: [aten.sin, aten.cos, aten.add]
+        triton_poi_fused_add_cos_sin_0.run(buf1, buf2, 512, stream=stream0)
+        cpp_fused_gelu_0(buf2, buf3)
+        buf4 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(buf3, buf3, buf3)
+        return (buf4, )
+'''
+
+
+def test_launches_in_order_with_their_ops():
+    got = fusion.parse(CODE)
+    assert [(k["name"], k["aten"], k["nodes"], k["launches"]) for k in got["kernels"]] == [
+        ("cpp_fused_gelu_0", ["gelu"], [], 2),  # no comment on a C++ launch: its ops from its name
+        ("triton_poi_fused_add_cos_sin_0", ["sin", "cos", "add"], ["sin", "cos", "add"], 1)]
+    assert [(e["name"], e["aten"], e["nodes"]) for e in got["externs"]] == [
+        ("extern_kernels.addmm", ["t", "addmm"], ["input_1"]),
+        ("aten._scaled_dot_product_flash_attention_for_cpu", ["_scaled_dot_product_flash_attention_for_cpu"], [])]
+
+
+def test_kernel_names_split_back_into_op_names():
+    assert fusion.ops_from_name("cpp_fused_gelu_gelu_backward_sum_0") == ["gelu", "gelu_backward", "sum"]
+    assert fusion.ops_from_name("triton_per_fused_native_layer_norm_0") == ["native_layer_norm"]
+    assert fusion.ops_from_name("cpp_fused__unsafe_view_add_clone_1") == ["unsafe_view", "add", "clone"]
+    assert fusion.ops_from_name("cpp_fused_abs_add_max_mean_mul_0") == ["abs", "add", "max", "mean", "mul"]
+
+
+def test_a_run_s_report_ties_kernels_to_user_lines(tmp_path):
+    (tmp_path / "output_code").mkdir()
+    (tmp_path / "output_code" / "cabc.py").write_text(CODE)
+    record = {"output_code": ["cabc.py"], "graphs": [{"ops": 5, "lines": {
+        "input_1": "model.py:10", "sin": "model.py:12", "cos": "model.py:12", "add": "model.py:13", "gelu": "model.py:11"}}]}
+    (m,) = fusion.report(str(tmp_path), record)
+    triton = m["kernels"][1]
+    assert triton["lines"] == ["model.py:12", "model.py:13"] and "lines_from" not in triton
+    gelu = m["kernels"][0]
+    assert gelu["lines"] == ["model.py:11"] and gelu["lines_from"] == "op names"
+    assert m["externs"][0]["lines"] == ["model.py:10"]
+    assert fusion.summary([m], 5) == ("1 compiled module(s), 5 captured ops -> 2 generated kernel(s) + 2 extern call(s) "
+                                      "(addmm, aten._scaled_dot_product_flash_attention_for_cpu)")
+    json.dumps(m)  # the report's JSON carries it as is
