@@ -202,34 +202,70 @@ def workers_plan(choices: list[select.Choice], jf: select.JobFacts
 
 
 def pick_workers(arms: list[Arm], info: dict[str, Any], choices: list[select.Choice]) -> list[select.Choice]:
-    """Keep N+1 workers only when V_k / B_k has an established gain (interval above 1), else N.
-
-    When N+1 wins its arms become the treated ones (and N's the variant), so that every verdict
-    and the code change are about the count kept.
-    """
-    variant = [a for a in arms if a.kind == "variant"]
+    """Keep N+1 workers only when V_k / B_k has an established gain (interval above 1), else N."""
     n = info["measured"][0]
-    if len(info["measured"]) < 2 or not variant:
-        if len(info["measured"]) == 2:
-            info["notes"].append(f"kept the advised {n}: {n + 1} did not run (the treated job failed)")
+    return pick_variant(arms, info, choices, WORKERS, n + 1, f"{n + 1} over {n} workers",
+                        f"kept the advised {n}", f"kept {n + 1}: faster than {n}",
+                        f"{n + 1} measured faster than {n}", len(info["measured"]) == 2)
+
+
+def pick_variant(arms: list[Arm], info: dict[str, Any], choices: list[select.Choice], rid: str, value: Any,
+                 what: str, keep_old: str, keep_new: str, why_new: str, planned: bool) -> list[select.Choice]:
+    """Keep the variant's value of remedy `rid` only when V_k / B_k has an established gain (interval
+    above 1). When it wins its arms become the treated ones (and the treated ones the variant), so
+    that every verdict and the code change are about the setting kept."""
+    variant = [a for a in arms if a.kind == "variant"]
+    if not planned or not variant:
+        if planned:
+            info["notes"].append(f"{keep_old}: the variant did not run (the treated job failed)")
         return choices
     stat = compare(variant, [a for a in arms if a.kind == "treated"])
     failed = [a.label for a in variant if not a.ok]
     info.update(pairs=stat.pairs, geomean=stat.geomean, sign_p=stat.sign_p,
-                interval=list(stat.interval) if stat.interval else None,
-                text=f"{n + 1} over {n} workers: {stat.text()}")
+                interval=list(stat.interval) if stat.interval else None, text=f"{what}: {stat.text()}")
     if failed or not stat.gain:
-        why = f"{n + 1} failed ({', '.join(failed)})" if failed else "no established gain of N+1"
-        info["notes"].append(f"kept the advised {n}: {why}")
+        why = f"the variant failed ({', '.join(failed)})" if failed else "no established gain of the variant"
+        info["notes"].append(f"{keep_old}: {why}")
         return choices
-    info["kept"] = n + 1
-    info["notes"].append(f"kept {n + 1}: faster than {n}")
+    info["kept"] = value
+    info["notes"].append(keep_new)
     for a in arms:
         if a.kind in ("treated", "variant"):
             a.kind = "variant" if a.kind == "treated" else "treated"
-    spec = catalogue.Spec(WORKERS, str(n + 1))
-    return [select.Choice(spec, f"{c.why}; {n + 1} measured faster than {n}") if c.spec.id == WORKERS else c
-            for c in choices]
+    spec = catalogue.Spec(rid, str(value))
+    return [select.Choice(spec, f"{c.why}; {why_new}") if c.spec.id == rid else c for c in choices]
+
+
+COMPILE = "compile"
+
+
+def compile_plan(choices: list[select.Choice], jf: select.JobFacts
+                 ) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """For the compile remedy asked without a setting: the variant that also runs (issue: try the
+    settings that fit the job): dynamic=True when the job recompiled, else
+    mode='max-autotune-no-cudagraphs'. (The variant's specs, what was planned), or (None, None)."""
+    c = next((c for c in choices if c.spec.id == COMPILE and not c.spec.value), None)
+    if c is None:
+        return None, None
+    recompiled = any((f.compile.recompiles or 0) > 0 for f in jf.ranks)
+    mode = "dynamic" if recompiled else "max-autotune-no-cudagraphs"
+    info: dict[str, Any] = {"measured": ["default", mode], "kept": "default", "notes": [],
+                            "why": "the job recompiled" if recompiled else "no recompiles: tune the kernels"}
+    return [f"{COMPILE}={mode}" if x.spec.id == COMPILE else str(x.spec) for x in choices], info
+
+
+def pick_compile(arms: list[Arm], info: dict[str, Any], choices: list[select.Choice]) -> list[select.Choice]:
+    """Keep the variant compile setting only when it is faster than the default (established gain);
+    each setting's compile seconds (median over its runs) are noted either way."""
+    mode = info["measured"][1]
+    for kind, name in (("treated", "default"), ("variant", mode)):
+        secs = [f.compile.compile_time_s for a in arms if a.kind == kind for f in a.facts[:1]
+                if f.compile.compile_time_s is not None]
+        if secs:
+            info.setdefault("compile_s", {})[name] = round(sorted(secs)[len(secs) // 2], 2)
+    return pick_variant(arms, info, choices, COMPILE, mode, f"compile {mode} over the default",
+                        "kept the default", f"kept {mode}: faster than the default", f"{mode} measured faster",
+                        True)
 
 
 def _run_all(command: Sequence[str], todo: list[Arm], opts: FixOptions, arms: list[Arm]) -> tuple[int, bool]:
@@ -260,6 +296,7 @@ class Loop:
     arms: list[Arm] = field(default_factory=list)
     plan: Plan | None = None
     workers: dict[str, Any] | None = None
+    compile_modes: dict[str, Any] | None = None
 
     def run(self, todo: list[Arm]) -> tuple[int, bool]:
         return _run_all(self.command, todo, self.opts, self.arms)
@@ -280,6 +317,8 @@ class Loop:
         variant = None
         if self.advised:
             self.choices, variant, self.workers = workers_plan(self.choices, self.jf)
+        if variant is None:  # one variant per round: the worker count's, else the compile setting's
+            variant, self.compile_modes = compile_plan(self.choices, self.jf)
         self.plan = Plan([str(c.spec) for c in self.choices], variant)
         code, stop = self.run(round_arms(1, self.out, self.plan)[1:2])
         if code or stop:
@@ -298,7 +337,7 @@ class Loop:
             if code or stop:
                 return code
             if self.plan is not None and any(a.kind == "variant" and not a.ok for a in self.arms):
-                self.plan.variant = None  # N+1 workers break the job: no need to see it again
+                self.plan.variant = None  # the variant breaks the job: no need to see it again
         return 0
 
 
@@ -321,10 +360,13 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     arms, choices = loop.arms, loop.choices
     if loop.workers is not None and loop.plan is not None:
         choices = pick_workers(arms, loop.workers, choices)
+    elif loop.compile_modes is not None and loop.plan is not None:
+        choices = pick_compile(arms, loop.compile_modes, choices)
     # Verdicts for what ran (values filled in) and for what was refused (as asked).
     requested = [c.spec for c in choices] + [asked.get(rid, catalogue.Spec(rid)) for rid in loop.refused]
     outcome = judge(arms, requested, loop.refused, opts.rtol)
     outcome.workers = loop.workers
+    outcome.compile_modes = loop.compile_modes
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
     changes = changes_for(kept, applied)

@@ -7,8 +7,25 @@ import math
 import numpy as np
 import pytest
 
-from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts, StepTiming
-from torchdoctor.fixer import DEFAULT_REPEATS, Plan, pick_workers, round_arms, round_order, workers_plan
+from torchdoctor.facts import (
+    CompileFacts,
+    CpuFacts,
+    DataLoaderFacts,
+    DDPFacts,
+    DeviceFacts,
+    RankFacts,
+    StepTiming,
+)
+from torchdoctor.fixer import (
+    DEFAULT_REPEATS,
+    Plan,
+    compile_plan,
+    pick_compile,
+    pick_workers,
+    round_arms,
+    round_order,
+    workers_plan,
+)
 from torchdoctor.remedies import verdict
 from torchdoctor.remedies.catalogue import BY_ID, REMEDIES, Spec, parse, parse_all
 from torchdoctor.remedies.measure import Arm, job_rate, loss_diff
@@ -284,6 +301,39 @@ def test_workers_n_plus_one_is_kept_only_when_established() -> None:
     assert [a.label for a in faster if a.kind == "treated"] == ["V1", "V2", "V3"]
     out = judge(faster, [c.spec for c in won], {})
     assert out.ab.speedup_geomean == pytest.approx(round((1.8 * 18.1 / 10 * 1.83) ** (1 / 3), 4), abs=1e-4)
+
+
+def test_compile_tries_the_setting_that_fits_the_job_and_keeps_it_only_when_faster() -> None:
+    plain = JobFacts([RankFacts(compile=CompileFacts(used=True, recompiles=0))])
+    recompiling = JobFacts([RankFacts(compile=CompileFacts(used=True, recompiles=7))])
+    choices = [Choice(Spec("compile"), "CG-1")]
+    variant, info = compile_plan(choices, plain)
+    assert variant == ["compile=max-autotune-no-cudagraphs"] and info["measured"] == ["default", "max-autotune-no-cudagraphs"]
+    assert compile_plan(choices, recompiling)[0] == ["compile=dynamic"]
+    assert compile_plan([Choice(Spec("compile", "dynamic"), "asked")], plain) == (None, None)  # a setting given: as asked
+
+    def run_of(v_rates: list[float], secs: float) -> list[Arm]:
+        arms = rounds([10, 10, 10], [12, 12.1, 11.9], ["compile"])
+        for k, r in enumerate(v_rates, start=1):
+            v = arm(f"V{k}", "variant", r, SAME, k, variant)
+            v.facts = [RankFacts(compile=CompileFacts(used=True, compile_time_s=secs))]
+            arms.append(v)
+        for a in arms:
+            if a.kind == "treated":
+                a.facts = [RankFacts(compile=CompileFacts(used=True, compile_time_s=20.0))]
+        return arms
+
+    same = run_of([12.0, 12.2, 11.8], 90.0)
+    info1 = dict(info, notes=[])
+    assert pick_compile(same, info1, choices) == choices and info1["kept"] == "default"
+    assert info1["compile_s"] == {"default": 20.0, "max-autotune-no-cudagraphs": 90.0}
+    assert info1["notes"] == ["kept the default: no established gain of the variant"]
+    faster = run_of([14, 14.2, 14.1], 90.0)
+    info2 = dict(info, notes=[])
+    won = pick_compile(faster, info2, choices)
+    assert str(won[0].spec) == "compile=max-autotune-no-cudagraphs" and info2["kept"] == "max-autotune-no-cudagraphs"
+    assert [a.label for a in faster if a.kind == "treated"] == ["V1", "V2", "V3"]
+    assert parse("compile=fast")[1] == "compile=fast: expected one of default, max-autotune-no-cudagraphs, dynamic"
 
 
 def test_rates_use_the_slowest_rank_after_warm_up() -> None:

@@ -18,7 +18,10 @@ from typing import Literal
 
 Safety = Literal["safe", "numerics", "experimental"]
 SAFETY_RANK: dict[str, int] = {"safe": 0, "numerics": 1, "experimental": 2}
-ValueKind = Literal["", "int", "float", "dtype"]
+ValueKind = Literal["", "int", "float", "dtype", "mode"]
+# What compile=VALUE accepts: a torch.compile mode, or "dynamic" (dynamic=True: one graph for all the
+# shapes a recompiling job feeds it). "reduce-overhead" is the cudagraphs remedy.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "dynamic")
 # DDP's own default bucket cap (torch/nn/parallel/distributed.py); the restore value of ddp.bucket_cap.
 DDP_DEFAULT_BUCKET_MB = 25.0
 
@@ -126,8 +129,11 @@ REMEDIES: tuple[Remedy, ...] = (
            "known CPU affinity and local world size", value="int", value_help="threads per rank",
            snippet="torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // LOCAL_WORLD_SIZE))"),
     Remedy("compile", ("CG-1", "HO-2"), "torch.compile on the model (Module.compile()); falls back to "
-           "eager when compilation fails", "experimental", "fused kernels round differently",
-           "a compiler toolchain for the device", snippet="model.compile()  # or model = torch.compile(model)"),
+           "eager when compilation fails. `fix` also measures one other setting: dynamic=True where the "
+           "job recompiled, else mode='max-autotune-no-cudagraphs', and keeps it only when it is faster",
+           "experimental", "fused kernels round differently",
+           "a compiler toolchain for the device", snippet="model.compile()  # or model = torch.compile(model)",
+           value="mode", value_help=" | ".join(COMPILE_MODES)),
     Remedy("cudagraphs", ("CG-4", "HO-2"), "torch.compile(mode='reduce-overhead'): CUDA graphs replay "
            "the step's kernels", "experimental", "compiled kernels; static shapes required",
            "an NVIDIA GPU; static shapes", snippet="model.compile(mode='reduce-overhead')", gpu_only=True),
@@ -172,6 +178,8 @@ def parse(text: str) -> tuple[Spec | None, str]:
         return None, f"{rid}={value}: expected a positive {remedy.value} ({remedy.value_help})"
     if remedy.value == "dtype" and value not in ("bf16", "bfloat16", "fp16", "float16"):
         return None, f"{rid}={value}: expected bf16"
+    if remedy.value == "mode" and value not in COMPILE_MODES:
+        return None, f"{rid}={value}: expected one of {', '.join(COMPILE_MODES)}"
     return Spec(rid, value), ""
 
 

@@ -74,6 +74,12 @@ def _compile(torch: Any, rt: Runtime, root: Any) -> None:
 
     # A frame that fails to compile runs eagerly instead of stopping the job.
     torch._dynamo.config.suppress_errors = True
+    if spec.id == "compile" and spec.value == "dynamic":
+        target.compile(dynamic=True)
+        rt.did(spec.id, "model", None, {"compile": "dynamic=True"}, {"compile": None})
+        return
+    if spec.id == "compile" and spec.value and spec.value != "default":
+        mode = spec.value
     target.compile(mode=mode)
     rt.did(spec.id, "model", None, {"compile": mode or "default"}, {"compile": None})
 

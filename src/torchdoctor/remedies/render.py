@@ -27,9 +27,11 @@ def _rate(x: float | None, unit: str) -> str:
 
 
 def progress(arm: Arm) -> None:
-    workers = next((s.partition("=")[2] for s in arm.specs if s.startswith("dataloader.workers=")), "?")
+    workers = next((s.partition("=")[2] for s in arm.specs if s.startswith("dataloader.workers=")), None)
+    mode = next((s.partition("=")[2] for s in arm.specs if s.startswith("compile=")), None)
+    variant = f"treated, {workers} workers" if workers else f"treated, {mode}" if mode else "variant"
     what = {"baseline": "baseline", "treated": "treated ", "ablated": f"without {arm.without}",
-            "variant": f"treated, {workers} workers", "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
+            "variant": variant, "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
     status = "" if arm.ok else f"  EXIT {arm.exit_code}"
     _err(f"{arm.label.split('-')[0]:<4} {what:<28} {_rate(arm.steps_per_s, 'steps/s'):>14}  "
          f"{_rate(arm.samples_per_s, 'samples/s'):>16}  {arm.wall_s:6.1f} s{status}")
@@ -58,7 +60,7 @@ def _median(xs: list[float | None]) -> float | None:
 def _order(arms: list[Arm], ablate: bool) -> str:
     """How the arms of a round were ordered (fixer.round_order)."""
     names = "A B" + (" V" if any(a.kind == "variant" for a in arms) else "") + (" C..." if ablate else "")
-    what = ("; V: the treated job with N+1 workers" if " V" in names else "") + (
+    what = ("; V: the treated job with N+1 workers or another compile setting" if " V" in names else "") + (
         "; C: the treated job without each remedy" if ablate else "")
     return f"counterbalanced (ABBA): {names} in odd rounds, reversed in even rounds{what}"
 
@@ -83,6 +85,7 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "order": _order(arms, opts.ablate),
         "statistic": outcome.ab.method,
         "workers": outcome.workers,
+        "compile_modes": outcome.compile_modes,
         "compile": break_even(arms),
         "ablation": "leave-one-out: treated steps/s over treated-without-it steps/s" if opts.ablate else None,
         "steps_limit": opts.steps,
@@ -163,6 +166,11 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
                             for r in evm["per_remedy"] if r["measured_pct"] is not None))
     if d.get("compile"):
         print(breakeven_sentence(d["compile"]))
+    if outcome.compile_modes and outcome.compile_modes.get("notes"):
+        secs = outcome.compile_modes.get("compile_s") or {}
+        print(f"compile settings: {'; '.join(outcome.compile_modes['notes'])}" + (
+            f" ({outcome.compile_modes['text']})" if outcome.compile_modes.get("text") else "") + (
+            "; compile s " + ", ".join(f"{k} {v:g}" for k, v in secs.items()) if secs else ""))
     if outcome.workers and outcome.workers.get("notes"):
         print(f"workers: {'; '.join(outcome.workers['notes'])}" + (
             f" ({outcome.workers['text']})" if outcome.workers.get("text") else ""))

@@ -144,6 +144,7 @@ class Outcome:
     noise: float
     details: dict[str, Any] = field(default_factory=dict)
     workers: dict[str, Any] | None = None  # the advised-N vs N+1 comparison of `fix`, if it ran
+    compile_modes: dict[str, Any] | None = None  # the default vs another compile setting, if it ran
 
 
 def _spread(values: list[float]) -> float:
