@@ -112,3 +112,18 @@ def test_progress_counts_every_rank_once_even_after_a_retry(job, tmp_path, monke
     outcomes = run_tasks(ExecutorSpec("local"), tasks, 2, ticks.append)
     assert marker.exists() and [o.status for o in outcomes] == ["ok"] * WORLD
     assert sum(ticks) == WORLD
+
+
+def test_dask_runs_several_ranks_per_task_and_a_killed_batch_is_retried_rank_by_rank(job, monkeypatch):
+    """Past 64 tasks per worker ranks travel in batches (task.batch_size); a batch whose worker dies
+    is retried one rank at a time: its innocent ranks are reported, the culprit is the failed one."""
+    from torchdoctor.executors import dask_engine, task
+
+    assert [task.batch_size(n, 2) for n in (64, 128, 512, 4096, 100_000)] == [1, 1, 4, 16, 16]
+    monkeypatch.setattr(dask_engine, "batch_size", lambda n, workers: 4)  # 6 ranks: batches of 4 and 2
+    local = comparable(analyze_paths([str(job)], jobs=2))
+    assert comparable(analyze_paths([str(job)], jobs=2, executor=parse_executor("dask"))) == local
+    monkeypatch.setenv(KILL_ENV, "rank1.json")  # in the first batch, with ranks 0, 2 and 3
+    report = analyze_paths([str(job)], jobs=2, executor=parse_executor("dask"))
+    assert [e.file.rsplit("/", 1)[-1] for e in report.errors] == ["rank1.json"]
+    assert [r.rank for r in report.ranks] == [0, 2, 3, 4, 5]

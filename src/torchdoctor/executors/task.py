@@ -58,6 +58,18 @@ def run_task(task: Task) -> bytes:
     return msgspec.msgpack.encode(TaskOutcome(task.path, "ok", result, sight=sight))
 
 
+def run_batch(tasks: list[Task]) -> list[bytes]:
+    """Several ranks in one engine task, one after the other (each as `run_task`, its failure its own):
+    thousands of small ranks cost the scheduler fewer round trips."""
+    return [run_task(t) for t in tasks]
+
+
+def batch_size(n_tasks: int, workers: int, per_worker: int = 64, most: int = 16) -> int:
+    """Ranks per engine task: 1 up to `per_worker` tasks per worker, then as many as keep about that
+    many tasks per worker (for balance at the end of the run), at most `most`."""
+    return max(1, min(most, n_tasks // max(1, workers * per_worker)))
+
+
 def decode(data: bytes) -> TaskOutcome:
     return msgspec.msgpack.decode(data, type=TaskOutcome)
 
