@@ -1,6 +1,6 @@
 """The Dask executor: traces as tasks on a Dask cluster (`distributed`); one per task, or a few per
-task past 64 tasks per worker (`task.batch_size`: the scheduler's cost per task was a third of the
-run at 4,096 ranks on 2 CPUs).
+task past 64 tasks per worker (`task.batch_size`). On 2 CPUs at 4,096 ranks, one task per rank took
+1.67x the local executor's time; 16 ranks per task took 1.22x (benchmarks/results/scale.md).
 
 `address` None starts a local cluster for the run: one single-threaded worker process per CPU (the
 decoder holds the GIL), no dashboard.
