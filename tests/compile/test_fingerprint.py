@@ -71,3 +71,10 @@ def _ok(tmp_path):
 def test_packing_a_run_without_compile_caches_says_so(tmp_path):
     with pytest.raises(cachepack.PackError, match="no compile caches recorded"):
         cachepack.pack(str(tmp_path), str(tmp_path / "x.zip"))
+
+
+def test_a_run_whose_artefacts_were_too_large_to_keep_says_so(tmp_path):
+    (tmp_path / "caches").mkdir()
+    (tmp_path / "caches" / "rank0.json").write_text(json.dumps({"megacache_skipped": "900 MB, above 512 MiB"}))
+    with pytest.raises(cachepack.PackError, match=r"not kept \(900 MB, above 512 MiB\)"):
+        cachepack.pack(str(tmp_path), str(tmp_path / "x.zip"))

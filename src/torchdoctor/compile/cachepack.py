@@ -75,6 +75,8 @@ def read_run(run_dir: str) -> dict[str, Any]:
         if isinstance(record, dict) and record.get("megacache"):
             record["_dir"] = folder
             return record
+        if isinstance(record, dict) and record.get("megacache_skipped"):
+            raise PackError(f"{run_dir}: its Mega-Cache artefacts were not kept ({record['megacache_skipped']})")
     raise PackError(f"{run_dir}: the run saved no Mega-Cache artefacts (torch without "
                     "torch.compiler.save_cache_artifacts, or nothing compiled)")
 

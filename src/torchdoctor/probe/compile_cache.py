@@ -1,8 +1,9 @@
 """The job's compile caches, live (compile/fingerprint.py, compile/cachepack.py).
 
 - `load(torch)`: with ``TORCHDOCTOR_CACHE_PACK`` set (`torchdoctor run --cache FILE`), loads the pack
-  the moment torch is imported, before the job compiles anything; a pack made for another
-  environment is refused with one line and the job compiles cold.
+  the moment the job imports Dynamo, before it compiles anything (DataLoader workers, which never
+  import Dynamo, load nothing); a pack made for another environment is refused with one line and
+  the job compiles cold.
 - `save(...)`: at exit of a job that compiled, writes ``caches/rank{R}.json`` under the run
   directory (fingerprint, cache directory and its size, hits and misses per cache, compile
   seconds) and, on rank 0, the Mega-Cache artefacts ``caches/rank0.megacache.bin`` that
@@ -23,6 +24,8 @@ from torchdoctor.probe.errors import ERRORS
 ENV_PACK = "TORCHDOCTOR_CACHE_PACK"
 # What load() did in this process (the facts' compile.cache_pack): "loaded FILE ..." or "refused: ...".
 LOADED: dict[str, Any] = {}
+# Mega-Cache artefacts above this size are not written into the run directory (said in the record).
+MAX_MEGACACHE_BYTES = 512 << 20
 # Files walked at most when sizing the cache directory at exit.
 MAX_WALK = 50_000
 # torch._dynamo.utils.counters keys per cache (reference section 3.1).
@@ -132,9 +135,12 @@ def save(torch: Any, run_dir: str, rank: int, compile_s: float | None) -> None:
             if got is not None:
                 blob, info = got
                 record["artifacts"] = {k: len(v) for k, v in dict(getattr(info, "artifacts", {}) or {}).items()}
-                name = f"rank{rank}.megacache.bin"
-                _atomic(os.path.join(folder, name), blob)
-                record["megacache"] = name
+                if len(blob) > MAX_MEGACACHE_BYTES:
+                    record["megacache_skipped"] = f"{len(blob) / 1e6:.0f} MB, above {MAX_MEGACACHE_BYTES >> 20} MiB"
+                else:
+                    name = f"rank{rank}.megacache.bin"
+                    _atomic(os.path.join(folder, name), blob)
+                    record["megacache"] = name
         if rank == 0:
             record["output_code"] = save_output_code(folder)
         _atomic(os.path.join(folder, f"rank{rank}.json"), json.dumps(record, indent=1, default=str).encode())

@@ -42,14 +42,20 @@ def _apply_remedies(ids: list[str]) -> None:
         ERRORS.record("remedies.apply", exc)
 
 
-def _on_torch_imported(torch_module: ModuleType, config: ProbeConfig) -> None:
-    if os.environ.get("TORCHDOCTOR_CACHE_PACK"):  # `run --cache FILE`: before the job compiles anything
-        try:
-            from torchdoctor.probe import compile_cache
+def _load_pack(torch_module: ModuleType) -> None:
+    try:
+        from torchdoctor.probe import compile_cache
 
-            compile_cache.load(torch_module)
-        except Exception as exc:
-            ERRORS.record("cache.load", exc)
+        compile_cache.load(torch_module)
+    except Exception as exc:
+        ERRORS.record("cache.load", exc)
+
+
+def _on_torch_imported(torch_module: ModuleType, config: ProbeConfig) -> None:
+    if os.environ.get("TORCHDOCTOR_CACHE_PACK"):  # `run --cache FILE`
+        # Once Dynamo is imported: before the job compiles anything, and only in the processes that
+        # compile (not in DataLoader workers, which import torch but not Dynamo).
+        imphook.when_imported("torch._dynamo", lambda _: _load_pack(torch_module))
     try:
         from torchdoctor.probe.core import install
 
