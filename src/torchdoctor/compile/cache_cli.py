@@ -13,12 +13,11 @@ Exit codes: 0 done (diff: same fingerprint), 1 refused (diff: they differ), 2 ba
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
-from . import cachepack, fingerprint
+from . import cachepack, fingerprint, history
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_BAD = 0, 1, 2
 
@@ -82,14 +81,11 @@ def cmd_load(args: argparse.Namespace) -> int:
 def side(path: str) -> dict[str, Any]:
     """A run directory's (first compiling rank's) or a pack's compile record."""
     if os.path.isdir(path):
-        folder = os.path.join(path, cachepack.RUN_CACHES)
-        try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
-            with open(os.path.join(folder, names[0]), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, IndexError, ValueError):
+        got = history.record(path)
+        if got is None:
             raise cachepack.PackError(f"{path}: no compile caches recorded (a `torchdoctor run` of a job "
-                                      "that compiled writes them)") from None
+                                      "that compiled writes them)")
+        return got[0]
     z, manifest = cachepack.open_pack(path)
     z.close()
     return manifest

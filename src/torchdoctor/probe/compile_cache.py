@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -265,8 +266,6 @@ def graph_signature(gm: Any) -> dict[str, Any]:
             lines.append(f"input {_value(meta)}")
         elif node.op in ("call_function", "call_method", "call_module"):
             lines.append(f"{_target(gm, node)} -> {_value(meta)}")
-    import hashlib
-
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     return {"hash": digest, "ops": sum(not s.startswith("input ") for s in lines), "nodes": lines[:GRAPH_NODES],
             "lines": where}

@@ -22,6 +22,21 @@ COLD_MIN_S = 30.0
 COLD_WARN_PCT = 10.0
 
 
+def _backend_cost(c, v: View) -> tuple[float, float | None, str]:
+    """(the backend's compile seconds: what warm caches skip, their share of the job, the phrase)."""
+    seconds = c.backend_s if c.backend_s is not None else (c.compile_time_s or 0.0)
+    pct, cost = _job(c, v, seconds)
+    return seconds, pct, cost
+
+
+def _severity(pct: float | None) -> str:
+    return "warning" if pct is not None and pct >= COLD_WARN_PCT else "info"
+
+
+def _counters(c) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.cache_counts.items()))
+
+
 @rule("CG-7")
 def cold_start(inputs: RuleInputs) -> list[Finding]:
     """Compiled from scratch where a warm cache was possible.
@@ -42,10 +57,9 @@ def cold_start(inputs: RuleInputs) -> list[Finding]:
         refused = c.cache_pack is not None and c.cache_pack.startswith("refused")
         if not (c.cache_dir_default or refused):
             return None
-        seconds = c.backend_s if c.backend_s is not None else c.compile_time_s
+        seconds, pct, cost = _backend_cost(c, v)
         if not seconds:
             return None
-        pct, cost = _job(c, v, seconds)
         if (pct is None or pct < COLD_MIN_PCT) and seconds < COLD_MIN_S:
             return None
         misses = c.cache_counts.get("fx_graph.miss", 0)
@@ -56,8 +70,8 @@ def cold_start(inputs: RuleInputs) -> list[Finding]:
             v, "CG-7", "compile",
             f"Compiled from scratch: {misses} FX graph cache miss(es), no hit; AOTAutograd and Inductor spent {cost}, "
             f"which a warm cache skips. {why[0].upper() + why[1:]}.",
-            0.0, sev="warning" if pct is not None and pct >= COLD_WARN_PCT else "info",
-            evidence=[Evidence(f"Cache counters: {', '.join(f'{k} {n}' for k, n in sorted(c.cache_counts.items()))}; "
+            0.0, sev=_severity(pct),
+            evidence=[Evidence(f"Cache counters: {_counters(c)}; "
                                f"cache directory {c.cache_dir or 'unknown'}.",
                                {"counters": dict(c.cache_counts), "cache_dir": c.cache_dir,
                                 "default_dir": c.cache_dir_default, "pack": c.cache_pack, "backend_s": seconds})],
@@ -96,8 +110,7 @@ def changed_since_last_run(inputs: RuleInputs) -> list[Finding]:
         c = v.f.compile if v.f is not None else None
         if c is None or not c.used:
             return None
-        seconds = c.backend_s if c.backend_s is not None else (c.compile_time_s or 0.0)
-        pct, cost = _job(c, v, seconds)
+        seconds, pct, cost = _backend_cost(c, v)
         prev = os.path.basename(str(got["previous"]).rstrip(os.sep))
         if got["changed"]:
             why = "changed since then: " + "; ".join(got["changed"])
@@ -111,9 +124,9 @@ def changed_since_last_run(inputs: RuleInputs) -> list[Finding]:
             v, "CG-8", "compile",
             f"Compiled from scratch although the previous run in this cache directory ({prev}) compiled into it: {why}. "
             f"AOTAutograd and Inductor spent {cost}.",
-            0.0, sev="warning" if pct is not None and pct >= COLD_WARN_PCT else "info",
+            0.0, sev=_severity(pct),
             evidence=[Evidence(f"Previous run {got['previous']}, cache directory {got['cache_dir']}; "
-                               f"this run's cache counters: {', '.join(f'{k} {n}' for k, n in sorted(c.cache_counts.items()))}.",
+                               f"this run's cache counters: {_counters(c)}.",
                                {"previous": got["previous"], "changed": got["changed"], "graphs": got["graphs"],
                                 "backend_s": seconds})],
             fix=Fix(" ".join(fixes) or "Keep what goes into the cache keys the same between runs (`torchdoctor cache diff "
