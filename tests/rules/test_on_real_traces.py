@@ -33,6 +33,14 @@ def test_every_trace_diagnoses_cleanly(real, name):
         assert f.title and f.evidence is not None and f.source
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_kernel_choice_advisors_stay_silent_without_cause(real, name):
+    # None of these traces runs SDPA, hand-written norms/GELU, bf16 on a V100, or bf16 GEMMs an
+    # FP8 / 2:4 kernel could take (they are fp32 models): HW-13..HW-17 must not fire.
+    rep = real(name)
+    assert not [f.id for f in rep.findings if f.id in ("HW-13", "HW-14", "HW-15", "HW-16", "HW-17")]
+
+
 def test_healthy_resnet_raises_no_warning(real):
     rep = real("v100_resnet_rank0")
     assert rep.healthy is True

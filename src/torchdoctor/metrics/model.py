@@ -241,6 +241,85 @@ class Collectives(msgspec.Struct):
 
 
 
+class AttentionSite(msgspec.Struct):
+    """Attention calls of one kind and shape in the window (metrics/choice.py defines the fields)."""
+
+    path: str  # flash | efficient | cudnn | fused | math | manual | unknown
+    calls: int
+    dtype: str
+    precision: str | None
+    q_dims: list[int]
+    kv_len: int
+    head_dim: int
+    has_mask: bool
+    is_causal: bool | None
+    # Why a fused backend did not run (math / manual paths), as plain sentences.
+    reasons: list[str] = []
+    # Forward device time of the kernels the calls launched, and parts of it by math path.
+    device_ns: int = 0
+    simt_ns: int = 0
+    fusable_ns: int = 0
+    flops: float | None = None
+    # The registry family that should run them, and its device time for forward + backward.
+    family: str = ""
+    family_note: str = ""
+    expected_ns: float | None = None
+    with_backward: bool = False
+
+
+class ChainSite(msgspec.Struct):
+    """A hand-written normalisation or activation: a run of pointwise/reduction ops that one fused
+    kernel replaces (metrics/choice.py)."""
+
+    pattern: str  # rms_norm | layer_norm | gelu_tanh | gelu_erf
+    calls: int
+    ops: list[str]
+    kernels_per_call: float
+    dtype: str
+    input_dims: list[int]
+    device_ns: int = 0
+    nbytes: float | None = None
+    family: str = ""
+    family_note: str = ""
+    expected_ns: float | None = None
+
+
+class GemmCandidates(msgspec.Struct):
+    """GEMMs a cheaper precision or format could run: their calls, device time and FLOPs."""
+
+    target: str  # fp8 | sparse24
+    calls: int
+    ns: int
+    flops: float
+    precision: str
+    shapes: list[str] = []
+    family: str = ""
+    family_note: str = ""
+    # The share of the target roof the pricing assumed, and the device time it gives the candidates.
+    efficiency: float | None = None
+    expected_ns: float | None = None
+
+
+class KernelChoice(msgspec.Struct):
+    """What ran against what the kernel registry (hardware/kernels.toml) says should run."""
+
+    device_key: str | None = None
+    arch: str | None = None
+    # Precisions the device has dense tensor/matrix-core peaks for (the device table).
+    supported: list[str] = []
+    attention: list[AttentionSite] = []
+    chains: list[ChainSite] = []
+    # GEMM/convolution kernel time and FLOPs by precision ("" = unknown) over the window.
+    gemm_ns: dict[str, int] = {}
+    gemm_flops: dict[str, float] = {}
+    # bf16/fp16 GEMMs on a device without that precision's tensor cores (e.g. bf16 on V100).
+    unsupported: GemmCandidates | None = None
+    # Plain FP32 (SIMT) GEMM/conv kernels with known FLOPs, priced as TF32 (or fp16 before Ampere).
+    fp32_simt: GemmCandidates | None = None
+    fp8: GemmCandidates | None = None
+    sparse24: GemmCandidates | None = None
+
+
 class RankResult(msgspec.Struct):
     """Everything measured on one rank, small enough to gather from thousands of ranks."""
 
@@ -276,6 +355,8 @@ class RankResult(msgspec.Struct):
     collectives: Collectives | None = None
     # Kernel kinds against the device's roofs, and MFU (metrics/rooflinesum.py); None without kernels.
     roofline: Roofline | None = None
+    # What the kernels were against the registry's best family (metrics/choice.py); None without kernels.
+    choice: KernelChoice | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

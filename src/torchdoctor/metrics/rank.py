@@ -7,6 +7,7 @@ import numpy as np
 from ..hardware.devices import from_trace_properties
 from ..trace.model import RankTrace
 from . import intervals as iv
+from .choice import kernel_choice
 from .collectives import collectives
 from .compiled import break_gaps, compiled_regions
 from .context import Context
@@ -57,6 +58,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
         compile_regions=compiled_regions(tr), compile_gaps_ms=break_gaps(tr, win), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
+        choice=kernel_choice(ctx, work, dev) if work is not None else None,
     )
 
 

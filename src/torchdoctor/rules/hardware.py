@@ -74,6 +74,15 @@ def fp32_simt_capacity(v: View) -> float:
     return v.ms(s.fp32_simt_ns) if s is not None else 0.0
 
 
+def tensor_core_saving(v: View, simt_ms: float, priced) -> float:
+    """ms per step tensor cores save on `simt_ms` of plain FP32 kernels: the part with known FLOPs
+    priced by the kernel registry (metrics/choice.py fp32_simt), the rest at TENSOR_CORE_GAIN."""
+    if priced is None or priced.expected_ns is None:
+        return simt_ms * TENSOR_CORE_GAIN
+    known = min(simt_ms, v.ms(priced.ns))
+    return max(0.0, known - v.ms(priced.expected_ns)) + (simt_ms - known) * TENSOR_CORE_GAIN
+
+
 @rule("HW-1", budgets=("device.busy.fp32_simt",))
 def fp32_math(inputs: RuleInputs) -> list[Finding]:
     """FP32 matmuls/convolutions without tensor cores.
@@ -81,7 +90,8 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
     TBP: compute capability >= 7 with no tensor-core kernels but TC-eligible ops → AMP; TT
     FP32MatMulPattern and PL: Ampere+ with float32_matmul_precision 'highest' → TF32. Trace:
     GEMM/conv time in plain FP32 kernels (sgemm, scudnn...). Gain: TENSOR_CORE_GAIN of it, scaled
-    by the busy share. On Ampere+ the fix is a flag (TF32): severity by gain. Before Ampere only
+    by the busy share; the kernels with known FLOPs are priced by the kernel registry instead
+    (tensor_core_saving). On Ampere+ the fix is a flag (TF32): severity by gain. Before Ampere only
     AMP helps, which changes numerics and code: info.
     """
     def one(v: View) -> Finding | None:
@@ -98,9 +108,17 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
             return None
         if not traced and not (tf32_off and amp_off and cc and cc >= 8):
             return None
-        gain = simt * TENSOR_CORE_GAIN * device_bound(v)
+        priced = v.r.choice.fp32_simt if v.r is not None and v.r.choice is not None else None
+        gain = tensor_core_saving(v, simt, priced) * device_bound(v)
         ampere = cc is not None and cc >= 8
         ev = []
+        if priced is not None and priced.expected_ns is not None:
+            ev.append(Evidence(
+                f"{fmt_ms(v.ms(priced.ns))} of it has known FLOPs ({priced.flops / max(v.n_steps, 1) / 1e9:.1f} GFLOP "
+                f"per step): {priced.family_note} would take {fmt_ms(v.ms(priced.expected_ns))}; the rest is "
+                f"assumed to halve.", {"priced_ms": round(v.ms(priced.ns), 3),
+                                       "expected_ms": round(v.ms(priced.expected_ns), 3),
+                                       "target": priced.target, "efficiency": priced.efficiency}))
         if s is not None and s.matmul_ns:
             ev.append(Evidence(
                 f"{fmt_ms(simt)} per step of GEMM/convolution runs in plain FP32 kernels "

@@ -24,6 +24,8 @@ Budgets (ms per step; capacities are defined by the functions registered with ``
       device.busy             device busy time (gains on kernel time)
         device.busy.fusable   ... in pointwise/reduction kernels (fusion)
         device.busy.fp32_simt ... in plain FP32 GEMM/convolution kernels (tensor cores)
+        device.busy.attention ... in attention no fused kernel ran (the rest of it)
+        device.busy.lowp      ... in GEMMs a cheaper format (FP8, 2:4 sparsity) could run
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ PARENT: dict[str, str | None] = {
     "device.busy": "step",
     "device.busy.fusable": "device.busy",
     "device.busy.fp32_simt": "device.busy",
+    "device.busy.attention": "device.busy",
+    "device.busy.lowp": "device.busy",
 }
 CAPACITY: dict[str, Callable[[View], float]] = {}
 

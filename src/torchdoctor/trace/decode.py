@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .model import CATEGORY_NAMES, CONV_OPS, IGNORED_CATEGORIES, Cat, keeps_shapes
+from .model import CATEGORY_NAMES, CONCRETE_OPS, IGNORED_CATEGORIES, Cat, keeps_shapes
 
 BLOCK_BYTES = 16 << 20
 # Timestamps beyond this (µs) are corrupt: 2^53 ns is ~104 days past 1970 in µs terms, Kineto
@@ -66,7 +66,7 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # there when the device's SM count is unknown), whose fill is then grid / the table's SMs.
     grid: msgspec.Raw = _NO_RAW
     # record_shapes=True: kept as raw JSON text (no list is built) and read only for the ops
-    # model.keeps_shapes accepts (Concrete Inputs: for convolutions only).
+    # model.keeps_shapes accepts (Concrete Inputs: for convolutions and attention only).
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
@@ -303,7 +303,7 @@ class Columns:
     def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
         """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them."""
         wanted = self._shape_names = _grow_flags(self._shape_names, self.names, keeps_shapes)
-        conv = self._conv_names = _grow_flags(self._conv_names, self.names, CONV_OPS.__contains__)
+        conv = self._conv_names = _grow_flags(self._conv_names, self.names, CONCRETE_OPS.__contains__)
         pos: list[int] = []
         ids: list[int] = []
         if wanted.any():

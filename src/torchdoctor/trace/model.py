@@ -60,6 +60,20 @@ SHAPE_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", 
 CONV_OPS = frozenset({"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
                       "aten::cudnn_convolution", "aten::miopen_convolution", "aten::cudnn_convolution_relu",
                       "aten::cudnn_convolution_add_relu"})
+# Scaled-dot-product attention: the composite op and the backend it dispatched to (metrics/choice.py
+# reads their shapes, and is_causal / dropout_p from Concrete Inputs).
+SDPA_BACKEND_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_attention_math_for_mps": "math",
+}
+SDPA_OPS = frozenset({"aten::scaled_dot_product_attention", *SDPA_BACKEND_OPS})
+# Ops whose Concrete Inputs the decoder keeps (other ops' would split the shape interning).
+CONCRETE_OPS = CONV_OPS | SDPA_OPS
 # aten ops that launch no kernel (views, allocation, metadata): the most frequent ops of a
 # record_shapes trace; their shapes are skipped unparsed (they are most of its args by volume).
 NO_KERNEL_OPS = frozenset({
@@ -100,7 +114,7 @@ class RankTrace:
     absent) and `launch_grid` (blocks in the grid, kept only where `blocks per SM` is absent);
     `shape_idx` with `shape_ids`, for host ops `keeps_shapes` accepts recorded with record_shapes,
     ids into `shapes` = (Input Dims, Input type, Concrete Inputs) as compact JSON text (Concrete
-    Inputs for CONV_OPS only, else b""); `coll_idx` with `coll_ids` and
+    Inputs for CONCRETE_OPS only, else b""); `coll_idx` with `coll_ids` and
     `coll_seq`, for events that name a collective (record_param_comms ops and, in 2026 Kineto, the
     device rows linked to them): ids into `colls` = (collective name, dtype, in nelems, out nelems,
     group size, process group name) and the call's sequence number in its group (-1 when absent). `launch_of` / `shape_of` look

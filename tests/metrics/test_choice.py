@@ -1,0 +1,114 @@
+"""Kernel choice (metrics/choice.py): attention paths, hand-written chains, GEMM formats, priced by
+the kernel registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from choice_traces import big_gemm, manual_fp32, rms_norm_chain, sdpa_flash, sdpa_math
+from torchdoctor.metrics.rank import analyze_rank
+from torchdoctor.trace.load import load_trace
+
+ATTN_FLOPS = 2 * 2 * 128 * 1024 * 1024 * 64  # per call
+
+
+def choice(path: str):
+    r = analyze_rank(load_trace(path))
+    assert r.choice is not None
+    return r.choice
+
+
+def test_sdpa_on_the_math_path_is_found_with_its_reasons_and_priced_as_flash(tmp_path):
+    c = choice(sdpa_math(tmp_path))
+    (s,) = c.attention
+    assert (s.path, s.calls, s.dtype, s.precision) == ("math", 3, "c10::BFloat16", "bf16")
+    assert (s.q_dims, s.kv_len, s.head_dim, s.has_mask, s.is_causal) == ([8, 16, 1024, 64], 1024, 64, True, False)
+    assert s.device_ns == 3 * 800_000 and s.fusable_ns == 3 * 200_000 and s.simt_ns == 0
+    assert s.flops == pytest.approx(3 * ATTN_FLOPS)
+    assert any("attn_mask" in r for r in s.reasons) and not any("fp16/bf16 only" in r for r in s.reasons)
+    # FlashAttention-2 on the A100-80GB: 50% of 312 TFLOP/s, forward only (no backward in the window).
+    assert s.family == "attention.flash.ampere" and not s.with_backward
+    assert s.expected_ns == pytest.approx(3 * ATTN_FLOPS / (312e3 * 0.5))
+
+
+def test_the_reason_without_a_mask_is_what_the_trace_cannot_see(tmp_path):
+    (s,) = choice(sdpa_math(tmp_path, mask=False)).attention
+    assert not s.has_mask and len(s.reasons) == 1 and "disabled" in s.reasons[0]
+
+
+def test_sdpa_on_flash_is_recorded_and_not_priced(tmp_path):
+    (s,) = choice(sdpa_flash(tmp_path)).attention
+    assert (s.path, s.calls, s.is_causal, s.device_ns) == ("flash", 3, True, 3 * 250_000)
+    assert s.expected_ns is None and s.reasons == []
+
+
+def test_attention_by_hand_is_matched_from_matmul_softmax_matmul(tmp_path):
+    (s,) = choice(manual_fp32(tmp_path)).attention
+    assert (s.path, s.calls, s.dtype, s.q_dims, s.kv_len, s.head_dim) == ("manual", 3, "float", [2, 16, 256, 64], 256, 64)
+    # Both GEMMs, the scale and the softmax: 270 µs per call, 200 of it plain FP32 GEMMs.
+    assert s.device_ns == 3 * 270_000 and s.simt_ns == 3 * 200_000 and s.fusable_ns == 3 * 70_000
+    assert s.flops == pytest.approx(3 * 2 * 2 * 32 * 256 * 256 * 64)
+    assert any("by hand" in r for r in s.reasons) and any("fp16/bf16 only" in r for r in s.reasons)
+    # fp32 stays on the memory-efficient backend's fp32 roof: 30% of 19.5 TFLOP/s.
+    assert s.family == "attention.efficient.nvidia"
+    assert s.expected_ns == pytest.approx(s.flops / (19.5e3 * 0.3))
+
+
+def test_a_backward_pass_adds_flash_attentions_backward_flops(tmp_path):
+    (s,) = choice(manual_fp32(tmp_path, backward=True)).attention
+    assert s.with_backward and s.expected_ns == pytest.approx(s.flops * 3.5 / (19.5e3 * 0.3))
+
+
+def test_rms_norm_by_hand_is_one_chain_priced_as_one_pass_over_the_tensor(tmp_path):
+    (s,) = choice(rms_norm_chain(tmp_path)).chains
+    assert (s.pattern, s.calls, s.kernels_per_call) == ("rms_norm", 3, 6.0)
+    assert s.ops == ["pow", "mean", "add", "rsqrt", "mul", "mul"] and s.input_dims == [4096, 4096]
+    assert s.device_ns == 3 * 300_000
+    assert s.nbytes == 3 * 2 * 4096 * 4096 * 2  # read once, write once, bf16
+    assert s.expected_ns == pytest.approx(s.nbytes / (2039 * 0.6))
+
+
+def test_chains_inside_a_backward_pass_are_left_out(tmp_path):
+    assert choice(rms_norm_chain(tmp_path, in_backward=True)).chains == []
+
+
+def test_bf16_gemms_on_v100_are_priced_as_fp16_tensor_core_gemms(tmp_path):
+    c = choice(big_gemm(tmp_path, "Tesla V100-SXM2-32GB", kernel_us=1000.0, kernel="volta_gemm_bf16_kernel"))
+    u = c.unsupported
+    assert (u.precision, u.target, u.calls, u.ns) == ("bf16", "fp16", 3, 3_000_000)
+    # 60% of the V100's 125 TFLOP/s fp16: no fp16 GEMMs of its own to measure.
+    assert u.efficiency == 0.6 and u.expected_ns == pytest.approx(3 * 2 * 4096**3 / (125e3 * 0.6))
+    assert c.fp8 is None and c.sparse24 is None and "bf16" not in c.supported
+
+
+def test_fp8_candidates_on_h100_scale_the_registry_by_the_ranks_own_bf16_shortfall(tmp_path):
+    c = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3"))
+    f = c.fp8
+    assert (f.target, f.precision, f.calls, f.ns, f.shapes) == ("fp8", "bf16", 3, 1_200_000, ["4096x4096x4096 x3"])
+    achieved = 2 * 4096**3 / 400e3 / 989.4e3  # the rank's bf16 GEMMs: 34.7% of the bf16 peak
+    assert f.efficiency == pytest.approx(0.4 * achieved / 0.6, abs=1e-4)
+    assert f.expected_ns == pytest.approx(3 * 2 * 4096**3 / (1978.9e3 * 0.4 * achieved / 0.6), rel=1e-3)
+    assert c.gemm_ns == {"bf16": 1_200_000}
+
+
+def test_small_gemms_are_not_fp8_candidates(tmp_path):
+    # M = 1024 < the FP8 family's min_dim (2048): the casts would cost more than FP8 saves.
+    c = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", m=1024))
+    assert c.fp8 is None and c.gemm_ns == {"bf16": 1_200_000}
+
+
+def test_linear_gemms_on_a100_are_2_4_sparsity_candidates(tmp_path):
+    c = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB", op="aten::addmm"))
+    s = c.sparse24
+    assert (s.target, s.calls, s.ns) == ("sparse24", 3, 1_200_000)
+    assert s.expected_ns == pytest.approx(3 * 2 * 4096**3 / (624e3 * s.efficiency))
+    assert c.fp8 is None  # no FP8 tensor cores on Ampere
+
+
+def test_fp32_gemms_are_priced_at_what_the_ranks_tf32_gemms_reach(tmp_path):
+    c = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB", dtype="float", kernel="ampere_sgemm_128x64_nn",
+                        kernel_us=10_000.0))
+    g = c.fp32_simt
+    assert (g.target, g.precision, g.calls, g.ns) == ("tf32", "fp32", 3, 30_000_000)
+    # No TF32 GEMMs of its own: the registry's 60% of 156 TFLOP/s.
+    assert g.efficiency == 0.6 and g.expected_ns == pytest.approx(3 * 2 * 4096**3 / (156e3 * 0.6))
