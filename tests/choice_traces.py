@@ -50,8 +50,8 @@ def sdpa_flash(tmp: Path) -> str:
     for n in range(3):
         t0 = n * STEP
         b.step(n, t0, STEP)
-        b.op("aten::scaled_dot_product_attention", t0 + 10, 100.0, dims=qkv + [[], [], []],
-             types=[BF16] * 3 + ["", "Scalar", "Scalar"])
+        b.op("aten::scaled_dot_product_attention", t0 + 10, 100.0, dims=qkv + [[], [], [], [], []],
+             types=[BF16] * 3 + ["", "Scalar", "Scalar", "", "Scalar"], concrete=["", "", "", "", "0.", "True", "", "False"])
         b.launching("aten::_scaled_dot_product_flash_attention", t0 + 20, 80.0,
                     "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", t0 + 400, 250.0,
                     dims=qkv + [[], [], [], []], types=[BF16] * 3 + ["Scalar", "Scalar", "Scalar", "Scalar"],

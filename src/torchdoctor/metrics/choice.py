@@ -7,8 +7,9 @@ Attention (`AttentionSite`, grouped by path, dtype, q/k shapes and mask):
   path; a composite `aten::scaled_dot_product_attention` with no backend op inside it is one call
   whose path is read from the kernels it launched ("fused" for flash/fmha/attention kernel names,
   else "unknown").
-- Hand-written ("manual"): a softmax (not inside an SDPA op) on a >= 3-D input [..., L, S] with a
-  GEMM before it, within MANUAL_REACH leaf ops on its thread, whose operands are [..., L, D] x
+- Hand-written ("manual"): a top-level softmax (`top_level_aten`: no aten op holds it, so not
+  inside an SDPA op) on a >= 3-D input [..., L, S] with a GEMM before it, within MANUAL_REACH
+  top-level ops on its thread, whose operands are [..., L, D] x
   [..., D, S], and one after it whose operands are [..., L, S] x [..., S, Dv]: Q·Kᵀ, softmax, ·V.
 - device_ns: forward device time of the kernels the calls launched (hand-written: every op from
   the first GEMM to the second); simt_ns of it in plain FP32 GEMM kernels and fusable_ns in
@@ -21,9 +22,9 @@ Attention (`AttentionSite`, grouped by path, dtype, q/k shapes and mask):
   kernels skip the masked half). `with_backward` says a backward pass was counted: rules then
   compare with device_ns x (1 + BACKWARD_TIME).
 
-Hand-written normalisations and activations (`ChainSite`): leaf host ops in the window outside
-backward passes, per thread in start order, written as their names without "aten::" (ops that
-launch no kernel left out); CHAIN_PATTERNS are regular expressions over that text. device_ns sums
+Hand-written normalisations and activations (`ChainSite`): top-level aten ops in the window
+outside backward passes, per thread in start order, written as their names without "aten::" (views
+left out, casts written "to"); CHAIN_PATTERNS are regular expressions over that text. device_ns sums
 the kernels the chain's ops launched; nbytes = 2 x the bytes of the chain's first tensor (what
 one fused kernel reads and writes); expected_ns: the registry family (norm / elementwise) moving
 them on the memory roof.
@@ -68,16 +69,32 @@ BACKWARD_FLOPS = 2.5
 BACKWARD_TIME = 2.0
 # How many leaf ops before / after a softmax its Q·Kᵀ and ·V GEMMs may sit (scale, mask, dropout).
 MANUAL_REACH = 6
+# (attn_mask / attn_bias, is_causal) argument positions of each SDPA op (torch 2.13's schemas).
+SDPA_ARGS: dict[str, tuple[int | None, int]] = {
+    "aten::scaled_dot_product_attention": (3, 5),
+    "aten::_scaled_dot_product_attention_math": (3, 5),
+    "aten::_scaled_dot_product_attention_math_for_mps": (3, 5),
+    "aten::_scaled_dot_product_flash_attention": (None, 4),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (5, 4),
+    "aten::_scaled_dot_product_efficient_attention": (3, 6),
+    "aten::_scaled_dot_product_cudnn_attention": (3, 6),
+    "aten::_scaled_dot_product_fused_attention_overrideable": (3, 5),
+}
 SOFTMAX_OPS = frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"})
 FUSED_ATTENTION_KERNEL = re.compile(r"flash|fmha|efficient_attention|cudnn.*(sdpa|mha)|attn_fwd", re.IGNORECASE)
 # Hand-written chains one fused kernel replaces: pattern -> (registry op, regex over op names).
 CHAIN_PATTERNS: dict[str, tuple[str, re.Pattern[str]]] = {
-    "rms_norm": ("norm", re.compile(r"\b(?:copy_ )?(?:pow|mul|square) mean add rsqrt mul (?:copy_ )?mul\b")),
+    "rms_norm": ("norm", re.compile(r"\b(?:to )?(?:pow|mul|square) mean add rsqrt mul (?:to )?mul\b")),
     "layer_norm": ("norm", re.compile(
         r"\bmean (?:sub (?:pow|mul) mean|var) (?:sub )?add (?:sqrt div|rsqrt mul) (?:mul add|add_?)\b")),
     "gelu_tanh": ("elementwise", re.compile(r"\bmul pow mul add mul tanh add mul\b")),
     "gelu_erf": ("elementwise", re.compile(r"\bmul div erf add mul\b")),
 }
+# Casts, written "to" in the chain text whichever op the trace recorded at the top.
+CAST_OPS = {"aten::to": "to", "aten::_to_copy": "to", "aten::copy_": "to", "aten::type_as": "to"}
+# Ops that launch no kernel even at the top of a call (views, metadata): left out of the chain text.
+VIEW_OPS = (NO_KERNEL_OPS - {"aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"}) | {
+    "aten::resolve_conj", "aten::resolve_neg", "aten::type_as"}
 TOP_SITES = 5
 LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear"})
 SPARSE_ALIGN = 64
@@ -127,6 +144,23 @@ def launched_kernels(ctx: Context, ops: np.ndarray) -> list[np.ndarray]:
     return [flat[x:y] for x, y in zip(at[lo].tolist(), at[hi].tolist(), strict=True)]
 
 
+def top_level_aten(ctx: Context) -> np.ndarray:
+    """aten ops in the window that no other aten op holds on their thread (what the Python code
+    called: `q @ k.T` is aten::matmul, not the bmm and resolve_conj inside it), views left out."""
+    tr = ctx.tr
+    ops = np.flatnonzero(ctx.host & ctx.in_window & tr.mask(Cat.CPU_OP) & tr.name_mask(lambda n: n.startswith("aten::")))
+    keep = []
+    for tid in np.unique(tr.tid[ops]).tolist():
+        o = ops[tr.tid[ops] == tid]
+        o = o[np.lexsort((-tr.end[o], tr.ts[o]))]
+        reach = np.maximum.accumulate(tr.end[o])
+        outer = np.ones(o.size, bool)
+        outer[1:] = tr.ts[o][1:] >= reach[:-1]
+        keep.append(o[outer])
+    top = np.sort(np.concatenate(keep)) if keep else ops
+    return top[~tr.name_mask(VIEW_OPS.__contains__)[top]]
+
+
 def _split_ns(ctx: Context, kernels: np.ndarray) -> tuple[int, int, int]:
     """(device ns, ns in plain FP32 GEMM/conv kernels, ns in elementwise/reduction kernels)."""
     tr = ctx.tr
@@ -173,27 +207,25 @@ def attention_sites(ctx: Context, device: DeviceSpec | None, backward: bool) -> 
             fused = any(FUSED_ATTENTION_KERNEL.search(tr.names[n]) for n in tr.name[ks].tolist())
             calls.append((c, "fused" if fused else "unknown"))
     groups: dict[tuple, list[tuple[list[int], np.ndarray, float | None]]] = defaultdict(list)
-    meta: dict[tuple, dict] = {}
     # The op whose span holds the call's kernels: the composite around a backend op when present.
     spans = [_outer(tr, op, sdpa) for op, _ in calls]
-    for (op, path), ks in zip(calls, launched_kernels(ctx, np.array(spans, np.int64)), strict=True):
-        dims, types, concrete = _shapes(ctx, op)
+    for (op, path), span, ks in zip(calls, spans, launched_kernels(ctx, np.array(spans, np.int64)), strict=True):
+        # The composite's arguments when the backend op sits inside one (the user's call), else its own.
+        holder = span if tr.names[tr.name[span]] in SDPA_ARGS and _shapes(ctx, span)[0] else op
+        dims, types, concrete = _shapes(ctx, holder)
+        mask_at, causal_at = SDPA_ARGS.get(tr.names[tr.name[holder]], (None, None))
         q = dims[0] if dims and isinstance(dims[0], list) else []
         kk = dims[1] if len(dims) > 1 and isinstance(dims[1], list) else []
         v = dims[2] if len(dims) > 2 and isinstance(dims[2], list) else []
-        mask_at = 3
-        has_mask = path in ("math", "efficient", "unknown", "fused") and len(dims) > mask_at \
-            and isinstance(dims[mask_at], list) and len(dims[mask_at]) > 0
-        causal_at = {"math": 5, "unknown": 5, "fused": 5, "flash": 4, "efficient": 6, "cudnn": 6}.get(path)
+        has_mask = mask_at is not None and len(dims) > mask_at and isinstance(dims[mask_at], list) \
+            and len(dims[mask_at]) > 0
         is_causal = _flag(concrete, causal_at)
         flops = _sdpa_flops(q, kk, v)
         dtype = str(types[0]) if types else ""
         key = (path, dtype, tuple(q), tuple(kk), has_mask, is_causal)
         groups[key].append(([op], ks, flops))
-        meta[key] = {"q": q, "k": kk}
     for op, ks, flops, key in _manual(ctx, host, sdpa):
         groups[key].append(([op], ks, flops))
-        meta[key] = {"q": list(key[2]), "k": list(key[3])}
     sites = []
     for key, members in groups.items():
         path, dtype, q, kk, has_mask, is_causal = key
@@ -251,13 +283,13 @@ def _manual(ctx: Context, host: np.ndarray, sdpa: np.ndarray):
     soft = np.array([s for s in soft.tolist() if not (sdpa.size and _inside_any(tr, s, sdpa))], np.int64)
     if soft.size == 0:
         return
-    leaves = innermost(ctx, np.flatnonzero(host & ~tr.name_mask(NO_KERNEL_OPS.__contains__)))
+    leaves = top_level_aten(ctx)
     by_tid: dict[int, np.ndarray] = {}
     for tid in np.unique(tr.tid[soft]).tolist():
         mine = leaves[tr.tid[leaves] == tid]
         by_tid[tid] = mine[np.argsort(tr.ts[mine], kind="stable")]
     found = []
-    for s in innermost(ctx, soft).tolist():
+    for s in soft[np.isin(soft, leaves)].tolist():
         dims, types, _ = _shapes(ctx, s)
         x = dims[0] if dims and isinstance(dims[0], list) else []
         if len(x) < 3 or not all(isinstance(d, int) for d in x):
@@ -353,9 +385,8 @@ def _price_attention(site: AttentionSite, device: DeviceSpec | None, backward: b
 def chain_sites(ctx: Context, device: DeviceSpec | None) -> list[ChainSite]:
     """Runs of ops matching CHAIN_PATTERNS (module docstring)."""
     tr = ctx.tr
-    host = ctx.host & ctx.in_window & tr.mask(Cat.CPU_OP) & tr.name_mask(lambda n: n.startswith("aten::"))
     back = ctx.clipped_union(ctx.backward_mask)
-    leaves = innermost(ctx, np.flatnonzero(host & ~tr.name_mask(NO_KERNEL_OPS.__contains__)))
+    leaves = top_level_aten(ctx)
     if leaves.size == 0:
         return []
     if back[0].size:
@@ -366,7 +397,7 @@ def chain_sites(ctx: Context, device: DeviceSpec | None) -> list[ChainSite]:
     for tid in np.unique(tr.tid[leaves]).tolist():
         seq = leaves[tr.tid[leaves] == tid]
         seq = seq[np.argsort(tr.ts[seq], kind="stable")]
-        words = [tr.names[n].removeprefix("aten::") for n in tr.name[seq].tolist()]
+        words = [CAST_OPS.get(tr.names[n], tr.names[n].removeprefix("aten::")) for n in tr.name[seq].tolist()]
         text = " ".join(words)
         starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
         for pattern, (_, rx) in CHAIN_PATTERNS.items():
