@@ -112,3 +112,16 @@ def test_fp32_gemms_are_priced_at_what_the_ranks_tf32_gemms_reach(tmp_path):
     assert (g.target, g.precision, g.calls, g.ns) == ("tf32", "fp32", 3, 30_000_000)
     # No TF32 GEMMs of its own: the registry's 60% of 156 TFLOP/s.
     assert g.efficiency == 0.6 and g.expected_ns == pytest.approx(3 * 2 * 4096**3 / (156e3 * 0.6))
+
+
+def test_precision_advisor_follows_the_device(tmp_path):
+    fp32 = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB", dtype="float", kernel="ampere_sgemm_128x64_nn",
+                           kernel_us=1000.0)).precision
+    assert fp32.shares == {"fp32": 100.0} and fp32.dominant == "fp32"
+    assert (fp32.recommended, fp32.remedy, fp32.numerics) == ("tf32, then bf16 autocast", "precision.tf32", True)
+    v100 = choice(big_gemm(tmp_path, "Tesla V100-SXM2-32GB", kernel="volta_gemm_bf16_kernel", m=1024)).precision
+    assert v100.recommended.startswith("fp16 autocast + GradScaler") and v100.remedy is None
+    h100 = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3")).precision
+    assert h100.recommended.startswith("fp8 for the large GEMMs") and h100.remedy is None
+    small = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", m=1024)).precision
+    assert small.recommended == "keep" and small.dominant == "bf16"

@@ -87,3 +87,17 @@ def test_hw17_sparsity_and_hw16_share_one_budget(tmp_path):
     (s,) = by_id(rep, "HW-17")
     assert s.severity == "info" and "sparsify_" in s.fix.snippet and by_id(rep, "HW-16") == []
     assert s.recoverable_ms <= 1.0 * 0.5
+
+
+def test_hw1_with_tf32_already_on_advises_shapes_or_bf16_not_the_flag():
+    # a100_8rank_rank3 runs 75% of its GEMM time as FP32 on tensor cores (TF32 is on); the sgemm
+    # kernels left are there for their shapes, so the TF32 remedy would change nothing.
+    from real_traces import trace
+    from torchdoctor.report.roofline_text import roofline_lines
+    rep = analyze_paths([trace("a100_8rank_rank3.json.gz")])
+    (f,) = by_id(rep, "HW-1")
+    assert f.remedy == "precision.autocast" and "TF32 is already on (75%" in f.fix.text
+    assert "TF32 on for the others" in f.title
+    # The precision advisor says the same.
+    (line,) = [x for x in roofline_lines(rep.ranks[0].analysis) if x.startswith("precision:")]
+    assert "75.5% tf32" in line and "recommended bf16 autocast" in line and "precision.autocast" in line

@@ -57,7 +57,7 @@ from ..trace.model import NO_KERNEL_OPS, SDPA_BACKEND_OPS, SDPA_OPS, Cat
 from .classify import KernelKind, MathPath, math_path
 from .context import Context
 from .gemm import MATRIX_INPUTS, gemm_dims, innermost
-from .model import AttentionSite, ChainSite, GemmCandidates, KernelChoice
+from .model import AttentionSite, ChainSite, GemmCandidates, KernelChoice, PrecisionPath
 from .opwork import DTYPE_BYTES, op_work
 from .roofline import PRECISION, precision
 from .work import KernelWork
@@ -113,6 +113,7 @@ def kernel_choice(ctx: Context, work: KernelWork, dev: Identification) -> Kernel
     out.attention = attention_sites(ctx, device, backward)
     out.chains = chain_sites(ctx, device)
     gemm_mix(ctx, work, device, k, out)
+    out.precision = precision_path(out, device)
     return out
 
 
@@ -550,3 +551,45 @@ def _candidates(roof_prec: str, prec: str, calls: int, ns: int, flops: float, sh
            else f"the registry's {100 * fam.efficiency:.0f}% scaled by this rank's {prec} GEMMs' shortfall"))
     c.expected_ns = fam.expected_ns(flops, device, roof_prec, eff)
     return c
+
+
+# --- the precision advisor ----------------------------------------------------------------------
+
+def precision_path(c: KernelChoice, device: DeviceSpec | None) -> PrecisionPath | None:
+    """The recommended precision for the rank's GEMMs on its device (one answer, shared by HW-1,
+    HW-15 and HW-16): from the precision holding most GEMM/conv time and what the device table
+    says the device supports.
+
+    - fp32 in plain FP32 kernels, TF32 supported: TF32 (a flag, remedy precision.tf32), then bf16;
+    - fp32/TF32 with bf16 supported: bf16 autocast (remedy precision.autocast, numerics checked by fix);
+    - fp32 or bf16 on a device with fp16 tensor cores only (V100, T4): fp16 autocast + GradScaler, a
+      code change (the autocast remedy is bf16-only);
+    - bf16/fp16 on an FP8 device with FP8-eligible GEMMs: FP8 for those (torchao), a code change;
+    - otherwise: keep the precision.
+    None without GEMM time or a matched device.
+    """
+    total = sum(c.gemm_ns.values())
+    if device is None or not total:
+        return None
+    shares = {p: round(100.0 * ns / total, 1) for p, ns in sorted(c.gemm_ns.items(), key=lambda x: -x[1])}
+    known = {p: ns for p, ns in c.gemm_ns.items() if p}
+    dominant = max(known, key=lambda p: known[p]) if known else None
+    has = set(device.dense_tflops)
+    out = PrecisionPath(shares=shares, dominant=dominant)
+    if dominant is None:
+        out.recommended, out.why = "unknown", "the trace does not say which precision the GEMMs ran in (record_shapes=True)"
+    elif dominant == "fp32" and c.fp32_simt is not None and "tf32" in has:
+        out.recommended, out.remedy, out.numerics = "tf32, then bf16 autocast", "precision.tf32", True
+        out.why = f"FP32 GEMMs run without tensor cores; {device.label} runs TF32 (a flag) and bf16 on them"
+    elif dominant in ("fp32", "tf32") and "bf16" in has:
+        out.recommended, out.remedy, out.numerics = "bf16 autocast", "precision.autocast", True
+        out.why = f"{device.label} has bf16 tensor cores at {device.dense_tflops['bf16']:g} TFLOP/s"
+    elif dominant in ("fp32", "bf16", "tf32") and "fp16" in has and "bf16" not in has:
+        out.recommended, out.numerics = "fp16 autocast + GradScaler (a code change)", True
+        out.why = f"{device.label} has fp16 tensor cores only: no bf16, no TF32"
+    elif dominant in ("bf16", "fp16") and c.fp8 is not None and "fp8" in has:
+        out.recommended, out.numerics = "fp8 for the large GEMMs (torchao float8, a code change)", True
+        out.why = f"{c.fp8.calls} GEMM calls are large enough for {device.label}'s FP8 tensor cores"
+    else:
+        out.recommended, out.why = "keep", f"{dominant} is the fastest path {device.label} offers these GEMMs"
+    return out

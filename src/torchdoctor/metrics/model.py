@@ -300,6 +300,19 @@ class GemmCandidates(msgspec.Struct):
     expected_ns: float | None = None
 
 
+class PrecisionPath(msgspec.Struct):
+    """The precision advisor's answer for one rank (metrics/choice.py precision_path)."""
+
+    # Share of GEMM/convolution kernel time by precision (%; "" = precision unknown).
+    shares: dict[str, float] = {}
+    dominant: str | None = None
+    recommended: str = ""
+    # The `fix` remedy that applies it (None: a code change), and whether it changes numerics.
+    remedy: str | None = None
+    numerics: bool = False
+    why: str = ""
+
+
 class KernelChoice(msgspec.Struct):
     """What ran against what the kernel registry (hardware/kernels.toml) says should run."""
 
@@ -318,6 +331,7 @@ class KernelChoice(msgspec.Struct):
     fp32_simt: GemmCandidates | None = None
     fp8: GemmCandidates | None = None
     sparse24: GemmCandidates | None = None
+    precision: PrecisionPath | None = None
 
 
 class RankResult(msgspec.Struct):

@@ -7,7 +7,7 @@ time it covers when that is not all of it.
 
 from __future__ import annotations
 
-from ..metrics.model import RankResult, Roofline, RooflineRow
+from ..metrics.model import PrecisionPath, RankResult, Roofline, RooflineRow
 
 KIND_WORDS = {"gemm": "GEMMs", "conv": "convolutions", "elementwise": "elementwise kernels",
               "reduction": "reduction kernels"}
@@ -21,13 +21,23 @@ def roofline_lines(r: RankResult) -> list[str]:
     if roof.device_key is None:
         return [f"unknown device: no roofline ({roof.device_note})" if roof.device_note
                 else "unknown device: no roofline"]
+    p = r.choice.precision if r.choice is not None else None
+    said = [precision_text(p)] if p is not None and p.dominant else []
     if not roof.rows:
         return [f"roofline: {roof.mfu_note}" if roof.mfu_note.startswith("no kernels") else
-                "roofline: no FLOPs or bytes known for any kernel (record the trace with record_shapes=True)"]
+                "roofline: no FLOPs or bytes known for any kernel (record the trace with record_shapes=True)"] + said
     parts = [_row_text(x) for x in sorted(roof.rows, key=lambda x: -x.known_ns)]
     out = ["roofline: " + "; ".join(parts) + "."]
     out.append(mfu_text(roof))
-    return out
+    return out + said
+
+
+def precision_text(p: PrecisionPath) -> str:
+    """'precision: GEMM time 80% fp32, 20% tf32; recommended tf32, then bf16 autocast (...)'."""
+    mix = ", ".join(f"{v:g}% {k or 'unknown'}" for k, v in p.shares.items())
+    how = f"remedy {p.remedy}" if p.remedy else ("a code change" if p.recommended not in ("keep", "unknown") else "")
+    tail = f"; {how}" if how and "code change" not in p.recommended else ""
+    return f"precision: GEMM time {mix}; recommended {p.recommended} ({p.why}{tail})."
 
 
 def mfu_text(roof: Roofline) -> str:

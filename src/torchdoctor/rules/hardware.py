@@ -132,7 +132,16 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
                                {"allow_tf32": b.cuda_matmul_allow_tf32, "float32_matmul_precision": b.float32_matmul_precision,
                                 "autocast": b.autocast_used}))
         remedy: str | None
-        if ampere:
+        # TF32 already runs some FP32 GEMMs of this window on tensor cores: the flag is on, and
+        # the plain FP32 kernels left are there for their shapes (TF32 tiles need aligned dims).
+        tf32_on = ampere and v.r is not None and v.r.choice is not None and v.r.choice.gemm_ns.get("tf32", 0) > 0
+        if tf32_on:
+            share = 100 * v.r.choice.gemm_ns["tf32"] / max(sum(v.r.choice.gemm_ns.values()), 1)
+            fix = Fix(f"TF32 is already on ({share:.0f}% of GEMM time runs FP32 on tensor cores): these GEMMs stay on "
+                      "plain FP32 kernels for their shapes. Pad their dims to multiples of 8, or train in bf16 autocast.",
+                      "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)")
+            remedy = "precision.autocast"
+        elif ampere:
             fix = Fix("Allow TF32 for FP32 matmuls (numerics change within tolerance), or train in bf16 autocast.",
                       "torch.set_float32_matmul_precision('high')\n"
                       "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)")
@@ -154,8 +163,10 @@ def fp32_math(inputs: RuleInputs) -> list[Finding]:
             remedy = "precision.autocast"
         return finding(
             v, "HW-1", "hardware",
-            f"Matmuls and convolutions run in FP32 without tensor cores ({fmt_ms(simt)} per step)"
-            + (f"; {'TF32' if ampere else 'mixed precision'} could save about {fmt_ms(gain)}." if traced else "."),
+            f"Matmuls and convolutions run in FP32 without tensor cores ({fmt_ms(simt)} per step"
+            + (", TF32 on for the others" if tf32_on else "") + ")"
+            + (f"; {'bf16' if tf32_on else 'TF32' if ampere else 'mixed precision'} could save about {fmt_ms(gain)}."
+               if traced else "."),
             gain, sev=None if ampere and traced else "info", evidence=ev, fix=fix,
             confidence="medium" if traced else "low",
             confirm="" if traced else "the profiler window of `torchdoctor run` measures the FP32 kernel time",
