@@ -111,6 +111,17 @@ class TraceBuilder:
                             "ts": ts, "dur": dur, "args": {"stream": stream, "device": 0}})
         return self
 
+    def memory(self, ts: float, nbytes: int, allocated: int, reserved: int, device_type: int = 1,
+               device_id: int = 0) -> TraceBuilder:
+        """A `[memory]` instant event (profile_memory=True): the allocator's totals after one
+        allocation (nbytes > 0) or free (nbytes < 0)."""
+        self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": PID,
+                            "tid": MAIN_TID, "ts": ts, "args": {"Device Type": device_type, "Device Id": device_id,
+                                                                "Addr": 1 << 40, "Bytes": nbytes,
+                                                                "Total Allocated": allocated,
+                                                                "Total Reserved": reserved}})
+        return self
+
     # --- output -------------------------------------------------------------------------
     def document(self, as_list: bool = False) -> Any:
         evs = [{"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "python"}}]

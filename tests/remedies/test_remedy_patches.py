@@ -274,3 +274,20 @@ def test_recorder_keeps_losses_and_stops_after_n_steps(runtime: Runtime, monkeyp
     assert stop.value.code == 0 and runtime.steps == 3
     record = runtime.record()
     assert record is not None and record["losses"] == plain
+
+
+def test_expandable_segments_joins_the_jobs_allocator_settings(runtime: Runtime, monkeypatch) -> None:
+    from torchdoctor.remedies.suggest import _snippet
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    patch_flags.alloc_env(want(runtime, "memory.expandable_segments"))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    (entry,) = runtime.applied
+    assert entry["was"] == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"} and entry["target"] == "environment"
+    assert "expandable_segments:True" in _snippet("memory.expandable_segments", runtime.applied).text
+
+
+def test_expandable_segments_keeps_a_jobs_own_choice(runtime: Runtime, monkeypatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    patch_flags.alloc_env(want(runtime, "memory.expandable_segments"))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False" and not runtime.applied
+    assert "already sets" in runtime.skipped["memory.expandable_segments"]

@@ -231,3 +231,4 @@ def test_hw4_leaves_fp32_gemms_to_hw1_and_stays_quiet_below_its_threshold():
     assert only(run("HW-4", (r, None)), "HW-4").recoverable_ms == pytest.approx(4.0 * 0.25)
     # 4 ms of empty SM-time in a 100 ms busy step is under 5% of busy time.
     assert run("HW-4", (sm_fill_result({"gemm": 4.0}), None)) == []
+

@@ -241,6 +241,22 @@ class Collectives(msgspec.Struct):
 
 
 
+class MemoryStats(msgspec.Struct):
+    """Device memory over the window from `[memory]` records (metrics/memory.py defines each field)."""
+
+    device_id: int
+    records: int
+    peak_allocated: int
+    peak_reserved: int
+    floor_allocated: int
+    cache_slack_pct: float
+    reserved_growth: int
+    allocs_per_step: float
+    alloc_bytes_per_step: int
+    total_memory: int | None = None
+    batch_scale: float | None = None
+
+
 class AttentionSite(msgspec.Struct):
     """Attention calls of one kind and shape in the window (metrics/choice.py defines the fields)."""
 
@@ -371,6 +387,8 @@ class RankResult(msgspec.Struct):
     roofline: Roofline | None = None
     # What the kernels were against the registry's best family (metrics/choice.py); None without kernels.
     choice: KernelChoice | None = None
+    # Device memory from the allocator's records (metrics/memory.py); None without profile_memory.
+    memory: MemoryStats | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

@@ -14,6 +14,7 @@ from .context import Context
 from .device import device_kind, idle_causes, pct, stream_idle, timeline_sketch, utilisation
 from .host import comm_ops, host_split, launches, syncs
 from .kernels import kernel_breakdown
+from .memory import memory_stats
 from .model import Headline, RankResult, StepRow, WindowInfo
 from .rooflinesum import roofline_summary
 from .signals import rule_signals
@@ -58,7 +59,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         timeline_busy=busy, timeline_gaps=gaps, events=len(tr), warnings=list(tr.warnings),
         compile_regions=compiled_regions(tr), compile_gaps_ms=break_gaps(tr, win), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
-        choice=kernel_choice(ctx, work, dev) if work is not None else None,
+        choice=kernel_choice(ctx, work, dev) if work is not None else None, memory=memory_stats(ctx),
     )
 
 

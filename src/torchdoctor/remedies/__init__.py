@@ -70,9 +70,10 @@ def apply(ids: Iterable[str]) -> None:
         if _once("exit"):
             atexit.register(RUNTIME.write)
         if RUNTIME.specs and _once("remedies"):
-            from .patch_flags import debug_env_off
+            from .patch_flags import alloc_env, debug_env_off
 
             debug_env_off(RUNTIME)
+            alloc_env(RUNTIME)
             _when_torch(_on_torch)
         if os.environ.get(ENV_RECORD):
             arm_recorder()

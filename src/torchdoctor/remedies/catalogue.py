@@ -123,6 +123,12 @@ REMEDIES: tuple[Remedy, ...] = (
            "none", snippet="# remove set_detect_anomaly(True) / detect_anomaly() from the training loop\n"
            "unset CUDA_LAUNCH_BLOCKING TORCH_DISTRIBUTED_DEBUG", free=True,
            why_free="it only turns debug checks off: synchronous launches, anomaly tracing, DDP consistency checks"),
+    Remedy("memory.expandable_segments", ("HW-18", "HW-7"), "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+           "(added to the variable's other settings): the caching allocator grows its segments instead of "
+           "reserving new ones, so freed blocks of other sizes can be reused", "safe",
+           "the allocation strategy only: the same tensors, kernels and numbers", "an NVIDIA GPU; the variable is set "
+           "at start-up, before torch initialises CUDA", gpu_only=True,
+           snippet="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

@@ -13,7 +13,8 @@ from typing import Any
 from . import runtime
 from .runtime import Runtime
 
-IDS = ("cudnn.benchmark", "precision.tf32", "debug.off", "threads.affinity")
+IDS = ("cudnn.benchmark", "precision.tf32", "debug.off", "threads.affinity", "memory.expandable_segments")
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Environment switches that only debug: CUDA_LAUNCH_BLOCKING serialises every kernel launch;
 # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps process groups in checks (extra collectives per call).
 DEBUG_ENV = {"CUDA_LAUNCH_BLOCKING": lambda v: v.strip() not in ("", "0"),
@@ -30,6 +31,21 @@ def debug_env_off(rt: Runtime) -> None:
             del os.environ[name]  # inherited by the processes this one starts
             rt.did("debug.off", "environment", None, {name: None}, {name: value})
     rt.skip("debug.off", "no debug switch was on")
+
+
+def alloc_env(rt: Runtime) -> None:
+    """memory.expandable_segments: add expandable_segments:True to PYTORCH_CUDA_ALLOC_CONF at start-up
+    (torch reads it when CUDA initialises; child processes inherit it). A job that already chose an
+    expandable_segments setting keeps its choice."""
+    if rt.active("memory.expandable_segments") is None:
+        return
+    conf = os.environ.get(ALLOC_CONF, "")
+    if "expandable_segments" in conf:
+        rt.skip("memory.expandable_segments", f"{ALLOC_CONF} already sets expandable_segments ({conf})")
+        return
+    new = f"{conf},expandable_segments:True" if conf.strip() else "expandable_segments:True"
+    os.environ[ALLOC_CONF] = new
+    rt.did("memory.expandable_segments", "environment", None, {ALLOC_CONF: new}, {ALLOC_CONF: conf or None})
 
 
 def _debug_torch(torch: Any, rt: Runtime) -> None:

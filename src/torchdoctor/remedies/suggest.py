@@ -129,6 +129,8 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
         if any(e.get("target") == "torch.autograd" for e in entries):
             lines.append("# remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() from the job")
         return Change([rid], "start-up", "\n".join(lines) or remedy.snippet, "shell")
+    if rid == "memory.expandable_segments":
+        return Change([rid], "start-up", remedy.snippet, "shell")
     if remedy.target and entries:
         kwargs = {k: v for e in entries for k, v in e["set"].items()}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

@@ -7,7 +7,7 @@ time it covers when that is not all of it.
 
 from __future__ import annotations
 
-from ..metrics.model import PrecisionPath, RankResult, Roofline, RooflineRow
+from ..metrics.model import MemoryStats, PrecisionPath, RankResult, Roofline, RooflineRow
 
 KIND_WORDS = {"gemm": "GEMMs", "conv": "convolutions", "elementwise": "elementwise kernels",
               "reduction": "reduction kernels"}
@@ -23,6 +23,8 @@ def roofline_lines(r: RankResult) -> list[str]:
                 else "unknown device: no roofline"]
     p = r.choice.precision if r.choice is not None else None
     said = [precision_text(p)] if p is not None and p.dominant else []
+    if r.memory is not None:
+        said.append(memory_text(r.memory))
     if not roof.rows:
         return [f"roofline: {roof.mfu_note}" if roof.mfu_note.startswith("no kernels") else
                 "roofline: no FLOPs or bytes known for any kernel (record the trace with record_shapes=True)"] + said
@@ -30,6 +32,13 @@ def roofline_lines(r: RankResult) -> list[str]:
     out = ["roofline: " + "; ".join(parts) + "."]
     out.append(mfu_text(roof))
     return out + said
+
+
+def memory_text(m: MemoryStats) -> str:
+    """'memory: tensors peak at 6.17 GiB, the allocator reserves 11.9 GiB (48% cache) of 31.7 GiB'."""
+    of = f" of {m.total_memory / 2**30:.1f} GiB" if m.total_memory else ""
+    return (f"memory: tensors peak at {m.peak_allocated / 2**30:.2f} GiB (floor {m.floor_allocated / 2**30:.2f} GiB), "
+            f"the allocator reserves {m.peak_reserved / 2**30:.2f} GiB{of} ({m.cache_slack_pct:.0f}% of it cache).")
 
 
 def precision_text(p: PrecisionPath) -> str:

@@ -333,19 +333,29 @@ def small_batch(inputs: RuleInputs) -> list[Finding]:
     is owned by the host/input findings; a larger batch is one more way to shrink it.
     """
     def one(v: View) -> Finding | None:
-        if v.f is None or v.r is None or not v.has_device_trace:
+        if v.r is None or not v.has_device_trace:
             return None
-        d = v.f.device
-        if not d.total_memory_bytes or not d.max_memory_allocated_bytes:
+        d = v.f.device if v.f is not None else None
+        mem = v.r.memory
+        if d is not None and d.total_memory_bytes and d.max_memory_allocated_bytes:
+            used, where = d.max_memory_allocated_bytes / d.total_memory_bytes, "torch.cuda.max_memory_allocated"
+        elif mem is not None and mem.total_memory:
+            used, where = mem.peak_allocated / mem.total_memory, "the trace's allocator records"
+        else:
             return None
-        used = d.max_memory_allocated_bytes / d.total_memory_bytes
         if (v.r.metrics.busy_pct or 100) >= 50 or used >= MEMORY_ROOM:
             return None
+        scale = mem.batch_scale if mem is not None else None
+        room = (f" A batch about {scale:.1f}x larger would fit (the per-step allocations, "
+                f"{(mem.peak_allocated - mem.floor_allocated) / 2**30:.2f} GiB at peak, grown to 90% of the device)."
+                if scale and scale > 1.2 else "")
         return finding(
             v, "HW-5", "hardware",
             f"The device is busy {v.r.metrics.busy_pct:.0f}% of the step with {used:.0%} of its memory used: "
             "a larger batch would give it more work per host step.", 0.0, sev="info",
-            evidence=[Evidence(f"Device busy {v.r.metrics.busy_pct:.0f}%, peak memory {used:.0%} of the device.", {"busy_pct": v.r.metrics.busy_pct, "memory_used": round(used, 3)})],
+            evidence=[Evidence(f"Device busy {v.r.metrics.busy_pct:.0f}%, peak memory {used:.0%} of the device "
+                               f"({where}).{room}", {"busy_pct": v.r.metrics.busy_pct, "memory_used": round(used, 3),
+                                                    "batch_scale": scale})],
             fix=Fix("Raise the per-device batch (scale the learning rate; watch convergence)."),
             confidence="medium", source="TBP util < 50%; SMD BatchSize 70%")
     return per_rank(inputs, one)
@@ -359,26 +369,32 @@ def memory_full(inputs: RuleInputs) -> list[Finding]:
     No gain claimed: it blocks a larger batch and costs syncs priced elsewhere.
     """
     def one(v: View) -> Finding | None:
-        if v.f is None:
-            return None
-        d = v.f.device
+        d = v.f.device if v.f is not None else None
+        mem = v.r.memory if v.r is not None else None
         used = (d.max_memory_allocated_bytes / d.total_memory_bytes
-                if d.total_memory_bytes and d.max_memory_allocated_bytes else None)
-        retries = d.num_alloc_retries or 0
-        if not retries and (used is None or used < MEMORY_FULL):
+                if d is not None and d.total_memory_bytes and d.max_memory_allocated_bytes else None)
+        # The trace's allocator records: the reserved peak (what the driver has handed out) is
+        # what runs into the device's limit.
+        reserved = mem.peak_reserved / mem.total_memory if mem is not None and mem.total_memory else None
+        retries = (d.num_alloc_retries or 0) if d is not None else 0
+        if not retries and (used is None or used < MEMORY_FULL) and (reserved is None or reserved < MEMORY_FULL):
             return None
         parts = []
         if used is not None and used >= MEMORY_FULL:
             parts.append(f"peak allocation is {used:.0%} of device memory")
+        elif reserved is not None and reserved >= MEMORY_FULL:
+            parts.append(f"the allocator's reserved peak is {reserved:.0%} of device memory (tensors "
+                         f"{mem.peak_allocated / mem.total_memory:.0%}, in the trace's allocator records)")
         if retries:
             parts.append(f"the allocator retried {retries} time(s) after flushing its cache")
         return finding(
             v, "HW-6", "hardware", "Memory at capacity: " + " and ".join(parts) + ".", 0.0, sev="warning",
-            evidence=[Evidence("torch.cuda memory stats: " + "; ".join(parts) + ".", {"peak_fraction": used, "num_alloc_retries": retries})],
+            evidence=[Evidence("Memory: " + "; ".join(parts) + ".", {"peak_fraction": used, "reserved_fraction": reserved,
+                                                                       "num_alloc_retries": retries})],
             fix=Fix("Reduce activation memory (bf16 autocast, activation checkpointing) or shard (FSDP); "
                     "expandable segments cut fragmentation.",
                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "shell"),
-            confidence="high", source="TBP memory > 90%; GPP; torch.cuda.memory_stats")
+            confidence="high", source="TBP memory > 90%; GPP; torch.cuda.memory_stats; profile_memory records")
     return per_rank(inputs, one)
 
 

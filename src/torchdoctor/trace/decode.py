@@ -130,14 +130,23 @@ class ExactEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     pad2_: None = _PAD2
 
 
+class Instant(msgspec.Struct, tag_field="ph", tag="i", gc=False):
+    """An instant event ("ph": "i"): read only for the allocator's `[memory]` records."""
+
+    name: Any = ""
+    ts: Any = None
+    args: Any = None
+
+
 def _skipped(ph: str) -> type:
     # Flow, metadata, instant, counter ... events: decoded as empty structs, fields skipped unbuilt.
     return msgspec.defstruct(f"Skip_{ph}", [], tag_field="ph", tag=ph, gc=False)
 
 
-SKIPPED_PH = ("s", "f", "t", "M", "i", "I", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R")
-_SKIP_TYPES = tuple(_skipped(ph) for ph in SKIPPED_PH)
-_INSTANT_TYPES = tuple(t for t, ph in zip(_SKIP_TYPES, SKIPPED_PH, strict=True) if ph in ("i", "I"))
+SKIPPED_PH = ("s", "f", "t", "M", "I", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R")
+_SKIP_TYPES = (Instant, *(_skipped(ph) for ph in SKIPPED_PH))
+_INSTANT_TYPES = (Instant, *(t for t, ph in zip(_SKIP_TYPES[1:], SKIPPED_PH, strict=True) if ph == "I"))
+MEMORY_EVENT = "[memory]"
 
 
 def _union(first: type) -> Any:
@@ -206,6 +215,8 @@ class Columns:
     _coll_ids: dict[tuple, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     instants: int = 0
+    # The device allocator's `[memory]` records, per piece: (ts ns, bytes, allocated, reserved, device id).
+    memory: list[np.ndarray] = field(default_factory=list)
     unknown_cats: dict[str, int] = field(default_factory=dict)
     dec: Decoders = FAST
     # Set when float timestamps were too large for ns precision: the file is decoded again exactly.
@@ -228,6 +239,8 @@ class Columns:
         if len(xs) != len(events):
             kinds = Counter(map(type, filterfalse(etype.__instancecheck__, events)))
             self.instants += sum(kinds[t] for t in _INSTANT_TYPES)
+            if kinds[Instant]:
+                self._memory(list(filter(Instant.__instancecheck__, events)))
         n = len(xs)
         if not n:
             return
@@ -274,6 +287,33 @@ class Columns:
         self.parts.append((cat[keep], name[keep], ts, end, pid[keep], tid[keep], stream[keep], corr[keep],
                            nbytes[keep], _keep_rows(launch, keep), _keep_rows(shape, keep),
                            _keep_rows(coll, keep)))
+
+    def _memory(self, instants: list[Instant]) -> None:
+        """Keep the device allocator's `[memory]` records (CPU ones and malformed ones left out)."""
+        rows, ts = [], []
+        for e in instants:
+            if e.name != MEMORY_EVENT or not isinstance(e.args, dict):
+                continue
+            a = e.args
+            vals = (a.get("Bytes"), a.get("Total Allocated"), a.get("Total Reserved"), a.get("Device Id", 0))
+            dev = a.get("Device Type")
+            if not (_int(dev) and dev > 0 and all(_int(v) for v in vals) and vals[1] >= 0 and vals[2] >= 0):
+                continue
+            if not isinstance(e.ts, (int, float)) or isinstance(e.ts, bool) or not 0 <= e.ts <= MAX_TS_US:
+                continue
+            rows.append((0, *vals))
+            ts.append(float(e.ts))
+        if rows:
+            out = np.array(rows, np.int64)
+            out[:, 0] = _us_to_ns(np.array(ts, np.float64))
+            self.memory.append(out)
+
+    def memory_rows(self) -> np.ndarray:
+        """All `[memory]` records as an (n, 5) int64 array sorted by time (see `memory`)."""
+        if not self.memory:
+            return np.zeros((0, 5), np.int64)
+        rows = np.concatenate(self.memory)
+        return rows[np.argsort(rows[:, 0], kind="stable")]
 
     def _launch_rows(self, cat: np.ndarray, args: list[Args]) -> tuple[np.ndarray, ...]:
         """(positions, blocks per SM, warps per SM, est. achieved occupancy %, grid blocks) of the
@@ -540,6 +580,10 @@ def _intern_ids(table: dict[str, int], events: list, attr: attrgetter, dtype: ty
         return np.fromiter(map(get, map(attr, events)), dtype, n)
     except TypeError:  # an unseen string: get() gave None
         return np.array(_intern(table, list(map(attr, events))), dtype)
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**62
 
 
 def _us_to_ns(ts_us: np.ndarray) -> np.ndarray:

@@ -108,7 +108,7 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
         world_size=ws if isinstance(ws, int) else None,
         backend=backend if isinstance(backend, str) else None,
         device_name=_device_name(props), device_properties=props, warnings=warnings,
-        instant_events=cols.instants,
+        instant_events=cols.instants, memory=cols.memory_rows(),
     )
 
 

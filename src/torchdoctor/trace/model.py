@@ -151,6 +151,9 @@ class RankTrace:
     backend: str | None = None
     device_name: str | None = None
     device_properties: list[dict] = field(default_factory=list)
+    # The device allocator's `[memory]` records (profile_memory=True), sorted by time: rows of
+    # (ts ns, bytes (+ allocated, - freed), total allocated, total reserved, device id) as int64.
+    memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
     # Problems with parts of the trace that did not stop its analysis (dropped events, ...).
     warnings: list[str] = field(default_factory=list)
     instant_events: int = 0

@@ -127,6 +127,7 @@ def merge(parts: list[Columns], dec: Decoders) -> Columns:
         for why, n in c.dropped.items():
             out.drop(why, n)
         out.instants += c.instants
+        out.memory += c.memory
         out.needs_exact |= c.needs_exact
     return out
 
