@@ -223,6 +223,10 @@ class DeviceFacts(msgspec.Struct, omit_defaults=True):
     numa_node: int | None = None
     numa_node_cpus: list[int] = []
     num_alloc_retries: int | None = None
+    # The caching allocator's reserved peak and its peak of inactive split blocks (fragmentation:
+    # memory_stats' inactive_split_bytes.all.peak), over the run.
+    max_memory_reserved_bytes: int | None = None
+    inactive_split_bytes_peak: int | None = None
 
 
 class BackendFacts(msgspec.Struct, omit_defaults=True):

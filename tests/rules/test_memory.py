@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from memory_traces import memory_trace
+from torchdoctor.facts import DeviceFacts
 from torchdoctor.session import analyze_paths
+
+from .conftest import gpu_facts, gpu_result, only, run
 
 
 def ids(path: str) -> dict:
@@ -31,3 +34,15 @@ def test_no_memory_finding_with_room_to_spare(tmp_path):
     # Busy 30% with 8% of memory used: a larger batch would fit, said from the trace alone.
     hw5 = found["HW-5"]
     assert "x larger would fit" in hw5.evidence[0].text and hw5.evidence[0].values["batch_scale"] > 1.2
+
+
+def test_hw18_from_live_allocator_peaks():
+    gib = 2**30
+    dev = DeviceFacts(kind="cuda", name="NVIDIA A100", capability="8.0", total_memory_bytes=80 * gib,
+                      max_memory_allocated_bytes=20 * gib, max_memory_reserved_bytes=70 * gib)
+    f = only(run("HW-18", (gpu_result(), gpu_facts(device=dev))), "HW-18")
+    assert f.remedy == "memory.expandable_segments" and f.severity == "info"
+    assert f.evidence[0].text.startswith("torch.cuda memory stats over the run: reserved peak 70.00 GiB")
+    # Room to spare: no finding.
+    dev.max_memory_reserved_bytes = 30 * gib
+    assert run("HW-18", (gpu_result(), gpu_facts(device=dev))) == []

@@ -306,6 +306,9 @@ def _fill_cuda(torch: Any, device: DeviceFacts) -> None:
     stats = attempt(lambda: torch.cuda.memory_stats(index)) or {}
     if "num_alloc_retries" in stats:
         device.num_alloc_retries = int(stats["num_alloc_retries"])
+    device.max_memory_reserved_bytes = attempt(lambda: int(torch.cuda.max_memory_reserved(index)))
+    if "inactive_split_bytes.all.peak" in stats:
+        device.inactive_split_bytes_peak = int(stats["inactive_split_bytes.all.peak"])
 
 
 def embedding_facts(torch: Any, roots: list[Any]) -> list[EmbeddingFacts]:
