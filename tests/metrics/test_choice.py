@@ -125,3 +125,13 @@ def test_precision_advisor_follows_the_device(tmp_path):
     assert h100.recommended.startswith("fp8 for the large GEMMs") and h100.remedy is None
     small = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", m=1024)).precision
     assert small.recommended == "keep" and small.dominant == "bf16"
+
+
+def test_fp32_ffma_gemms_on_h100_are_priced_as_tf32(tmp_path):
+    # Hopper cuBLAS names its plain-FP32 GEMMs after the FFMA instruction (classify._FFMA): SIMT, not tensor cores.
+    c = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", dtype="float", kernel_us=5000.0,
+                        kernel="sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4"))
+    g = c.fp32_simt
+    assert (g.target, g.ns) == ("tf32", 15_000_000)
+    assert g.expected_ns == pytest.approx(3 * 2 * 4096**3 / (494.7e3 * 0.6))
+    assert c.precision.recommended == "tf32, then bf16 autocast" and c.precision.remedy == "precision.tf32"

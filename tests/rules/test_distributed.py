@@ -402,6 +402,16 @@ def test_di16_fsdp2_resharding_with_memory_to_spare():
     host.signals.collectives = {}  # a host-only trace: kinds unknown, a quarter of the exposed time
     got = only(run("DI-16", (host, facts())), "DI-16")
     assert abs(got.recoverable_ms - 5.0) < 1e-6 and got.confidence == "low"
+    # Without live memory facts, the trace's allocator records decide.
+    from torchdoctor.metrics.model import MemoryStats
+    live_less = facts()
+    live_less.device.max_memory_allocated_bytes = None
+    r.memory = MemoryStats(device_id=0, records=10, peak_allocated=70 * gb, peak_reserved=75 * gb, floor_allocated=60 * gb,
+                           cache_slack_pct=6.7, reserved_growth=0, allocs_per_step=5.0, alloc_bytes_per_step=gb,
+                           total_memory=80 * gb)
+    assert run("DI-16", (r, live_less)) == []
+    r.memory.peak_allocated = 20 * gb
+    assert only(run("DI-16", (r, live_less)), "DI-16").remedy == "fsdp.keep_unsharded"
     small = facts(mb=0.26)  # pytorch/examples' FSDP2 Transformer: 0.26 MB on 8 ranks
     assert got.title.startswith("FSDP2 all-gathers") and "for 0.23 MB more memory per rank." in only(
         run("DI-16", (host, small)), "DI-16").title

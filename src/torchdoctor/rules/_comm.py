@@ -267,9 +267,9 @@ def resharding_fsdp2(v: View):
 
 def keep_unsharded_room(v: View) -> tuple[bool, float | None]:
     """(whether the rank can keep its parameters unsharded through the step, the extra MB it would
-    hold): every unit's unsharded parameters less its own shard. On a device with memory facts the
-    peak plus the extra must stay under MEMORY_HEADROOM of its memory; without them (CPU) it is
-    allowed and the extra is said."""
+    hold): every unit's unsharded parameters less its own shard. On a device with memory facts (or
+    the trace's allocator records) the peak plus the extra must stay under MEMORY_HEADROOM of its
+    memory; without them (CPU) it is allowed and the extra is said."""
     fs = resharding_fsdp2(v)
     if fs is None or not fs.model_mb:
         return False, None
@@ -278,6 +278,9 @@ def keep_unsharded_room(v: View) -> tuple[bool, float | None]:
     d = v.f.device if v.f is not None else None
     if d is not None and d.total_memory_bytes and d.max_memory_allocated_bytes:
         return d.max_memory_allocated_bytes + extra * 1e6 <= MEMORY_HEADROOM * d.total_memory_bytes, extra
+    m = v.r.memory if v.r is not None else None
+    if m is not None and m.total_memory:  # the trace's allocator records (profile_memory=True)
+        return m.peak_allocated + extra * 1e6 <= MEMORY_HEADROOM * m.total_memory, extra
     return True, extra
 
 
