@@ -166,7 +166,11 @@ class RankTrace:
         return self.end - self.ts
 
     def mask(self, *cats: Cat) -> np.ndarray:
-        return np.isin(self.cat, np.array([int(c) for c in cats], dtype=self.cat.dtype))
+        # One comparison per category: several times faster than np.isin on millions of events.
+        out = self.cat == int(cats[0]) if cats else np.zeros(len(self), bool)
+        for c in cats[1:]:
+            out |= self.cat == int(c)
+        return out
 
     def name_mask(self, predicate) -> np.ndarray:
         """Boolean mask of events whose name satisfies `predicate` (evaluated once per unique name)."""
