@@ -135,3 +135,18 @@ def test_fp32_ffma_gemms_on_h100_are_priced_as_tf32(tmp_path):
     assert (g.target, g.ns) == ("tf32", 15_000_000)
     assert g.expected_ns == pytest.approx(3 * 2 * 4096**3 / (494.7e3 * 0.6))
     assert c.precision.recommended == "tf32, then bf16 autocast" and c.precision.remedy == "precision.tf32"
+
+
+def test_bias_dropout_add_is_one_chain_of_three_passes(tmp_path):
+    from choice_traces import POINTWISE, STEP
+    from kineto_builder import TraceBuilder
+    b = TraceBuilder()
+    for n in range(3):
+        t0 = n * STEP
+        b.step(n, t0, STEP)
+        for i, op in enumerate(("add", "dropout", "add")):
+            b.launching(f"aten::{op}", t0 + 10 + 30 * i, 20.0, POINTWISE, t0 + 400 + 80 * i, 60.0,
+                        dims=[[8, 512, 1024], [1024]], types=["c10::BFloat16", "c10::BFloat16"])
+    (s,) = choice(str(b.write(tmp_path / "bda.json"))).chains
+    assert (s.pattern, s.calls, s.ops, s.device_ns) == ("bias_dropout_add", 3, ["add", "dropout", "add"], 3 * 180_000)
+    assert s.nbytes == 3 * 3 * 8 * 512 * 1024 * 2  # x, residual and the output, bf16

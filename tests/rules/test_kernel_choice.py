@@ -59,7 +59,7 @@ def test_hw14_rms_norm_by_hand(tmp_path):
     # busy 300 of 2000 µs.
     one_pass_us = 2 * 4096 * 4096 * 2 / (2039 * 0.6) / 1e3
     assert f.recoverable_ms == pytest.approx((300 - one_pass_us) * 0.15 / 1e3, abs=5e-4)
-    assert "RMSNorm is written by hand as 6 separate kernels" in f.title and "RMSNorm" in f.fix.snippet
+    assert "RMSNorm runs as 6 separate ops" in f.title and "RMSNorm" in f.fix.snippet
     # CG-1 (fusion) gets only what HW-14 left of the pointwise/reduction time.
     for g in by_id(rep, "CG-1"):
         assert granted(g, "device.busy.fusable") + granted(f, "device.busy.fusable") <= 0.3 + 1e-9

@@ -25,8 +25,9 @@ Attention (`AttentionSite`, grouped by path, dtype, q/k shapes and mask):
 Hand-written normalisations and activations (`ChainSite`): top-level aten ops in the window
 outside backward passes, per thread in start order, written as their names without "aten::" (views
 left out, casts written "to"); CHAIN_PATTERNS are regular expressions over that text. device_ns sums
-the kernels the chain's ops launched; nbytes = 2 x the bytes of the chain's first tensor (what
-one fused kernel reads and writes); expected_ns: the registry family (norm / elementwise) moving
+the kernels the chain's ops launched; nbytes = the bytes of the chain's first tensor times the
+passes one fused kernel makes over it (CHAIN_PASSES: 2, one read and one write; 3 for
+bias-dropout-add, which also reads the residual); expected_ns: the registry family (norm / elementwise) moving
 them on the memory roof.
 
 GEMMs (from GEMM/convolution kernels with known work, metrics/work.py): device time and FLOPs by
@@ -89,7 +90,12 @@ CHAIN_PATTERNS: dict[str, tuple[str, re.Pattern[str]]] = {
         r"\bmean (?:sub (?:pow|mul) mean|var) (?:sub )?add (?:sqrt div|rsqrt mul) (?:mul add|add_?)\b")),
     "gelu_tanh": ("elementwise", re.compile(r"\bmul pow mul add mul tanh add mul\b")),
     "gelu_erf": ("elementwise", re.compile(r"\bmul div erf add mul\b")),
+    # residual + dropout(x + bias): three passes over the activation where one fused kernel reads
+    # x and the residual and writes the sum (Megatron's bias_dropout_add; Inductor fuses it).
+    "bias_dropout_add": ("elementwise", re.compile(r"\badd dropout add\b")),
 }
+# Passes over the chain's first tensor that the fused kernel makes (reads + writes).
+CHAIN_PASSES = {"bias_dropout_add": 3}
 # Casts, written "to" in the chain text whichever op the trace recorded at the top.
 CAST_OPS = {"aten::to": "to", "aten::_to_copy": "to", "aten::copy_": "to", "aten::type_as": "to"}
 # Ops that launch no kernel even at the top of a call (views, metadata): left out of the chain text.
@@ -416,7 +422,7 @@ def chain_sites(ctx: Context, device: DeviceSpec | None) -> list[ChainSite]:
         ns = _split_ns(ctx, np.concatenate(kernels) if kernels else np.zeros(0, np.int64))[0]
         size = DTYPE_BYTES.get(dtype)
         numel = math.prod(x) if x and all(isinstance(d, int) for d in x) else None
-        nbytes = float(2 * numel * size * len(runs)) if numel and size else None
+        nbytes = float(CHAIN_PASSES.get(pattern, 2) * numel * size * len(runs)) if numel and size else None
         site = ChainSite(pattern=pattern, calls=len(runs), ops=list(words),
                          kernels_per_call=round(sum(k.size for k in kernels) / len(runs), 2),
                          dtype=dtype, input_dims=list(x), device_ns=ns, nbytes=nbytes)

@@ -28,8 +28,12 @@ CHAIN_FIX = {
     "gelu_tanh": ("Use F.gelu(x, approximate='tanh'): the same function in one kernel.",
                   "y = torch.nn.functional.gelu(x, approximate='tanh')"),
     "gelu_erf": ("Use F.gelu(x): the exact (erf) GELU in one kernel.", "y = torch.nn.functional.gelu(x)"),
+    "bias_dropout_add": ("torch.compile the block: Inductor fuses the bias add, dropout and residual add into one "
+                         "kernel (eager PyTorch has no fused bias-dropout-add).",
+                         "block = torch.compile(block)  # x = residual + dropout(x + bias) becomes one kernel"),
 }
-CHAIN_LABEL = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm", "gelu_tanh": "tanh-GELU", "gelu_erf": "GELU"}
+CHAIN_LABEL = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm", "gelu_tanh": "tanh-GELU", "gelu_erf": "GELU",
+               "bias_dropout_add": "Bias-dropout-add"}
 
 
 def _choice(v: View):
@@ -140,7 +144,7 @@ def _chains(v: View) -> list[ChainSite]:
 
 @rule("HW-14", priority=DERIVED - 1, budgets=("device.busy.fusable",))
 def unfused_chains(inputs: RuleInputs) -> list[Finding]:
-    """RMSNorm, LayerNorm or GELU written as a chain of pointwise/reduction ops.
+    """RMSNorm, LayerNorm, GELU or bias-dropout-add written as a chain of pointwise/reduction ops.
 
     TTG "fuse pointwise operations"; the registry's fused norm / pointwise family. Gain: the
     chains' forward device time minus one fused kernel reading and writing the tensor once at the
@@ -166,7 +170,7 @@ def unfused_chains(inputs: RuleInputs) -> list[Finding]:
             for s in sites]
         return finding(
             v, "HW-14", "hardware",
-            f"{CHAIN_LABEL[top.pattern]} is written by hand as {len(top.ops)} separate kernels "
+            f"{CHAIN_LABEL[top.pattern]} runs as {len(top.ops)} separate ops "
             f"({fmt_ms(v.ms(sum(s.device_ns for s in sites)))} per step); fused kernels would save about "
             f"{fmt_ms(gain)}.", gain, evidence=ev, fix=Fix(fix_text, snippet), confidence="medium",
             confirm="the chain's backward is unfused as well: the saving is larger with a backward pass",
