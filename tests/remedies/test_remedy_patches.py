@@ -291,3 +291,10 @@ def test_expandable_segments_keeps_a_jobs_own_choice(runtime: Runtime, monkeypat
     patch_flags.alloc_env(want(runtime, "memory.expandable_segments"))
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False" and not runtime.applied
     assert "already sets" in runtime.skipped["memory.expandable_segments"]
+
+
+def test_expandable_segments_refused_with_the_async_allocator(runtime: Runtime, monkeypatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+    patch_flags.alloc_env(want(runtime, "memory.expandable_segments"))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync" and not runtime.applied
+    assert "cudaMallocAsync" in runtime.refused["memory.expandable_segments"]

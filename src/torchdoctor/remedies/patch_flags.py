@@ -43,6 +43,9 @@ def alloc_env(rt: Runtime) -> None:
     if "expandable_segments" in conf:
         rt.skip("memory.expandable_segments", f"{ALLOC_CONF} already sets expandable_segments ({conf})")
         return
+    if "cudaMallocAsync" in conf:  # the driver's allocator: segments are not the caching allocator's
+        rt.refuse("memory.expandable_segments", f"{ALLOC_CONF} selects backend:cudaMallocAsync ({conf})")
+        return
     new = f"{conf},expandable_segments:True" if conf.strip() else "expandable_segments:True"
     os.environ[ALLOC_CONF] = new
     rt.did("memory.expandable_segments", "environment", None, {ALLOC_CONF: new}, {ALLOC_CONF: conf or None})
