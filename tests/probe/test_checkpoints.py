@@ -60,3 +60,41 @@ def test_a_dcp_save_is_one_save_not_the_torch_saves_inside_it(tmp_path):
     got = saves(run_dir)
     counts = [n for n, _ in got.values() if n]
     assert len(counts) >= 5 and set(counts) == {1}, got
+
+
+WHOLE_MODEL = """
+import io, os, pickle, sys, tempfile
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(16, 64)
+path = os.path.join(tempfile.mkdtemp(), "model.pt")
+for step in range(12):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step in (4, 11):  # the whole model, as pytorch/examples' word_language_model saves it
+        torch.save(model, path)
+loaded = torch.load(path, weights_only=False)
+scripted = torch.jit.script(model)
+buf = io.BytesIO()
+torch.jit.save(scripted, buf)
+assert torch.equal(loaded(x), model(x)) and torch.equal(scripted(x), model(x))
+hooks = (len(loaded._forward_hooks), len(loaded._forward_pre_hooks), len(model._forward_hooks))
+print("ok", hooks)
+"""
+
+
+def test_saving_or_scripting_the_whole_model_is_not_broken_by_the_probe_hooks(tmp_path):
+    # The probe times the model's forward with hooks on the root module; they are closures, so a
+    # model pickled with them (torch.save(model)) could not be saved, and torch.jit.script would try
+    # to compile them. Both run with the hooks taken off; the job's own model keeps them after.
+    job = script(tmp_path, WHOLE_MODEL)
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok (0, 0, 1)\n", result.stdout
+    got = saves(tmp_path / "run")
+    assert sum(n for n, _ in got.values()) == 1  # step 4's save; step 11's is after the last step's end

@@ -57,6 +57,8 @@ class Probe:
         self.primary_optimizer: weakref.ref[Any] | None = None
         self.ddps: list[summary.DDPRecord] = []
         self.roots: list[weakref.ref[Any]] = []  # top-level modules whose forward is timed
+        # (module, pre-hook id, forward-hook id) of the hooks on them, to take off around a save.
+        self.root_hooks: list[tuple[weakref.ref[Any], int, int]] = []
         self.roots_attached = False
         self.sync_sites: Counter[tuple[str, int]] = Counter()
         self.sync_total = 0

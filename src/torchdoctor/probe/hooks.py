@@ -33,6 +33,7 @@ does not time or count what the compiled code runs.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -446,10 +447,76 @@ def attach_root_hooks(probe: Probe) -> None:
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
             continue
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post, always_call=True)
+        a = module.register_forward_pre_hook(pre)
+        b = module.register_forward_hook(post, always_call=True)
         roots.append(weakref.ref(module))
+        probe.root_hooks.append((weakref.ref(module), a.id, b.id))
     probe.roots = roots
+    if probe.root_hooks:
+        _hooks_never_travel(probe, torch)
+
+
+# The module hook tables the probe's root hooks sit in (a forward hook registered with
+# always_call=True is also listed in _forward_hooks_always_called).
+_PRE_TABLES = ("_forward_pre_hooks",)
+_POST_TABLES = ("_forward_hooks", "_forward_hooks_always_called")
+
+
+def _detach(probe: Probe) -> list[tuple[Any, str, int, Any]]:
+    """Take the probe's hooks off the root modules; returns what to put back (never raises)."""
+    taken: list[tuple[Any, str, int, Any]] = []
+    try:
+        for ref, pre_id, post_id in probe.root_hooks:
+            module = ref()
+            if module is None:
+                continue
+            for tables, key in ((_PRE_TABLES, pre_id), (_POST_TABLES, post_id)):
+                for table in tables:
+                    d = getattr(module, table, None)
+                    if isinstance(d, dict) and key in d:
+                        taken.append((module, table, key, d.pop(key)))
+    except Exception as exc:
+        ERRORS.record("forward", exc)
+    return taken
+
+
+def _reattach(taken: list[tuple[Any, str, int, Any]]) -> None:
+    for module, table, key, value in taken:
+        try:
+            getattr(module, table)[key] = value
+        except Exception as exc:
+            ERRORS.record("forward", exc)
+
+
+def _hooks_never_travel(probe: Probe, torch: Any) -> None:
+    """The probe's hooks are closures: pickled with a module (``torch.save(model)``) they make the
+    save fail, and ``torch.jit.script(model)`` tries to compile them. Both run with the hooks taken
+    off for the call and put back after, so the saved or scripted model is the user's alone."""
+    def detaching(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(fn, "_torchdoctor_detaching", False):
+            return fn
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if probe.is_compiling():
+                return fn(*args, **kwargs)
+            taken = _detach(probe)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _reattach(taken)
+
+        call._torchdoctor_detaching = True  # type: ignore[attr-defined]
+        unseen.hide_all(call)
+        return call
+
+    for owner, name in ((torch, "save"), (getattr(torch, "jit", None), "script")):
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is not None:
+            try:
+                setattr(owner, name, detaching(fn))
+            except Exception as exc:
+                ERRORS.record("forward", exc)
 
 
 def _ddp(probe: Probe) -> None:
