@@ -63,7 +63,7 @@ def test_a_dcp_save_is_one_save_not_the_torch_saves_inside_it(tmp_path):
 
 
 WHOLE_MODEL = """
-import io, os, pickle, sys, tempfile
+import copy, io, os, pickle, sys, tempfile
 import torch
 
 torch.manual_seed(0)
@@ -78,7 +78,10 @@ for step in range(12):
     opt.step()
     if step in (4, 11):  # the whole model, as pytorch/examples' word_language_model saves it
         torch.save(model, path)
+ema = copy.deepcopy(model)  # made after the probe hooked the model: it carries the hooks too
+torch.save({"ema": ema, "step": 12}, path + ".ema")
 loaded = torch.load(path, weights_only=False)
+assert torch.equal(torch.load(path + ".ema", weights_only=False)["ema"](x), model(x))
 scripted = torch.jit.script(model)
 buf = io.BytesIO()
 torch.jit.save(scripted, buf)

@@ -59,6 +59,7 @@ class Probe:
         self.roots: list[weakref.ref[Any]] = []  # top-level modules whose forward is timed
         # (module, pre-hook id, forward-hook id) of the hooks on them, to take off around a save.
         self.root_hooks: list[tuple[weakref.ref[Any], int, int]] = []
+        self.root_hook_fns: tuple[Any, ...] = ()
         self.roots_attached = False
         self.sync_sites: Counter[tuple[str, int]] = Counter()
         self.sync_total = 0

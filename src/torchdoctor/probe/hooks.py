@@ -452,38 +452,65 @@ def attach_root_hooks(probe: Probe) -> None:
         roots.append(weakref.ref(module))
         probe.root_hooks.append((weakref.ref(module), a.id, b.id))
     probe.roots = roots
+    probe.root_hook_fns = (pre, post)
     if probe.root_hooks:
         _hooks_never_travel(probe, torch)
 
 
 # The module hook tables the probe's root hooks sit in (a forward hook registered with
-# always_call=True is also listed in _forward_hooks_always_called).
-_PRE_TABLES = ("_forward_pre_hooks",)
-_POST_TABLES = ("_forward_hooks", "_forward_hooks_always_called")
+# always_call=True is also listed in _forward_hooks_always_called, by the same key).
+_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
+# How deep `_modules_in` looks into the containers a save is given ({"model": model, ...}).
+_SEARCH_DEPTH = 3
 
 
-def _detach(probe: Probe) -> list[tuple[Any, str, int, Any]]:
-    """Take the probe's hooks off the root modules; returns what to put back (never raises)."""
-    taken: list[tuple[Any, str, int, Any]] = []
+def _modules_in(value: Any, module_cls: type, depth: int = _SEARCH_DEPTH) -> list[Any]:
+    """The nn.Modules in `value`: a module and its submodules, or those inside dicts, lists and tuples."""
+    if isinstance(value, module_cls):
+        return list(value.modules())
+    if depth <= 0:
+        return []
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return []
+    return [m for item in list(items)[:1000] for m in _modules_in(item, module_cls, depth - 1)]
+
+
+def _detach(probe: Probe, args: tuple[Any, ...], module_cls: type) -> list[tuple[Any, str, Any, Any]]:
+    """Take the probe's forward hooks off the root modules and off every module in `args` (a copy
+    of a root made after the hooks were put on carries them too); returns what to put back."""
+    taken: list[tuple[Any, str, Any, Any]] = []
     try:
-        for ref, pre_id, post_id in probe.root_hooks:
-            module = ref()
-            if module is None:
+        ours = probe.root_hook_fns
+        modules = [m for ref, *_ in probe.root_hooks if (m := ref()) is not None]
+        modules += _modules_in(args, module_cls)
+        seen: set[int] = set()
+        for module in modules:
+            if id(module) in seen:
                 continue
-            for tables, key in ((_PRE_TABLES, pre_id), (_POST_TABLES, post_id)):
-                for table in tables:
-                    d = getattr(module, table, None)
-                    if isinstance(d, dict) and key in d:
-                        taken.append((module, table, key, d.pop(key)))
+            seen.add(id(module))
+            for table in _TABLES:
+                d = module.__dict__.get(table)
+                if not isinstance(d, dict):
+                    continue
+                keys = [k for k, v in d.items() if any(v is f for f in ours)] if table != _TABLES[2] else []
+                for key in keys:
+                    taken.append((module, table, key, d.pop(key)))
+                    always = module.__dict__.get(_TABLES[2])
+                    if table == _TABLES[1] and isinstance(always, dict) and key in always:
+                        taken.append((module, _TABLES[2], key, always.pop(key)))
     except Exception as exc:
         ERRORS.record("forward", exc)
     return taken
 
 
-def _reattach(taken: list[tuple[Any, str, int, Any]]) -> None:
+def _reattach(taken: list[tuple[Any, str, Any, Any]]) -> None:
     for module, table, key, value in taken:
         try:
-            getattr(module, table)[key] = value
+            module.__dict__[table][key] = value
         except Exception as exc:
             ERRORS.record("forward", exc)
 
@@ -500,7 +527,7 @@ def _hooks_never_travel(probe: Probe, torch: Any) -> None:
         def call(*args: Any, **kwargs: Any) -> Any:
             if probe.is_compiling():
                 return fn(*args, **kwargs)
-            taken = _detach(probe)
+            taken = _detach(probe, args, torch.nn.Module)
             try:
                 return fn(*args, **kwargs)
             finally:
