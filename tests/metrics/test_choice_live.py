@@ -23,13 +23,15 @@ RECORD = textwrap.dedent("""
     q = torch.randn(2, 4, 128, 32, requires_grad=True); k = torch.randn(2, 4, 128, 32); v = torch.randn(2, 4, 128, 32)
     mask = torch.ones(128, 128, dtype=torch.bool).tril()
     x = torch.randn(64, 256); w = torch.ones(256)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True); y = torch.randn(2, 128, 64)
     def step():
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         s = torch.softmax((q @ k.transpose(-2, -1)) * 0.17, dim=-1) @ v          # attention by hand
         r = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w          # RMSNorm by hand
         g = 0.5 * x * (1.0 + torch.tanh(0.79788456 * (x + 0.044715 * torch.pow(x, 3.0))))  # NewGELU
-        (a.sum() + b.sum() + s.sum() + r.sum() + g.sum()).backward()
+        m, _ = mha(y, y, y)  # need_weights=True (the default): matmul, softmax, matmul inside
+        (a.sum() + b.sum() + s.sum() + r.sum() + g.sum() + m.sum()).backward()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
         for _ in range(3):
             step(); p.step()
@@ -58,7 +60,11 @@ def test_sdpa_calls_by_backend_with_mask_and_causal_from_the_users_call(ctx):
 
 
 def test_attention_by_hand_is_found_at_the_users_matmul(ctx):
-    (m,) = [s for s in attention_sites(ctx, None, True) if s.path == "manual"]
+    manual = {tuple(s.q_dims): s for s in attention_sites(ctx, None, True) if s.path == "manual"}
+    # nn.MultiheadAttention with need_weights=True computes it with bmm over batch x heads.
+    mha = manual.pop((8, 128, 16))
+    assert mha.calls == len(ctx.win.steps) and mha.kv_len == 128
+    (m,) = manual.values()
     n = len(ctx.win.steps)
     assert m.calls == n and m.q_dims == [2, 4, 128, 32] and m.kv_len == 128
     assert m.flops == n * (2 * 8 * 128 * 128 * 32 * 2)  # the two aten::matmul calls

@@ -353,7 +353,8 @@ def math_reasons(path: str, prec: str | None, has_mask: bool, head_dim: int, dev
     """Why no fused attention kernel ran, as far as the trace shows (PyTorch's SDPA backend rules)."""
     out = []
     if path == "manual":
-        out.append("attention is written by hand (matmul, softmax, matmul): no fused kernel can run; "
+        out.append("attention is computed as matmul, softmax, matmul (by hand, or by nn.MultiheadAttention called "
+                   "with need_weights=True): no fused kernel can run; "
                    "F.scaled_dot_product_attention picks one")
     if prec not in ("fp16", "bf16"):
         out.append(f"{prec or 'unknown'} inputs: the flash backend takes fp16/bf16 only "

@@ -101,7 +101,8 @@ def unfused_attention(inputs: RuleInputs) -> list[Finding]:
         manual = any(s.path == "manual" for s in sites)
         steps = []
         if manual:
-            steps.append("replace matmul-softmax-matmul with F.scaled_dot_product_attention")
+            steps.append("replace matmul-softmax-matmul with F.scaled_dot_product_attention (for nn.MultiheadAttention: "
+                         "pass need_weights=False, which lets it call SDPA)")
         if masked:
             steps.append("pass is_causal=True instead of a causal mask tensor where the mask is causal")
         if fp32:
