@@ -150,3 +150,25 @@ def test_bias_dropout_add_is_one_chain_of_three_passes(tmp_path):
     (s,) = choice(str(b.write(tmp_path / "bda.json"))).chains
     assert (s.pattern, s.calls, s.ops, s.device_ns) == ("bias_dropout_add", 3, ["add", "dropout", "add"], 3 * 180_000)
     assert s.nbytes == 3 * 3 * 8 * 512 * 1024 * 2  # x, residual and the output, bf16
+
+
+def test_hostile_shapes_degrade_to_unknown_work_never_a_crash(tmp_path):
+    from choice_traces import BF16, SOFTMAX, STEP, TC_GEMM
+    from kineto_builder import TraceBuilder
+    b = TraceBuilder()
+    for n in range(3):
+        t0 = n * STEP
+        b.step(n, t0, STEP)
+        # SDPA with a string dim, a boolean and an absurd size; a softmax whose neighbours lie about theirs.
+        b.launching("aten::_scaled_dot_product_attention_math", t0 + 10, 50.0, SOFTMAX, t0 + 100, 50.0,
+                    dims=[[8, "x", 1024, 64], [True, 16, 1024, 64], [10**12, 10**12, 10**12, 10**12], [], [], []],
+                    types=[BF16] * 3 + ["", "Scalar", "Scalar"], concrete=[{"a": 1}, None, 3, [], "", "maybe"])
+        b.gemm("aten::bmm", t0 + 70, 10.0, [[128, "L", 64], [128, 64, 1024]], dtype=BF16, kernel=TC_GEMM,
+               kernel_at=t0 + 200, kernel_dur=50.0)
+        b.launching("aten::_softmax", t0 + 90, 10.0, SOFTMAX, t0 + 300, 50.0, dims=[[8, 16, 1024, 1024], [], []],
+                    types=[BF16, "Scalar", "Scalar"])
+        b.gemm("aten::bmm", t0 + 110, 10.0, [[128, 1024, 1024], "nope"], dtype=BF16, kernel=TC_GEMM,
+               kernel_at=t0 + 400, kernel_dur=50.0)
+    c = choice(str(b.write(tmp_path / "hostile.json")))
+    (s,) = c.attention  # the SDPA call; the softmax has no GEMMs it can trust around it
+    assert s.path == "math" and s.q_dims == [] and s.flops is None and s.expected_ns is None and s.is_causal is None

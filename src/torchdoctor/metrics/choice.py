@@ -59,7 +59,7 @@ from .classify import KernelKind, MathPath, math_path
 from .context import Context
 from .gemm import MATRIX_INPUTS, gemm_dims, innermost
 from .model import AttentionSite, ChainSite, GemmCandidates, KernelChoice, PrecisionPath
-from .opwork import DTYPE_BYTES, op_work
+from .opwork import DTYPE_BYTES, MAX_FLOPS, op_work
 from .roofline import PRECISION, precision
 from .work import KernelWork
 
@@ -221,9 +221,7 @@ def attention_sites(ctx: Context, device: DeviceSpec | None, backward: bool) -> 
         holder = span if tr.names[tr.name[span]] in SDPA_ARGS and _shapes(ctx, span)[0] else op
         dims, types, concrete = _shapes(ctx, holder)
         mask_at, causal_at = SDPA_ARGS.get(tr.names[tr.name[holder]], (None, None))
-        q = dims[0] if dims and isinstance(dims[0], list) else []
-        kk = dims[1] if len(dims) > 1 and isinstance(dims[1], list) else []
-        v = dims[2] if len(dims) > 2 and isinstance(dims[2], list) else []
+        q, kk, v = (_ints(dims[i]) if len(dims) > i else [] for i in range(3))
         has_mask = mask_at is not None and len(dims) > mask_at and isinstance(dims[mask_at], list) \
             and len(dims[mask_at]) > 0
         is_causal = _flag(concrete, causal_at)
@@ -265,6 +263,13 @@ def _outer(tr, op: int, ops: np.ndarray) -> int:
     return int(sel[np.argmin(tr.ts[sel])]) if sel.size else op
 
 
+def _ints(x: object) -> list[int]:
+    """A recorded shape as a list of ints; [] when it is not one (trace content is untrusted)."""
+    if isinstance(x, list) and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in x):
+        return x
+    return []
+
+
 def _flag(concrete: list, i: int | None) -> bool | None:
     if i is None or len(concrete) <= i:
         return None
@@ -278,7 +283,8 @@ def _sdpa_flops(q: list, k: list, v: list) -> float | None:
         return None
     batch = math.prod(q[:-2])
     L, D, S, Dv = q[-2], q[-1], k[-2], v[-1]
-    return float(2 * batch * L * S * D + 2 * batch * L * S * Dv)
+    flops = 2 * batch * L * S * D + 2 * batch * L * S * Dv
+    return float(flops) if flops <= MAX_FLOPS else None  # absurd shapes: no FLOPs, never a crash
 
 
 def _manual(ctx: Context, host: np.ndarray, sdpa: np.ndarray):
@@ -298,8 +304,8 @@ def _manual(ctx: Context, host: np.ndarray, sdpa: np.ndarray):
     found = []
     for s in soft[np.isin(soft, leaves)].tolist():
         dims, types, _ = _shapes(ctx, s)
-        x = dims[0] if dims and isinstance(dims[0], list) else []
-        if len(x) < 3 or not all(isinstance(d, int) for d in x):
+        x = _ints(dims[0]) if dims else []
+        if len(x) < 3:
             continue
         L, S = x[-2], x[-1]
         seq = by_tid[int(tr.tid[s])]
@@ -341,7 +347,7 @@ def _gemm_near(ctx: Context, ops: np.ndarray, fits) -> tuple[int, float | None, 
         a_i, b_i = MATRIX_INPUTS[name]
         if len(dims) <= b_i or not isinstance(dims[a_i], list) or not isinstance(dims[b_i], list):
             continue
-        a, b = dims[a_i], dims[b_i]
+        a, b = _ints(dims[a_i]), _ints(dims[b_i])
         if len(a) < 2 or len(b) < 2 or not fits(a, b):
             continue
         w = op_work(name, *tr.shapes[int(tr.shape_of(np.array([o]))[0])])
@@ -413,7 +419,7 @@ def chain_sites(ctx: Context, device: DeviceSpec | None) -> list[ChainSite]:
                 a = int(np.searchsorted(starts, m.start()))
                 b = a + len(m.group(0).split())
                 dims, types, _ = _shapes(ctx, int(seq[a]))
-                x = dims[0] if dims and isinstance(dims[0], list) else []
+                x = _ints(dims[0]) if dims else []
                 key = (pattern, tuple(words[a:b]), str(types[0]) if types else "", tuple(x))
                 found[key].append(seq[a:b])
     sites = []
