@@ -298,3 +298,43 @@ def test_expandable_segments_refused_with_the_async_allocator(runtime: Runtime, 
     patch_flags.alloc_env(want(runtime, "memory.expandable_segments"))
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync" and not runtime.applied
     assert "cudaMallocAsync" in runtime.refused["memory.expandable_segments"]
+
+
+def test_fsdp1_units_prefetch_forward_and_backward(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel
+    from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp1
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    monkeypatch.setattr(FullyShardedDataParallel, "__init__", FullyShardedDataParallel.__init__)
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        def build():
+            model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.nn.Linear(4, 1))
+            return FullyShardedDataParallel(model, device_id=torch.device("cpu"), backward_prefetch=None,
+                                            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Sequential}))
+
+        plain = build()
+        assert plain.backward_prefetch is None and plain.forward_prefetch is False
+        want(runtime, "fsdp.prefetch")
+        patch_fsdp.install(torch, runtime)
+        patch_fsdp._patch_fsdp1(fsdp1, runtime)  # the import hook's call: torch.distributed.fsdp is imported already
+        model = build()
+        units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+        assert len(units) == 2 and all(u.backward_prefetch == BackwardPrefetch.BACKWARD_PRE and u.forward_prefetch
+                                       for u in units)
+        model(torch.randn(2, 4)).sum().backward()
+        # One record, at the user's call, with what the job asked for.
+        assert [(e["set"], e["was"]) for e in runtime.applied] == [
+            ({"backward_prefetch": {"code": "BackwardPrefetch.BACKWARD_PRE"}, "forward_prefetch": True},
+             {"backward_prefetch": None, "forward_prefetch": False})]
+        # The permanent change, written into a call like the user's.
+        import ast
+
+        from torchdoctor.remedies.suggest import edited_call
+        src = b"m = FSDP(model, backward_prefetch=None)\n"
+        call = ast.parse(src).body[0].value
+        assert edited_call(src, call, runtime.applied[0]["set"]) == (
+            b"m = FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)\n")
+    finally:
+        dist.destroy_process_group()

@@ -96,6 +96,10 @@ REMEDIES: tuple[Remedy, ...] = (
            "the same parameters and gradients; it costs memory: every unit's unsharded parameters stay "
            "allocated through the step", "FSDP2 (fully_shard) imported after torch starts; memory for the "
            "unsharded parameters", target="fully_shard"),
+    Remedy("fsdp.prefetch", ("DI-12",), "FullyShardedDataParallel(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, "
+           "forward_prefetch=True): every FSDP1 unit issues the next unit's all-gather before it computes", "safe",
+           "the same collectives in another order: the same numbers (one more unit's parameters unsharded at a time)",
+           "FSDP1 (FullyShardedDataParallel); FSDP2 (fully_shard) prefetches by itself", target="FullyShardedDataParallel"),
     Remedy("optim.foreach", ("HO-9",), "optimizer(foreach=True): one multi-tensor kernel per operation "
            "instead of a Python loop over parameters", "safe",
            "bit-identical updates (checked for Adam and SGD on torch 2.13 CPU)",

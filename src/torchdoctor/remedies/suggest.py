@@ -36,6 +36,14 @@ def _call_at(tree: ast.AST, line: int) -> ast.Call | None:
     return min(calls, key=lambda n: n.col_offset, default=None)
 
 
+def as_code(value: Any) -> str:
+    """A remedy's value as Python source: its repr, or the text of {"code": TEXT} (an enum member
+    such as BackwardPrefetch.BACKWARD_PRE, which has no literal repr and must survive JSON)."""
+    if isinstance(value, dict) and isinstance(value.get("code"), str):
+        return value["code"]
+    return repr(value)
+
+
 def edited_call(src: bytes, call: ast.Call, changes: dict[str, Any]) -> bytes | None:
     """``src`` with ``changes`` set as keyword arguments of ``call``; None when it cannot say how."""
     starts = _offsets(src)
@@ -50,11 +58,11 @@ def edited_call(src: bytes, call: ast.Call, changes: dict[str, Any]) -> bytes | 
         if kw is not None:
             v = kw.value
             assert v.end_lineno is not None and v.end_col_offset is not None
-            edits.append((pos(v.lineno, v.col_offset), pos(v.end_lineno, v.end_col_offset), repr(value).encode()))
+            edits.append((pos(v.lineno, v.col_offset), pos(v.end_lineno, v.end_col_offset), as_code(value).encode()))
         elif any(k.arg is None for k in call.keywords):
             return None  # **kwargs may already carry it
         else:
-            appended.append(f"{key}={value!r}")
+            appended.append(f"{key}={as_code(value)}")
     if appended:
         assert call.end_lineno is not None and call.end_col_offset is not None
         close = pos(call.end_lineno, call.end_col_offset) - 1  # the closing parenthesis
@@ -110,7 +118,7 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
     out = []
     for (target, site), kwargs in by_site.items():
         diff = call_site_diff(site, kwargs)
-        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        args = ", ".join(f"{k}={as_code(v)}" for k, v in kwargs.items())
         out.append(Change(ids_at[(target, site)], site, diff or f"{target}(..., {args})",
                           "diff" if diff else "python"))
     return out + flags

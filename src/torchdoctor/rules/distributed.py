@@ -669,7 +669,8 @@ def fsdp_settings(inputs: RuleInputs) -> list[Finding]:
                                                                         "rate_limiter_ms": round(gain, 3)})],
             fix=Fix("Prefetch in backward, wrap per transformer block, keep parameters on the device.",
                     "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)"),
-            confidence="medium", source="FSDP docstrings; proposed rate_limiter > 5%")
+            confidence="medium", source="FSDP docstrings; proposed rate_limiter > 5%",
+            remedy="fsdp.prefetch" if "backward_prefetch=None" in problems else None)
     return per_rank(inputs, one)
 
 
