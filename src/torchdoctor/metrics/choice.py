@@ -591,7 +591,7 @@ def precision_path(c: KernelChoice, device: DeviceSpec | None) -> PrecisionPath 
     out = PrecisionPath(shares=shares, dominant=dominant)
     if dominant is None:
         out.recommended, out.why = "unknown", "the trace does not say which precision the GEMMs ran in (record_shapes=True)"
-    elif dominant == "fp32" and c.fp32_simt is not None and "tf32" in has:
+    elif dominant == "fp32" and "tf32" in has:  # "fp32" GEMM time ran on plain FP32 kernels (else "tf32")
         out.recommended, out.remedy, out.numerics = "tf32, then bf16 autocast", "precision.tf32", True
         out.why = f"FP32 GEMMs run without tensor cores; {device.label} runs TF32 (a flag) and bf16 on them"
     elif dominant in ("fp32", "tf32") and "bf16" in has:
