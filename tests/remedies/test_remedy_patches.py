@@ -300,6 +300,7 @@ def test_expandable_segments_refused_with_the_async_allocator(runtime: Runtime, 
     assert "cudaMallocAsync" in runtime.refused["memory.expandable_segments"]
 
 
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")  # one rank: nothing to shard
 def test_fsdp1_units_prefetch_forward_and_backward(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel
     from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp1
