@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from probe.livejob import facts_of, run_wrapped, script
+from probe.livejob import facts_of, run_plain, run_wrapped, script
 
 JOB = """
 import os, sys, tempfile
@@ -87,7 +87,15 @@ buf = io.BytesIO()
 torch.jit.save(scripted, buf)
 assert torch.equal(loaded(x), model(x)) and torch.equal(scripted(x), model(x))
 hooks = (len(loaded._forward_hooks), len(loaded._forward_pre_hooks), len(model._forward_hooks))
+with open(sys.argv[1], "wb") as f:  # raw pickle: the hooks go along, as harmless stand-ins
+    pickle.dump(model, f)
 print("ok", hooks)
+"""
+
+LOAD_ELSEWHERE = """
+import pickle, sys, torch
+model = pickle.load(open(sys.argv[1], "rb"))
+print(tuple(model(torch.randn(3, 64)).shape), len(model._forward_hooks), "torchdoctor" in sys.modules)
 """
 
 
@@ -96,8 +104,14 @@ def test_saving_or_scripting_the_whole_model_is_not_broken_by_the_probe_hooks(tm
     # model pickled with them (torch.save(model)) could not be saved, and torch.jit.script would try
     # to compile them. Both run with the hooks taken off; the job's own model keeps them after.
     job = script(tmp_path, WHOLE_MODEL)
-    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    pickled = tmp_path / "model.pkl"
+    result = run_wrapped(tmp_path / "run", job, str(pickled), options=("--profile-steps", "off"))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok (0, 0, 1)\n", result.stdout
+    # A raw pickle of the hooked model loads in a process without torchdoctor and runs: its hooks
+    # come back as no-ops of the standard library.
+    loader = script(tmp_path, LOAD_ELSEWHERE, "load.py")
+    plain = run_plain(loader, str(pickled))
+    assert plain.returncode == 0 and plain.stdout == "(3, 1) 1 False\n", plain.stderr
     got = saves(tmp_path / "run")
     assert sum(n for n, _ in got.values()) == 1  # step 4's save; step 11's is after the last step's end

@@ -425,6 +425,15 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
     return pre, post
 
 
+class _Portable(functools.partial):
+    """A probe hook that pickles as a no-op of the standard library: a model pickled with it (raw
+    ``pickle.dump``, a spawned worker) loads anywhere, torchdoctor installed or not, and its hook
+    then only raises an audit event nobody listens to (``sys.audit`` returns None)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial, (sys.audit, "torchdoctor.detached_probe_hook")
+
+
 def attach_root_hooks(probe: Probe) -> None:
     """Time the forward of the top-level modules that hold trainable parameters.
 
@@ -442,7 +451,7 @@ def attach_root_hooks(probe: Probe) -> None:
     # objects answer with an exception or a warning.
     modules = [obj for obj in gc.get_objects() if issubclass(type(obj), module_cls)]
     children = {id(child) for m in modules for child in m.children()}
-    pre, post = _forward_hooks(probe)
+    pre, post = (_Portable(f) for f in _forward_hooks(probe))
     roots = []
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
@@ -516,9 +525,10 @@ def _reattach(taken: list[tuple[Any, str, Any, Any]]) -> None:
 
 
 def _hooks_never_travel(probe: Probe, torch: Any) -> None:
-    """The probe's hooks are closures: pickled with a module (``torch.save(model)``) they make the
-    save fail, and ``torch.jit.script(model)`` tries to compile them. Both run with the hooks taken
-    off for the call and put back after, so the saved or scripted model is the user's alone."""
+    """A module pickled with the probe's hooks would carry them (``torch.save(model)``), and
+    ``torch.jit.script(model)`` tries to compile every hook. Both run with the hooks taken off for
+    the call and put back after, so the saved or scripted model is the user's alone. Other pickling
+    (raw ``pickle.dump``, a spawned worker) gets `_Portable`'s standard-library no-op."""
     def detaching(fn: Callable[..., Any]) -> Callable[..., Any]:
         if getattr(fn, "_torchdoctor_detaching", False):
             return fn
