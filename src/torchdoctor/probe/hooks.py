@@ -535,7 +535,10 @@ def _hooks_never_travel(probe: Probe, torch: Any) -> None:
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if probe.is_compiling():
+            # Only the training thread takes hooks off: another thread (a background saver) doing
+            # so could change a hook table while the training thread's forward iterates it. Its
+            # pickle gets `_Portable`'s no-op instead.
+            if probe.is_compiling() or threading.get_ident() != probe.main_thread:
                 return fn(*args, **kwargs)
             taken = _detach(probe, args, torch.nn.Module)
             try:
