@@ -86,6 +86,17 @@ scripted = torch.jit.script(model)
 buf = io.BytesIO()
 torch.jit.save(scripted, buf)
 assert torch.equal(loaded(x), model(x)) and torch.equal(scripted(x), model(x))
+def shift(a: int) -> int:
+    return a + 3
+
+
+@torch.jit.script
+class Shifted:  # TorchScript resolves `shift` in the caller's frame: the wrapper must not hide it
+    def __init__(self, a: int):
+        self.a = shift(a)
+
+
+assert Shifted(1).a == 4
 hooks = (len(loaded._forward_hooks), len(loaded._forward_pre_hooks), len(model._forward_hooks))
 with open(sys.argv[1], "wb") as f:  # raw pickle: the hooks go along, as harmless stand-ins
     pickle.dump(model, f)

@@ -34,6 +34,7 @@ does not time or count what the compiled code runs.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
 import weakref
@@ -529,7 +530,9 @@ def _hooks_never_travel(probe: Probe, torch: Any) -> None:
     ``torch.jit.script(model)`` tries to compile every hook. Both run with the hooks taken off for
     the call and put back after, so the saved or scripted model is the user's alone. Other pickling
     (raw ``pickle.dump``, a spawned worker) gets `_Portable`'s standard-library no-op."""
-    def detaching(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def detaching(fn: Callable[..., Any], frames_up: bool = False) -> Callable[..., Any]:
+        """`fn` run with the hooks off; `frames_up`: tell torch.jit.script about the wrapper's frame
+        (it resolves the names of a scripted class in its caller's frame, `_frames_up` above it)."""
         if getattr(fn, "_torchdoctor_detaching", False):
             return fn
 
@@ -538,6 +541,8 @@ def _hooks_never_travel(probe: Probe, torch: Any) -> None:
             # Only the training thread takes hooks off: another thread (a background saver) doing
             # so could change a hook table while the training thread's forward iterates it. Its
             # pickle gets `_Portable`'s no-op instead.
+            if frames_up:
+                kwargs["_frames_up"] = kwargs.get("_frames_up", 0) + 1
             if probe.is_compiling() or threading.get_ident() != probe.main_thread:
                 return fn(*args, **kwargs)
             taken = _detach(probe, args, torch.nn.Module)
@@ -552,11 +557,15 @@ def _hooks_never_travel(probe: Probe, torch: Any) -> None:
 
     for owner, name in ((torch, "save"), (getattr(torch, "jit", None), "script")):
         fn = getattr(owner, name, None) if owner is not None else None
-        if fn is not None:
-            try:
-                setattr(owner, name, detaching(fn))
-            except Exception as exc:
-                ERRORS.record("forward", exc)
+        if fn is None:
+            continue
+        try:
+            up = name == "script" and "_frames_up" in inspect.signature(fn).parameters
+            if name == "script" and not up:
+                continue  # without _frames_up a wrapper would hide the caller's names from TorchScript
+            setattr(owner, name, detaching(fn, up))
+        except Exception as exc:
+            ERRORS.record("forward", exc)
 
 
 def _ddp(probe: Probe) -> None:
