@@ -432,7 +432,18 @@ class _Portable(functools.partial):
     then only raises an audit event nobody listens to (``sys.audit`` returns None)."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return functools.partial, (sys.audit, "torchdoctor.detached_probe_hook")
+        return functools.partial, (sys.audit, STAND_IN)
+
+
+# The audit event a pickled (or deep-copied) probe hook raises instead of timing anything.
+STAND_IN = "torchdoctor.detached_probe_hook"
+
+
+def _ours(value: Any, hooks: tuple[Any, ...]) -> bool:
+    """A probe hook, or the stand-in a copy of one became."""
+    if any(value is h for h in hooks):
+        return True
+    return type(value) is functools.partial and value.func is sys.audit and value.args == (STAND_IN,)
 
 
 def attach_root_hooks(probe: Probe) -> None:
@@ -491,7 +502,7 @@ def _modules_in(value: Any, module_cls: type, depth: int = _SEARCH_DEPTH) -> lis
 
 def _detach(probe: Probe, args: tuple[Any, ...], module_cls: type) -> list[tuple[Any, str, Any, Any]]:
     """Take the probe's forward hooks off the root modules and off every module in `args` (a copy
-    of a root made after the hooks were put on carries them too); returns what to put back."""
+    of a root made after the hooks were put on carries their stand-ins); returns what to put back."""
     taken: list[tuple[Any, str, Any, Any]] = []
     try:
         ours = probe.root_hook_fns
@@ -506,7 +517,7 @@ def _detach(probe: Probe, args: tuple[Any, ...], module_cls: type) -> list[tuple
                 d = module.__dict__.get(table)
                 if not isinstance(d, dict):
                     continue
-                keys = [k for k, v in d.items() if any(v is f for f in ours)] if table != _TABLES[2] else []
+                keys = [k for k, v in d.items() if _ours(v, ours)] if table != _TABLES[2] else []
                 for key in keys:
                     taken.append((module, table, key, d.pop(key)))
                     always = module.__dict__.get(_TABLES[2])
