@@ -78,7 +78,7 @@ for step in range(12):
     opt.step()
     if step in (4, 11):  # the whole model, as pytorch/examples' word_language_model saves it
         torch.save(model, path)
-ema = copy.deepcopy(model)  # made after the probe hooked the model: it carries the hooks too
+ema = copy.deepcopy(model)  # made after the probe hooked the model: it carries stand-ins of its hooks
 torch.save({"ema": ema, "step": 12}, path + ".ema")
 loaded = torch.load(path, weights_only=False)
 ema_loaded = torch.load(path + ".ema", weights_only=False)["ema"]
