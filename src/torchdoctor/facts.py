@@ -286,6 +286,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     hostname: str | None = None
     pid: int | None = None
     torch_version: str | None = None
+    # torchao's version when it is installed in the job's environment (read from its metadata, never
+    # imported): HW-16's FP8 advice names it; "" when it is not installed, None when unknown.
+    torchao_version: str | None = None
     distributed_backend: str | None = None
     dataloaders: list[DataLoaderFacts] = []
     ddp: list[DDPFacts] = []

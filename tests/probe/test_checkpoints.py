@@ -128,3 +128,6 @@ def test_saving_or_scripting_the_whole_model_is_not_broken_by_the_probe_hooks(tm
     assert plain.returncode == 0 and plain.stdout == "(3, 1) 1 False\n", plain.stderr
     got = saves(tmp_path / "run")
     assert sum(n for n, _ in got.values()) == 1  # step 4's save; step 11's is after the last step's end
+    # The job's environment, as HW-16 reads it: torchao's version from its metadata ("" = not installed).
+    from torchdoctor.probe.collect import package_version
+    assert facts_of(tmp_path / "run").get("torchao_version") == package_version("torchao")

@@ -101,3 +101,22 @@ def test_hw1_with_tf32_already_on_advises_shapes_or_bf16_not_the_flag():
     # The precision advisor says the same.
     (line,) = [x for x in roofline_lines(rep.ranks[0].analysis) if x.startswith("precision:")]
     assert "75.5% tf32" in line and "recommended bf16 autocast" in line and "precision.autocast" in line
+
+
+def test_hw16_says_whether_torchao_is_in_the_jobs_environment():
+    from torchdoctor.facts import DeviceFacts, RankFacts
+    from torchdoctor.metrics.model import GemmCandidates, KernelChoice
+
+    from .conftest import gpu_result, only, run
+
+    r = gpu_result(busy=100.0)
+    r.choice = KernelChoice(device_key="H100-SXM", fp8=GemmCandidates(
+        target="fp8", calls=30, ns=50_000_000, flops=4e12, precision="bf16", family="gemm_fp8.nvidia",
+        family_note="FP8 GEMM", efficiency=0.4, expected_ns=10_000_000))
+
+    def facts(version):
+        return RankFacts(rank=0, device=DeviceFacts(kind="cuda", name="NVIDIA H100"), torchao_version=version)
+
+    assert "torchao 0.12.0 is installed" in only(run("HW-16", (r, facts("0.12.0"))), "HW-16").fix.text
+    assert "pip install torchao" in only(run("HW-16", (r, facts(""))), "HW-16").fix.text
+    assert "installed" not in only(run("HW-16", (r, None)), "HW-16").fix.text  # a trace alone cannot say

@@ -288,6 +288,19 @@ def device_facts(torch: Any, roots: list[Any]) -> tuple[DeviceFacts, list[Module
     return device, off[:_MAX_ENTRIES]
 
 
+def package_version(name: str) -> str | None:
+    """The installed distribution's version from its metadata ("" when not installed; None when the
+    metadata cannot be read), without importing the package."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+    except Exception:
+        return None
+
+
 def _fill_cuda(torch: Any, device: DeviceFacts) -> None:
     if getattr(torch.version, "hip", None):
         device.kind = "rocm"

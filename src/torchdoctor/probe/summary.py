@@ -155,6 +155,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         hostname=socket.gethostname(),
         pid=probe.pid,
         torch_version=str(torch.__version__),
+        torchao_version=collect.package_version("torchao"),
         distributed_backend=backend,
         dataloaders=[rec.summary() for rec in probe.loaders],
         ddp=ddp_facts,

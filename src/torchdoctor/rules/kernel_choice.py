@@ -257,9 +257,20 @@ def fp8_eligible(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, lambda v: _lowp_finding(
         v, (c := _choice(v)) and c.fp8, "HW-16",
         "{calls} GEMM(s) per window are large enough for FP8 ({ms} per step): FP8 training could save about {gain}.",
-        Fix("Train the large linear layers in FP8 with torchao (numerics change: compare loss curves).",
+        Fix("Train the large linear layers in FP8 with torchao (numerics change: compare loss curves)"
+            + _torchao_note(v) + ".",
             "from torchao.float8 import convert_to_float8_training\nconvert_to_float8_training(model)"),
         "low", "kernels.toml gemm_fp8; torchao float8 training"))
+
+
+def _torchao_note(v: View) -> str:
+    """Whether the job's environment has torchao (live runs record it; a trace cannot say)."""
+    have = v.f.torchao_version if v.f is not None else None
+    if have:
+        return f"; torchao {have} is installed in the job's environment"
+    if have == "":
+        return "; torchao is not installed in the job's environment (pip install torchao)"
+    return ""
 
 
 @rule("HW-17", budgets=("device.busy.lowp",))
