@@ -57,10 +57,10 @@ from ..hardware.registry import Family, best
 from ..trace.model import NO_KERNEL_OPS, SDPA_BACKEND_OPS, SDPA_OPS, Cat
 from .classify import KernelKind, MathPath, math_path
 from .context import Context
-from .gemm import MATRIX_INPUTS, gemm_dims, innermost
+from .gemm import MATRIX_INPUTS, call_ranges, gemm_dims, innermost, launch_calls
 from .model import AttentionSite, ChainSite, GemmCandidates, KernelChoice, PrecisionPath
 from .opwork import DTYPE_BYTES, MAX_FLOPS, op_work
-from .roofline import PRECISION, precision
+from .roofline import PRECISION, kernel_precisions
 from .work import KernelWork
 
 # FlashAttention-2's FLOP count: backward = 2.5 x forward (fa2 in kernels.toml).
@@ -129,25 +129,17 @@ def launched_kernels(ctx: Context, ops: np.ndarray) -> list[np.ndarray]:
     """For each op: the kernel events its launch calls (on its thread, inside its span) queued."""
     tr = ctx.tr
     kern = np.flatnonzero(tr.mask(Cat.KERNEL) & (tr.correlation >= 0))
-    calls = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0))
+    calls = launch_calls(ctx)
     if ops.size == 0 or kern.size == 0 or calls.size == 0:
         return [np.zeros(0, np.int64) for _ in range(ops.size)]
     kern = kern[np.argsort(tr.correlation[kern], kind="stable")]
     kcorr = tr.correlation[kern]
-    calls = calls[np.lexsort((tr.ts[calls], tr.tid[calls]))]
     # Every call's kernels, concatenated in call order (a CSR layout: call c owns flat[at[c]:at[c + 1]]).
     kl = np.searchsorted(kcorr, tr.correlation[calls], "left")
     n = np.searchsorted(kcorr, tr.correlation[calls], "right") - kl
     at = np.concatenate([[0], np.cumsum(n)])
     flat = kern[np.repeat(kl - at[:-1], n) + np.arange(int(at[-1]))]
-    # Each op's calls: a run of its thread's calls by start time.
-    lo = np.zeros(ops.size, np.int64)
-    hi = np.zeros(ops.size, np.int64)
-    for tid in np.unique(tr.tid[ops]).tolist():
-        a, b = np.searchsorted(tr.tid[calls], [tid, tid + 1])
-        sel = tr.tid[ops] == tid
-        lo[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.ts[ops[sel]], side="left")
-        hi[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.end[ops[sel]], side="right")
+    lo, hi = call_ranges(ctx, ops, calls)
     return [flat[x:y] for x, y in zip(at[lo].tolist(), at[hi].tolist(), strict=True)]
 
 
@@ -451,7 +443,8 @@ def gemm_mix(ctx: Context, work: KernelWork, device: DeviceSpec | None, k: np.nd
     if mm.size == 0:
         return
     dur = tr.end[mm] - tr.ts[mm]
-    prec = [precision(work.dtype(int(j)), tr.names[tr.name[j]]) or "" for j in mm.tolist()]
+    pa = kernel_precisions(tr.names, tr.name, work, mm)
+    prec = pa.tolist()
     flops = work.flops[mm]
     ns: dict[str, int] = defaultdict(int)
     known_ns: dict[str, int] = defaultdict(int)
@@ -468,7 +461,6 @@ def gemm_mix(ctx: Context, work: KernelWork, device: DeviceSpec | None, k: np.nd
     # no more than that, so small or skinny GEMMs are not priced as large ones).
     achieved = {p: fl[p] / known_ns[p] / (device.peak_tflops(p) * 1e3)
                 for p in fl if p and known_ns[p] and device.peak_tflops(p)}
-    pa = np.array(prec, object)
     # Plain FP32 GEMM/conv kernels (HW-1): priced as TF32 tensor-core GEMMs, or fp16 before Ampere.
     simt = np.array([math_path(tr.names[n]) == MathPath.FP32_SIMT for n in tr.name[mm].tolist()]) & np.isfinite(flops)
     target = next((p for p in ("tf32", "fp16") if p in device.dense_tflops), None)

@@ -74,30 +74,40 @@ def innermost(ctx: Context, ops: np.ndarray) -> np.ndarray:
     return np.sort(o[~parent])
 
 
+def launch_calls(ctx: Context) -> np.ndarray:
+    """The trace's launch calls (runtime/driver events with a correlation id), sorted by thread, then start."""
+    tr = ctx.tr
+    calls = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0))
+    return calls[np.lexsort((tr.ts[calls], tr.tid[calls]))]
+
+
+def call_ranges(ctx: Context, ops: np.ndarray, calls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each op, the run [lo, hi) of `calls` (`launch_calls`) on its thread inside its span."""
+    tr = ctx.tr
+    lo = np.zeros(ops.size, np.int64)
+    hi = np.zeros(ops.size, np.int64)
+    for tid in np.unique(tr.tid[ops]).tolist():
+        a, b = np.searchsorted(tr.tid[calls], [tid, tid + 1])
+        sel = tr.tid[ops] == tid
+        lo[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.ts[ops[sel]], side="left")
+        hi[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.end[ops[sel]], side="right")
+    return lo, hi
+
+
 def launched_kernel_ns(ctx: Context, ops: np.ndarray) -> np.ndarray:
     """Device time of the kernels each op launched: launch calls on the op's thread inside its span,
     joined to their kernels by correlation id (all kernels of a correlation id, summed)."""
     tr = ctx.tr
     out = np.zeros(ops.size, np.int64)
     k = np.flatnonzero(tr.mask(Cat.KERNEL) & (tr.correlation >= 0))
-    calls = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0))
+    calls = launch_calls(ctx)
     if k.size == 0 or calls.size == 0 or ops.size == 0:
         return out
     corr, inv = np.unique(tr.correlation[k], return_inverse=True)
     per_corr = np.bincount(inv, weights=(tr.end[k] - tr.ts[k]).astype(np.float64))
-    call_ns = lookup(corr, per_corr, tr.correlation[calls], missing=0)
-    for tid in np.unique(tr.tid[ops]):
-        mine = calls[tr.tid[calls] == tid]
-        if mine.size == 0:
-            continue
-        order = np.argsort(tr.ts[mine], kind="stable")
-        ts = tr.ts[mine][order]
-        csum = np.concatenate([[0.0], np.cumsum(call_ns[tr.tid[calls] == tid][order])])
-        sel = np.flatnonzero(tr.tid[ops] == tid)
-        lo = np.searchsorted(ts, tr.ts[ops[sel]], side="left")
-        hi = np.searchsorted(ts, tr.end[ops[sel]], side="right")
-        out[sel] = np.rint(csum[hi] - csum[lo]).astype(np.int64)
-    return out
+    csum = np.concatenate([[0.0], np.cumsum(lookup(corr, per_corr, tr.correlation[calls], missing=0))])
+    lo, hi = call_ranges(ctx, ops, calls)
+    return np.rint(csum[hi] - csum[lo]).astype(np.int64)
 
 
 def misaligned_gemms(ctx: Context, top_n: int = 8) -> MisalignedGemms | None:

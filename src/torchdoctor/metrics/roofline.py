@@ -46,6 +46,16 @@ def precision(dtype: str, kernel_name: str) -> str | None:
     return p
 
 
+def kernel_precisions(names: list[str], name_ids: np.ndarray, work: KernelWork, k: np.ndarray) -> np.ndarray:
+    """`precision` of each kernel event `k` ("" where unknown), as an object array: evaluated once per
+    distinct (dtype, kernel name), a handful, not once per kernel."""
+    width = len(names) + 1
+    pair = work.dtype_id[k].astype(np.int64) * width + name_ids[k]
+    pairs, inv = np.unique(pair, return_inverse=True)
+    return np.array([precision(work.strings[int(x) // width] if x >= 0 else "", names[int(x) % width]) or ""
+                     for x in pairs.tolist()], object)[inv]
+
+
 def roofline(flops: float, ns: int, dtype: str, kernel_name: str,
              device: DeviceSpec | None, unknown_device: str) -> tuple[float | None, float | None, str]:
     """(achieved TFLOP/s, % of the device's dense peak, note) for `flops` done in `ns` of kernel time."""

@@ -28,7 +28,7 @@ from ..trace.model import Cat
 from .classify import KERNEL_KIND_LABELS, KernelKind
 from .context import Context
 from .model import Roofline, RooflineRow
-from .roofline import precision
+from .roofline import kernel_precisions
 from .work import KernelWork
 
 COMPUTE_KINDS = (KernelKind.GEMM, KernelKind.CONV)
@@ -48,11 +48,7 @@ def roofline_summary(ctx: Context, work: KernelWork, dev: Identification) -> Roo
         return out
     dur = (tr.end[k] - tr.ts[k]).astype(np.float64)
     kinds = ctx.kind[k]
-    # Precision per distinct (dtype, kernel name): a handful, not one per kernel.
-    pair = work.dtype_id[k].astype(np.int64) * (len(tr.names) + 1) + tr.name[k]
-    pairs, inv = np.unique(pair, return_inverse=True)
-    prec = np.array([precision(work.strings[int(x) // (len(tr.names) + 1)] if x >= 0 else "",
-                               tr.names[int(x) % (len(tr.names) + 1)]) or "" for x in pairs.tolist()], object)[inv]
+    prec = kernel_precisions(tr.names, tr.name, work, k)
     for kind in COMPUTE_KINDS:
         sel = kinds == kind
         for p in sorted(set(prec[sel].tolist())):

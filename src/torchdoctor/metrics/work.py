@@ -18,7 +18,7 @@ import numpy as np
 from ..trace.model import CONV_OPS, SHAPE_OPS, Cat
 from .classify import KernelKind
 from .context import Context
-from .gemm import innermost
+from .gemm import call_ranges, innermost, launch_calls
 from .opwork import OpWork, op_work
 
 MAIN_KINDS = (int(KernelKind.GEMM), int(KernelKind.CONV))
@@ -70,22 +70,14 @@ def kernel_work(ctx: Context) -> KernelWork:
     out = KernelWork.empty(len(tr))
     ops = leaf_shape_ops(ctx)
     kern = np.flatnonzero(tr.mask(Cat.KERNEL) & (tr.correlation >= 0))
-    calls = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0))
+    calls = launch_calls(ctx)
     if ops.size == 0 or kern.size == 0 or calls.size == 0:
         return out
     # Kernels by correlation id: sorted, with the first of each id and how many share it.
     kern = kern[np.argsort(tr.correlation[kern], kind="stable")]
     corr, first, n_per = np.unique(tr.correlation[kern], return_index=True, return_counts=True)
     # Each op's launch calls: a contiguous run of its thread's calls sorted by start.
-    lo = np.zeros(ops.size, np.int64)
-    hi = np.zeros(ops.size, np.int64)
-    order = np.lexsort((tr.ts[calls], tr.tid[calls]))
-    calls = calls[order]
-    for tid in np.unique(tr.tid[ops]).tolist():
-        a, b = np.searchsorted(tr.tid[calls], [tid, tid + 1])
-        sel = tr.tid[ops] == tid
-        lo[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.ts[ops[sel]], side="left")
-        hi[sel] = a + np.searchsorted(tr.ts[calls[a:b]], tr.end[ops[sel]], side="right")
+    lo, hi = call_ranges(ctx, ops, calls)
     pos = np.searchsorted(corr, tr.correlation[calls])
     hit = (pos < corr.size) & (corr[np.minimum(pos, corr.size - 1)] == tr.correlation[calls])
     call_first = np.where(hit, first[np.minimum(pos, corr.size - 1)], -1)
