@@ -478,9 +478,9 @@ def attach_root_hooks(probe: Probe) -> None:
         _hooks_never_travel(probe, torch)
 
 
-# The module hook tables the probe's root hooks sit in (a forward hook registered with
-# always_call=True is also listed in _forward_hooks_always_called, by the same key).
-_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
+# The module hook tables the probe's root hooks sit in; a forward hook registered with
+# always_call=True is also listed, by the same key, in the third.
+_PRE, _POST, _ALWAYS = "_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called"
 # How deep `_modules_in` looks into the containers a save is given ({"model": model, ...}).
 _SEARCH_DEPTH = 3
 
@@ -513,16 +513,15 @@ def _detach(probe: Probe, args: tuple[Any, ...], module_cls: type) -> list[tuple
             if id(module) in seen:
                 continue
             seen.add(id(module))
-            for table in _TABLES:
+            always = module.__dict__.get(_ALWAYS)
+            for table in (_PRE, _POST):
                 d = module.__dict__.get(table)
                 if not isinstance(d, dict):
                     continue
-                keys = [k for k, v in d.items() if _ours(v, ours)] if table != _TABLES[2] else []
-                for key in keys:
+                for key in [k for k, v in d.items() if _ours(v, ours)]:
                     taken.append((module, table, key, d.pop(key)))
-                    always = module.__dict__.get(_TABLES[2])
-                    if table == _TABLES[1] and isinstance(always, dict) and key in always:
-                        taken.append((module, _TABLES[2], key, always.pop(key)))
+                    if table == _POST and isinstance(always, dict) and key in always:
+                        taken.append((module, _ALWAYS, key, always.pop(key)))
     except Exception as exc:
         ERRORS.record("forward", exc)
     return taken
