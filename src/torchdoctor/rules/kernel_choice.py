@@ -36,6 +36,13 @@ CHAIN_LABEL = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm", "gelu_tanh": "t
                "bias_dropout_add": "Bias-dropout-add"}
 
 
+def _saving(v: View, saved_ns: float) -> float | None:
+    """ms per step a replacement saving `saved_ns` of window device time gives back (scaled by the
+    busy share), None below the noise floor."""
+    gain = max(0.0, v.ms(saved_ns)) * device_bound(v)
+    return gain if v.pct(gain) >= NOISE_PCT else None
+
+
 def _choice(v: View):
     return v.r.choice if v.r is not None and v.has_device_trace else None
 
@@ -75,8 +82,8 @@ def unfused_attention(inputs: RuleInputs) -> list[Finding]:
             return None
         measured = sum(_attention_measured(s) for s in sites)
         expected = sum(s.expected_ns or 0.0 for s in sites)
-        gain = max(0.0, v.ms(measured - expected)) * device_bound(v)
-        if v.pct(gain) < NOISE_PCT:
+        gain = _saving(v, measured - expected)
+        if gain is None:
             return None
         top = sites[0]
         what = "is written by hand" if top.path == "manual" else f"runs on SDPA's {top.path} path"
@@ -156,8 +163,8 @@ def unfused_chains(inputs: RuleInputs) -> list[Finding]:
         sites = _chains(v)
         if not sites:
             return None
-        gain = sum(max(0.0, v.ms(s.device_ns - (s.expected_ns or 0.0))) for s in sites) * device_bound(v)
-        if v.pct(gain) < NOISE_PCT:
+        gain = _saving(v, sum(max(0.0, s.device_ns - (s.expected_ns or 0.0)) for s in sites))
+        if gain is None:
             return None
         top = sites[0]
         fix_text, snippet = CHAIN_FIX[top.pattern]
@@ -195,8 +202,8 @@ def unsupported_precision(inputs: RuleInputs) -> list[Finding]:
         u = c.unsupported if c is not None else None
         if u is None or u.expected_ns is None:
             return None
-        gain = max(0.0, v.ms(u.ns - u.expected_ns)) * device_bound(v)
-        if v.pct(gain) < NOISE_PCT:
+        gain = _saving(v, u.ns - u.expected_ns)
+        if gain is None:
             return None
         dev = v.r.choice.device_key if v.r is not None and v.r.choice is not None else "this device"
         return finding(
@@ -238,8 +245,8 @@ def _lowp_finding(v: View, g: GemmCandidates | None, rid: str, title: str, fix: 
                   source: str) -> Finding | None:
     if g is None or g.expected_ns is None:
         return None
-    gain = max(0.0, v.ms(g.ns - g.expected_ns)) * device_bound(v)
-    if v.pct(gain) < NOISE_PCT:
+    gain = _saving(v, g.ns - g.expected_ns)
+    if gain is None:
         return None
     return finding(v, rid, "hardware", title.format(ms=fmt_ms(v.ms(g.ns)), gain=fmt_ms(gain), calls=g.calls),
                    gain, sev="info", evidence=[_gemm_evidence(v, g, f"eligible {g.precision} GEMMs")], fix=fix,
