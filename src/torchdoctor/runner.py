@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchdoctor.probe import config as probe_config
-from torchdoctor.probe import output, postprocess
+from torchdoctor.probe import output, postprocess, workers
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(probe_config.__file__)), "bootstrap")
 FORWARDED_SIGNALS = tuple(
@@ -155,6 +155,7 @@ def write_manifest(run_dir: str, command: Sequence[str], job: JobResult) -> dict
         "duration_s": round(job.duration_s, 3),
         "ranks": rank_endings(run_dir, output.read_payloads(run_dir), job),
     }
+    workers.settle(run_dir, manifest["ranks"])  # DataLoader workers' last counters (probe/workers.py)
     attach_rewrites(manifest["ranks"])
     if job.returncode < 0:
         with contextlib.suppress(ValueError):

@@ -48,6 +48,21 @@ side = DataLoader(data, batch_size=32, num_workers=2, persistent_workers=True)  
 for _ in range(2):
     for batch in side:
         pass
+
+class SlowReads(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.002)  # a read: the workers time it apart from the collate
+        return torch.zeros(4), torch.tensor(i % 4)
+
+def worker_collate(batch):
+    x, y = default_collate(batch)
+    labels = [int(v.item()) for v in y]  # one conversion per sample, inside a worker
+    return x, torch.tensor(labels)
+
+third = DataLoader(SlowReads(), batch_size=4, num_workers=1, collate_fn=worker_collate)
+assert sum(len(y) for _, y in third) == 64
 print("ok")
 """
 
@@ -63,7 +78,7 @@ def test_single_process_facts(tmp_path):
     assert not [line for line in result.stderr.splitlines() if not line.startswith("torchdoctor:")]
     facts = facts_of(tmp_path / "run")
     site = f"{job}:"
-    train, side = facts["dataloaders"]
+    train, side, third = facts["dataloaders"]
     assert train["num_workers"] == 0 and train["batch_size"] == 8 and train["dataset_len"] == 256
     assert train["collate_fn"].endswith("counting_collate") and train["call_site"] == site + str(
         line_of("LINE_TRAIN")
@@ -74,6 +89,15 @@ def test_single_process_facts(tmp_path):
     assert "collate_ms_mean" not in side  # workers collate out of sight
     assert side["num_workers"] == 2 and side["persistent_workers"] is True and side["prefetch_factor"] == 2
     assert side["collate_fn"] == "torch.utils.data._utils.collate.default_collate"
+    # Inside the workers (probe/workers.py): every batch counted, the persistent workers' last ones
+    # included (written at their exit, after the training process's summary); default_collate makes
+    # no host conversion; the third loader's collate makes one per sample, 4 per batch, counted
+    # exactly over its first collates, and its reads (2 ms sleep x 4 samples) are timed apart.
+    assert side["worker_batches"] == 16 and len(side["worker_pids"]) == 2
+    assert side["worker_collate_syncs_per_batch"] == 0.0
+    assert third["worker_batches"] == 16 and third["worker_collate_syncs_per_batch"] == 4.0
+    assert third["worker_dataset_ms_mean"] >= 8.0 > third["worker_collate_ms_mean"] > 0
+    assert third["worker_collate_cpu_ms_mean"] > 0 and "collate_syncs_per_batch" not in third
     (opt,) = facts["optimizers"]
     assert (opt["cls"], opt["foreach"], opt["num_param_tensors"]) == ("AdamW", False, 5)
     assert opt["call_site"] == site + str(line_of("LINE_OPT"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchdoctor.facts import CpuFacts, StepTiming
+from torchdoctor.facts import CpuFacts, DataLoaderFacts, StepTiming
 
 from .conftest import cpu_facts, only, run
 
@@ -71,3 +71,43 @@ def test_ranks_on_other_hosts_or_disjoint_cpus_are_not_competitors():
     got = only(run("HO-14", (None, a), (None, far), (None, apart)), "HO-14")
     held = got.evidence[0].values["holders_pct_of_core"]
     assert held["other ranks on this host"] == 0.0 and held["this process's other threads"] == 10.0
+
+
+def converting(cpu_ms=9.0, worker_cpu_ms=12.0, syncs=2080.0, collate_ms=20.0, dataset_ms=30.0):
+    return DataLoaderFacts(num_workers=2, collate_fn="train.pad_collate", worker_pids=[11, 12], worker_batches=80,
+                           worker_dataset_ms_mean=dataset_ms, worker_collate_ms_mean=collate_ms,
+                           worker_collate_cpu_ms_mean=cpu_ms, worker_cpu_ms_mean=worker_cpu_ms,
+                           worker_collate_syncs_per_batch=syncs)
+
+
+def test_a_converting_collate_measured_in_the_workers_is_the_excess_and_warns():
+    # One rank, 2 intra-op threads on 2 CPUs (they cover every CPU): each ms a worker's collate holds a
+    # CPU is taken from a training thread, so the claim is the collate's CPU time per batch, 9 ms of a
+    # 100 ms step, above the workers' share of the training thread's delay (10 ms x 120/220: workers
+    # 120% of a core, other processes 300 - 200 = 100%).
+    f = rank(0, delay=10.0, main=80.0, workers=120.0, busy=300.0, threads=2)
+    f.dataloaders = [converting()]
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert got.recoverable_ms == pytest.approx(9.0, abs=1e-3)
+    assert got.severity == "warning" and got.confidence == "medium"  # the excess is known: the usual ladder
+    assert "train.pad_collate" in got.title and "2080" in got.title and "torch.stack" in got.fix.snippet
+    inside = got.evidence[-1]
+    assert inside.values["threads_cover_cpus"] is True and "30.0 ms in the dataset's reads" in inside.text
+
+
+def test_with_fewer_threads_than_cpus_the_training_threads_delay_bounds_the_collate():
+    # One thread on 4 CPUs: the workers' part of the delay (20 x 120/220 ms) times the collate's
+    # share of the workers' CPU (9 of 12 ms).
+    f = rank(0, delay=20.0, main=80.0, workers=120.0, busy=300.0, mask=(0, 1, 2, 3), threads=1)
+    f.dataloaders = [converting()]
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert got.recoverable_ms == pytest.approx(20.0 * 120 / 220 * 9 / 12, abs=1e-3)
+    assert got.evidence[-1].values["threads_cover_cpus"] is False
+
+
+def test_a_collate_without_conversions_keeps_the_upper_bound_reading():
+    f = rank(0, delay=10.0, main=80.0, workers=120.0, busy=300.0, threads=2)
+    f.dataloaders = [converting(syncs=0.0)]
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert got.severity == "info" and got.confidence == "low"  # necessary work cannot be told from excess
+    assert got.recoverable_ms == pytest.approx(10.0 * 120 / 220, abs=1e-3)

@@ -260,3 +260,23 @@ def test_ho8_finds_anomaly_mode_in_a_trace_alone():
     got = only(run("HO-8", (r, None)), "HO-8")
     assert got.recoverable_ms == pytest.approx(12.0)
     assert "forward's stack recording" in got.evidence[-1].text  # said unmeasured, not priced
+
+
+def test_ho3_a_converting_collate_in_the_workers_claims_its_share_of_the_unready_wait():
+    # 100 ms steps waiting 30 ms for batches; inside the workers a batch takes 30 ms of reads and
+    # 20 ms of a collate that converts 256 elements one by one: 30 x 20/50 = 12 ms is the collate's.
+    dl = DataLoaderFacts(num_workers=2, collate_fn="train.pad_collate", worker_pids=[7, 8], worker_batches=40,
+                         worker_dataset_ms_mean=30.0, worker_collate_ms_mean=20.0, worker_collate_cpu_ms_mean=19.0,
+                         worker_cpu_ms_mean=25.0, worker_collate_syncs_per_batch=256.0)
+    f = cpu_facts(dataloaders=[dl], cpu=CpuFacts(affinity=[0, 1, 2, 3], local_world_size=1))
+    found = run_all((cpu_result(dataloader_pct=30.0, dataloader_exposed_pct=30.0), f))
+    collate = next(x for x in found if x.id == "HO-3" and "collate_fn" in x.title)
+    assert collate.recoverable_pct == pytest.approx(12.0, abs=0.01) and collate.severity == "warning"
+    assert "train.pad_collate" in collate.title and "workers" in collate.title
+    loader = next(x for x in found if x.id == "DL-1")
+    assert loader.recoverable_pct == pytest.approx(18.0, abs=0.01)  # the rest of the wait, once
+    assert any("in collate_fn train.pad_collate" in e.text and "256 host conversions" in e.text
+               for e in loader.evidence)
+    # Workers that keep up (no wait): the collate costs CPU, not waiting; HO-3 says nothing of it.
+    idle = run_all((cpu_result(dataloader_pct=0.0, dataloader_exposed_pct=0.0), f))
+    assert not [x for x in idle if x.id == "HO-3"]

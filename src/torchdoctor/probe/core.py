@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo
+from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo, workers
 from torchdoctor.probe.clock import Source, StepClock
 from torchdoctor.probe.config import ProbeConfig
 from torchdoctor.probe.errors import ERRORS, fault_point, set_fault
@@ -71,6 +71,7 @@ class Probe:
         self.bwd_depth = 0
         self.fwd_t0 = 0.0
         self.current_loader: summary.LoaderRecord | None = None
+        self.worker_stats: workers.WorkerStats | None = None  # set in a DataLoader worker only
         self.last_iter: Any = None  # the iterator of the last batch and its record (a cache)
         self.last_iter_record: summary.LoaderRecord | None = None
         # Baselines taken at the first training activity.
@@ -394,6 +395,11 @@ class Probe:
         With an accelerator only device tensors count (a CPU tensor's ``.item()`` does not block
         the device); on a CPU-only machine the job's own calls count, so the habit still shows.
         """
+        stats = self.worker_stats
+        if stats is not None:  # a DataLoader worker: count its collate's conversions (probe/workers.py)
+            if stats.in_collate:
+                stats.conversions += 1
+            return
         if self.clock.started_at is None or self.window_active or threading.get_ident() != self.main_thread:
             return
         if (self.accelerator and tensor.is_cpu) or self.loader_setup:

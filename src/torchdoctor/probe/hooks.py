@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torchdoctor.probe import collect, imphook, shims, unseen
+from torchdoctor.probe import collect, imphook, shims, unseen, workers
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
 from torchdoctor.probe.errors import ERRORS, fault_point
@@ -256,8 +256,8 @@ def _quiet_workers(probe: Probe) -> None:
 
     A forked worker inherits the patched ``Tensor.item``/``numpy``/``tolist`` and the probe,
     with the same thread id: its collate's conversions would run through the probe and be
-    recorded for nothing (workers collate out of sight). The worker entry point is wrapped so that
-    a worker marks its probe as not the training loop. A spawned worker unpickles the entry point
+    recorded as the training loop's. The worker entry point is wrapped so that a worker marks its
+    probe as not the training loop, and measures its own batches instead (probe/workers.py). A spawned worker unpickles the entry point
     by reference (the wrapper keeps ``_worker_loop``'s module and name), i.e. its own
     interpreter's wrapper and probe. Feature-detected.
     """
@@ -272,7 +272,11 @@ def _quiet_workers(probe: Probe) -> None:
     @functools.wraps(loop)
     def _worker_loop(*args: Any, **kwargs: Any) -> Any:
         probe.main_thread = -1  # no thread has this id: every main-thread hook is a no-op
-        return loop(*args, **kwargs)
+        args, kwargs = workers.instrument(probe, loop, args, kwargs)  # the worker's own time per batch
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            workers.finish(probe)
 
     _worker_loop._torchdoctor_quiet = True  # type: ignore[attr-defined]
     worker._worker_loop = _worker_loop

@@ -12,6 +12,8 @@ Layout of a run directory::
                                 rewritten in place at every step, so it survives a kill
     ranks/pid{P}.exit           that process's exit status, written by the parent that reaped it
                                 (torchrun, mp.spawn) when the parent is a probed Python process
+    ranks/worker{P}.json        a DataLoader worker's own counters (probe/workers.py), read by its
+                                training process when it summarises
     traces/rank{R}.json.gz      each rank's profiler window
 
 A *payload* is ``{"facts": <RankFacts as builtins>, "analysis": <RankResult as builtins> | None}``.
@@ -79,6 +81,7 @@ def clear(run_dir: str) -> None:
         os.path.join(GATHERED_DIR, "rank*.json"),
         os.path.join(RANKS_DIR, "pid*.status"),
         os.path.join(RANKS_DIR, "pid*.exit"),
+        os.path.join(RANKS_DIR, "worker*.json"),
         os.path.join(TRACES_DIR, "rank*.json"),
         os.path.join(TRACES_DIR, "rank*.json.gz"),
         os.path.join(TRACES_DIR, "rank*.pending"),

@@ -17,7 +17,7 @@ import msgspec
 
 from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.hardware import topology
-from torchdoctor.probe import collect, sysinfo
+from torchdoctor.probe import collect, sysinfo, workers
 from torchdoctor.probe.errors import ERRORS
 
 if TYPE_CHECKING:
@@ -41,8 +41,12 @@ class LoaderRecord:
     polled_batches: int = 0  # batches whose readiness could be read
     worker_pids: set[int] = field(default_factory=set)
 
-    def summary(self) -> DataLoaderFacts:
+    def summary(self, run_dir: str | None = None) -> DataLoaderFacts:
         facts = msgspec.structs.replace(self.facts)
+        if self.worker_pids:
+            facts.worker_pids = sorted(self.worker_pids)
+            if run_dir:
+                inside(facts, workers.read(run_dir, self.worker_pids))
         if self.batches:
             facts.next_ms_mean = round(1e3 * self.next_s / self.batches, 3)
             # Only the main process's collation is visible; workers collate out of sight.
@@ -55,6 +59,13 @@ class LoaderRecord:
                 if self.ready_batches:
                     facts.ready_wait_ms_mean = round(1e3 * self.ready_s / self.ready_batches, 3)
         return facts
+
+
+def inside(facts: DataLoaderFacts, stats: workers.WorkerStats | None) -> None:
+    """The workers' own per-batch counters (probe/workers.py) into the loader's facts."""
+    if stats is not None and stats.batches:
+        for key, value in workers.per_batch(stats).items():
+            setattr(facts, key, value)
 
 
 @dataclass
@@ -157,7 +168,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         torch_version=str(torch.__version__),
         torchao_version=collect.package_version("torchao"),
         distributed_backend=backend,
-        dataloaders=[rec.summary() for rec in probe.loaders],
+        dataloaders=[rec.summary(probe.config.run_dir) for rec in probe.loaders],
         ddp=ddp_facts,
         fsdp=collect.fsdp_facts(torch, roots),
         optimizers=[facts for _, facts in probe.optimizers],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..facts import RankFacts, StepTiming
+from ..facts import DataLoaderFacts, RankFacts, StepTiming
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
 from .engine import RuleInputs
@@ -280,6 +280,56 @@ def sync_idle_capacity(v: View) -> float:
 @capacity("device.busy")
 def busy_capacity(v: View) -> float:
     return v.window_ms(v.r.metrics.busy_pct) if v.has_device_trace and v.r is not None else 0.0
+
+
+def handoff_share(v: View) -> float:
+    """Share of the data wait spent receiving batches that were already produced (probe only).
+
+    Workers present: the probe checks the iterator's queue before each ``__next__``; the wait for a
+    ready batch is the handoff (queue, unpickling, shared-memory mapping), which more workers or a
+    deeper prefetch do not shorten. 0 without that knowledge (then all the wait counts as starved).
+    """
+    known = [s for s in v.timed if s.dataloader_unready_ms is not None]
+    waited = sum(s.dataloader_ms for s in known)
+    if not waited:
+        return 0.0
+    return max(0.0, 1.0 - sum(s.dataloader_unready_ms or 0.0 for s in known) / waited)
+
+
+def worker_loader(v: View) -> DataLoaderFacts | None:
+    """The worker loader whose workers measured their own batches (probe/workers.py): the one that
+    produced the most batches; None without one."""
+    seen = [d for d in (v.f.dataloaders if v.f is not None else []) if d.num_workers and d.worker_batches]
+    return max(seen, key=lambda d: d.worker_batches or 0) if seen else None
+
+
+def converting_collate(v: View) -> DataLoaderFacts | None:
+    """A worker loader whose collate_fn converts tensors element by element (at least one host
+    conversion per batch) and whose CPU time the workers measured."""
+    d = worker_loader(v)
+    if d is None or not d.worker_collate_syncs_per_batch or d.worker_collate_syncs_per_batch < 1:
+        return None
+    return d if d.worker_collate_cpu_ms_mean else None
+
+
+def worker_collate_wait_ms(v: View, d: DataLoaderFacts) -> float:
+    """The part of the step's wait for batches the workers had not produced yet that their collate_fn
+    costs: that wait times the collate's share of a worker's time per batch (both measured)."""
+    per_batch = (d.worker_dataset_ms_mean or 0.0) + (d.worker_collate_ms_mean or 0.0)
+    if per_batch <= 0:
+        return 0.0
+    unready = v.left("data.wait") * (1.0 - handoff_share(v))
+    return unready * (d.worker_collate_ms_mean or 0.0) / per_batch
+
+
+def worker_split_text(d: DataLoaderFacts) -> str:
+    """One sentence: where a worker's time per batch goes (probe/workers.py)."""
+    conv = (f", {d.worker_collate_syncs_per_batch:.0f} host conversions (.item()/.tolist()/.numpy()) per batch"
+            if d.worker_collate_syncs_per_batch else "")
+    return (f"Inside the workers, a batch takes {fmt_ms((d.worker_dataset_ms_mean or 0) + (d.worker_collate_ms_mean or 0))}: "
+            f"{fmt_ms(d.worker_dataset_ms_mean or 0)} in the dataset's reads and {fmt_ms(d.worker_collate_ms_mean or 0)} "
+            f"in collate_fn {d.collate_fn or ''} ({fmt_ms(d.worker_collate_cpu_ms_mean or 0)} of CPU{conv}); "
+            f"measured by the workers over {d.worker_batches} batches.")
 
 
 @capacity("data.wait")

@@ -27,6 +27,17 @@ doubles the workers' CPU time measured +17% against a claim of 5-14%: the claim 
 necessary work from excess, so HO-14 is a warning only from WARN_AT_PCT (20%) of the step, where
 even a part of it matters, and info below, with low confidence and the A/B that confirms it.
 
+A converting collate measured inside the workers (probe/workers.py: at least one host conversion
+per batch, and its CPU time) tells the excess apart: element-by-element ``.item()``/``.tolist()``
+costs orders of magnitude more than the whole-tensor collate that replaces it, so the collate's CPU
+time is the excess. When the ranks' intra-op threads cover every CPU they run on, each millisecond a
+worker holds a CPU is taken from one of those threads, and a parallel op waits for its slowest
+thread: the claim is then the collate's CPU time per batch (one batch per step), not only the
+training thread's own delay (measured on the lm job: a collate of 9 ms of CPU per batch, a 17%
+gain from removing it, against 10% of run-queue delay on the training thread). With fewer threads
+than CPUs, the training thread's delay bounds it: the workers' part times the collate's share of
+the workers' CPU. Either way the excess is known, so the usual ladder applies (warning from 5%).
+
 The other parts are reported, not claimed: the own threads' part is HO-13's to price; other
 processes' (steal included) is not the job's to fix. The split apportions by CPU time; it does
 not trace who preempted whom.
@@ -36,8 +47,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..facts import RankFacts
-from ._common import WARN_PCT, View, finding, fmt_ms, per_rank, views
+from ..facts import DataLoaderFacts, RankFacts
+from ._common import WARN_PCT, View, converting_collate, finding, fmt_ms, per_rank, views, worker_split_text
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -64,6 +75,13 @@ def _mask(f: RankFacts) -> set[int]:
     return set(f.cpu.affinity)
 
 
+def _peers(f: RankFacts, all_views: list[View]) -> list[RankFacts]:
+    """The ranks on ``f``'s host whose CPUs overlap its own (``f`` included)."""
+    mine = _mask(f)
+    return [w.f for w in all_views if w.f is not None and w.f.hostname == f.hostname
+            and (not mine or not _mask(w.f) or mine & _mask(w.f))]
+
+
 def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None:
     """CPU time of the training thread's competitors on ``v``'s CPUs (module docstring); None when
     the probe did not measure the CPU use it needs."""
@@ -71,8 +89,7 @@ def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None
     if f is None or f.cpu.main_process_cpu_pct is None:
         return None
     mine = _mask(f)
-    peers = [w.f for w in all_views if w.f is not None and w.f.hostname == f.hostname
-             and (not mine or not _mask(w.f) or mine & _mask(w.f))]
+    peers = _peers(f, all_views)
     threads = sum(p.cpu.torch_num_threads or 1 for p in peers)
     cpus = len(mine) or f.cpu.logical_cpus or 0
     oversubscribed = bool(cpus) and threads > cpus
@@ -122,6 +139,13 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
             {"run_delay_ms": round(delay, 3), "step_ms": round(step, 3), "cpus": cpus,
              "holders_pct_of_core": {k: round(x, 1) for k, x in parts.items()},
              "delay_split_ms": {k: round(x, 3) for k, x in split.items()}})]
+        # The delay is measured over the steady steps; the finding speaks in shares of the view's
+        # step (a profiler window's steps can be longer), so its claim keeps the measured share.
+        to_view = (v.step_ms / step) if v.step_ms else 1.0
+        conv = converting_collate(v)
+        if conv is not None:
+            return _collate_finding(v, conv, evidence, gain, delay, step, to_view,
+                                    oversubscribed_by_job(v, all_views))
         if lead == "DataLoader workers" or v.pct(gain) >= WARN_PCT:  # the workers' part is worth a look
             fix = Fix("Make the workers' per-sample work cheaper (a vectorised collate such as default_collate "
                       "instead of element-by-element .item()/.tolist(), decode once and cache), or run them at a "
@@ -129,7 +153,7 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                       "the loader stays ahead (no data wait).",
                       "DataLoader(ds, num_workers=N, worker_init_fn=lambda _: os.nice(10))  # workers yield the CPU",
                       "python")
-            return finding(v, "HO-14", "host", title, gain, evidence=evidence, fix=fix, confidence="low",
+            return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="low",
                            warn=WARN_AT_PCT, crit=CRIT_AT_PCT,
                            confirm="an A/B with a cheaper collate/transform (or the workers at nice 10): the claim is "
                                    "the most it can give back, as the workers' necessary work stays",
@@ -144,8 +168,48 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                }.get(lead, Fix("Other processes (or the hypervisor: steal) take the CPUs this job runs on: run it "
                                "on dedicated cores, or measure it when the machine is quiet.",
                                "taskset -c CPUS torchrun ...", "shell"))
-        return finding(v, "HO-14", "host", title, gain, sev="info",
+        return finding(v, "HO-14", "host", title, gain * to_view, sev="info",
                        evidence=evidence, fix=fix, confidence="medium",
                        source="Linux schedstat run delay (Documentation/scheduler/sched-stats.rst)")
 
     return per_rank(inputs, one)
+
+
+def oversubscribed_by_job(v: View, all_views: list[View]) -> bool:
+    """The job's intra-op threads on this host cover every CPU of the rank's mask (threads >= CPUs)."""
+    f = v.f
+    if f is None:
+        return False
+    cpus = len(_mask(f)) or f.cpu.logical_cpus or 0
+    return bool(cpus) and sum(p.cpu.torch_num_threads or 1 for p in _peers(f, all_views)) >= cpus
+
+
+def _collate_finding(v: View, d: DataLoaderFacts, evidence: list[Evidence], workers_part: float, delay: float,
+                     step: float, to_view: float, covered: bool) -> Finding:
+    """HO-14 when the workers measured a converting collate: its CPU time is the excess (docstring)."""
+    collate_cpu = d.worker_collate_cpu_ms_mean or 0.0
+    if covered:
+        gain, how = collate_cpu, "the ranks' intra-op threads cover every CPU, so its CPU time is taken from them"
+    else:
+        share = min(1.0, collate_cpu / d.worker_cpu_ms_mean) if d.worker_cpu_ms_mean else 1.0
+        gain = workers_part * share
+        how = (f"the training thread's delay from the workers ({fmt_ms(workers_part)}) times the collate's "
+               f"{share:.0%} of the workers' CPU")
+    evidence = [*evidence, Evidence(
+        worker_split_text(d) + f" Claimed: {fmt_ms(gain)} per step, {100 * gain / step:.0f}% of a {fmt_ms(step)} "
+        f"steady step ({how}).",
+        {"collate_cpu_ms": collate_cpu, "collate_ms": d.worker_collate_ms_mean,
+         "dataset_ms": d.worker_dataset_ms_mean, "conversions_per_batch": d.worker_collate_syncs_per_batch,
+         "threads_cover_cpus": covered})]
+    title = (f"collate_fn {d.collate_fn or ''} converts {d.worker_collate_syncs_per_batch:.0f} elements per batch "
+             f"one by one in the DataLoader workers ({fmt_ms(collate_cpu)} of CPU per batch), on the CPUs the "
+             f"training runs on: the training thread waits {fmt_ms(delay)} per step for a CPU.")
+    fix = Fix("Collate with whole-tensor ops (torch.stack / torch.as_tensor on whole arrays, or "
+              "default_collate) instead of per-element .item()/.tolist()/.numpy(): the workers then need a "
+              "fraction of the CPU and give it back to the training threads.",
+              "def collate(batch):\n    ids, masks = zip(*batch)\n    return torch.stack(ids), torch.stack(masks)",
+              "python")
+    return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="medium",
+                   confirm="an A/B with the vectorised collate",
+                   source="Linux schedstat run delay; the workers' own collate timing (probe/workers.py)")
+

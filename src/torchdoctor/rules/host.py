@@ -14,6 +14,7 @@ from ..metrics.model import SyncSite
 from ._common import (
     View,
     at,
+    converting_collate,
     data_wait_ms,
     env_on,
     finding,
@@ -22,6 +23,8 @@ from ._common import (
     per_rank,
     tops_text,
     ts_item,
+    worker_collate_wait_ms,
+    worker_split_text,
 )
 from .engine import GENERIC, MEASURED, UMBRELLA, RuleInputs, rule
 from .model import Evidence, Finding, Fix
@@ -245,12 +248,35 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
             confirm="the profiler window (`torchdoctor run` on the accelerator) measures the idle time" if on_dev else "",
             source="TTG avoid unnecessary synchronizations")
 
+    def worker_collate(v: View) -> Finding | None:
+        d = converting_collate(v)
+        if d is None:
+            return None
+        gain = worker_collate_wait_ms(v, d)
+        if v.pct(gain) < 0.5:
+            return None  # the workers keep up: their collate costs CPU, not waiting (HO-14 prices that)
+        return finding(
+            v, "HO-3", "host",
+            f"collate_fn {d.collate_fn or ''} converts tensors element by element in the DataLoader workers "
+            f"({d.worker_collate_syncs_per_batch:.0f} per batch, {fmt_ms(d.worker_collate_ms_mean or 0)} of a "
+            f"worker's batch): the step waits for batches it slows down.",
+            gain, evidence=[Evidence(worker_split_text(d) + f" Claimed: the collate's share of the "
+                                     f"{fmt_ms(data_wait_ms(v))} the step waits for batches not yet produced.",
+                                     {"conversions_per_batch": d.worker_collate_syncs_per_batch,
+                                      "collate_ms": d.worker_collate_ms_mean, "dataset_ms": d.worker_dataset_ms_mean,
+                                      "data_wait_ms": round(data_wait_ms(v), 3)})],
+            fix=Fix("Collate with tensor ops (torch.stack / torch.as_tensor on whole arrays) instead of "
+                    "per-sample .item()/.numpy(): each worker produces its batch sooner.",
+                    "def collate(batch):\n    xs, ys = zip(*batch)\n    return torch.stack(xs), torch.as_tensor(ys)"),
+            confidence="medium", confirm="an A/B with the vectorised collate",
+            source="the workers' own collate timing (probe/workers.py)", budget="data.wait")
+
     def collate(v: View) -> Finding | None:
         if v.f is None:
             return None
         dls = [d for d in v.f.dataloaders if d.collate_syncs_per_batch]
         if not dls:
-            return None
+            return worker_collate(v)
         d = dls[0]
         wait = data_wait_ms(v)
         gain = min(collate_ms(v), v.left("data.wait"))  # the collate cost is inside the DataLoader wait

@@ -20,10 +20,13 @@ from ._common import (
     data_wait_ms,
     finding,
     fmt_ms,
+    handoff_share,
     pageable_h2d_idle_ms,
     per_rank,
     tops_text,
     ts_item,
+    worker_loader,
+    worker_split_text,
 )
 from .engine import GENERIC, RuleInputs, rule
 from .model import Evidence, Finding, Fix
@@ -104,20 +107,6 @@ def step_waits(v: View) -> tuple[list[float], list[float]]:
     if len(timed) > len(rows):
         return [unready_ms(s) for s in timed], [s.total_ms for s in timed]
     return [s.dataloader_exposed_ms for s in rows], [s.dur_ms for s in rows]
-
-
-def handoff_share(v: View) -> float:
-    """Share of the data wait spent receiving batches that were already produced (probe only).
-
-    Workers present: the probe checks the iterator's queue before each ``__next__``; the wait for a
-    ready batch is the handoff (queue, unpickling, shared-memory mapping), which more workers or a
-    deeper prefetch do not shorten. 0 without that knowledge (then all the wait counts as starved).
-    """
-    known = [s for s in v.timed if s.dataloader_unready_ms is not None]
-    waited = sum(s.dataloader_ms for s in known)
-    if not waited:
-        return 0.0
-    return max(0.0, 1.0 - sum(s.dataloader_unready_ms or 0.0 for s in known) / waited)
 
 
 def num_workers(v: View) -> int | None:
@@ -308,11 +297,18 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
                     "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
                     "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
                     "augmentation to the GPU.")
+        evidence = _dl_evidence(v, wait)
+        inside = worker_loader(v)
+        if inside is not None:  # where the workers' time per batch goes: reads or collate
+            evidence.append(Evidence(worker_split_text(inside), {
+                "dataset_ms": inside.worker_dataset_ms_mean, "collate_ms": inside.worker_collate_ms_mean,
+                "collate_cpu_ms": inside.worker_collate_cpu_ms_mean,
+                "conversions_per_batch": inside.worker_collate_syncs_per_batch}))
         return finding(
             v, "DL-1", "input",
             f"Input-bound: each step waits {fmt_ms(rest)} ({v.pct(rest):.0f}% of the step) for the "
             f"DataLoader; {why}.",
-            rest, evidence=_dl_evidence(v, wait),
+            rest, evidence=evidence,
             fix=Fix(fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
                     "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)" if epoch_bound else
                     "DataLoader(dataset, num_workers=N, pin_memory=True, persistent_workers=True)"),
