@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import jinja2
 import msgspec
 from report_helpers import (
     XSS,
@@ -135,6 +136,58 @@ def test_hostile_names_are_escaped_in_the_markup(tmp_path: Path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     figs = embedded_figures(page)  # the JSON survived the \u escaping
     assert figs
+
+
+TEMPLATE_PAYLOAD = "<script>alert(1)</script>{{ 7*7 }}{% raw %}"
+
+
+def test_templates_autoescape_untrusted_text(tmp_path: Path):
+    # A kernel name and the finding's title, evidence and file names carry markup and template syntax:
+    # the page shows both as text (escaped markup; the template syntax literally, never evaluated).
+    rep = analyze_paths([str(hostile_trace(tmp_path / "evil.json", [TEMPLATE_PAYLOAD]))])
+    assert rep.ranks, rep.errors
+    rep = msgspec.structs.replace(with_findings(rep, extra=TEMPLATE_PAYLOAD),
+                                  errors=[ErrorEntry(TEMPLATE_PAYLOAD, TEMPLATE_PAYLOAD)])
+    page = H.render_html(rep)
+    assert "<script>alert" not in page and len(SCRIPT_TAGS.findall(page)) == 4
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;{{ 7*7 }}{% raw %}"
+    assert "The GPU waits for the DataLoader" + escaped in page  # finding title (verdict and matrix)
+    assert "enumerate(DataLoader)" + escaped in page  # evidence text
+    m = re.search(r"<h3>Top kernels by device time</h3>(.*?)</table>", page, re.S)
+    assert m and escaped in m.group(1)  # the kernel's name cell
+    assert "&lt;/script&gt;49" not in page
+    m = re.search(r'<ul class="problems">(.*?)</ul>', page, re.S)
+    assert m and m.group(1).count(escaped) == 2  # an error's file and message
+
+
+def test_every_template_parses_and_only_our_own_text_is_marked_safe():
+    env = H.environment()
+    names = env.list_templates()
+    assert {"report.html.j2", "macros.html.j2", "sections/matrix.html.j2", "static/report.css",
+            "static/report.js"} <= set(names)
+    assert env.undefined is jinja2.StrictUndefined
+    safe = set()
+    for name in (n for n in names if n.endswith(".j2")):
+        env.get_template(name)  # raises on a syntax error
+        assert env.autoescape(name) is True, name
+        source = env.loader.get_source(env, name)[0]
+        safe |= set(re.findall(r"([\w.]+)\s*\|\s*safe\b", source))
+    # |safe only on what our code produced: the static CSS/JS and the JSON that script_json escaped.
+    assert safe == {"css", "js", "figures_json", "config_json"}, safe
+    # The static files are inlined into <style>/<script>: nothing in them may close the element.
+    assert "</style" not in H.static_text("report.css").lower()
+    assert "</script" not in H.static_text("report.js").lower()
+
+
+def test_page_is_one_self_contained_file(real_report: Report):
+    page = H.render_html(with_findings(real_report))
+    assert not re.search(r"<link\b", page, re.I)
+    assert not re.search(r"<script\b[^>]*\bsrc\s*=", page, re.I)
+    assert not re.search(r'\s(?:src|href)\s*=\s*["\']?(?:https?:)?//', page)
+    # The stylesheet and the renderer are inlined whole, plotly.js packed in the page.
+    assert f"<style>{H.static_text('report.css')}</style>" in page
+    assert f"<script>{H.static_text('report.js')}</script>" in page
+    assert re.search(r'id="td-plotly" data-encoding="gzip\+base64">[A-Za-z0-9+/=]{1000000,}</script>', page)
 
 
 def test_reports_without_plots_still_render(tmp_path: Path):
