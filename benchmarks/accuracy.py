@@ -65,6 +65,7 @@ Writes ``--results`` (default benchmarks/results/accuracy.md) and the raw number
     .venv/bin/python benchmarks/accuracy.py                         # the full matrix, 2 rounds: ~130 runs, ~50 min
     .venv/bin/python benchmarks/accuracy.py --quick --repeats 5     # singles, 5 rounds: intervals for every gain
     .venv/bin/python benchmarks/accuracy.py --family mlp --quick    # 9 runs, ~2.5 min on 2 quiet cores
+    .venv/bin/python benchmarks/accuracy.py --family lm --quick --pathologies syncing_collate --repeats 5
     .venv/bin/python benchmarks/accuracy.py --family lm,mlp --repeats 3 --healthy-runs 4
     .venv/bin/python benchmarks/accuracy.py --rescore benchmarks/results/accuracy.json   # score again, no run
 """
@@ -221,25 +222,28 @@ class RunRec:
 
 # --- the matrix ---------------------------------------------------------------------------------
 
-def family_cases(fam: Family, quick: bool, bracket: int = BRACKET_EVERY) -> list[Case]:
+def family_cases(fam: Family, quick: bool, bracket: int = BRACKET_EVERY,
+                 only: frozenset[str] | None = None) -> list[Case]:
     """One round of a family: healthy+load, healthy, the singles with a healthy run again after
     every ``bracket`` of them (so that each single has a healthy run close on both sides: its
-    reference), then (unless quick) each pair."""
+    reference), then (unless quick) each pair. ``only``: the pathologies to inject (all: None)."""
     healthy = Case(fam.name, ())
     cases = [Case(fam.name, (), load=True), healthy]
-    singles = [Case(fam.name, (p,)) for p in fam.pathologies]
+    chosen = [p for p in fam.pathologies if only is None or p in only]
+    singles = [Case(fam.name, (p,)) for p in chosen]
     for i in range(0, len(singles), bracket):
         cases += [*singles[i:i + bracket], healthy]
     if not quick:
-        cases += [Case(fam.name, tuple(sorted(pair))) for pair in itertools.combinations(fam.pathologies, 2)
+        cases += [Case(fam.name, tuple(sorted(pair))) for pair in itertools.combinations(chosen, 2)
                   if not void(pair)]
     return cases
 
 
-def schedule(fams: Sequence[Family], repeats: int, healthy_runs: int, quick: bool) -> list[tuple[Case, int]]:
+def schedule(fams: Sequence[Family], repeats: int, healthy_runs: int, quick: bool,
+             only: frozenset[str] | None = None) -> list[tuple[Case, int]]:
     """(case, round) in run order: rounds alternate forward/reversed, families interleaved,
     the extra healthy runs spread evenly over the sequence."""
-    per_family = [family_cases(f, quick) for f in fams]
+    per_family = [family_cases(f, quick, only=only) for f in fams]
     one_round = [c for group in itertools.zip_longest(*per_family) for c in group if c is not None]
     seq: list[tuple[Case, int]] = []
     for r in range(repeats):
@@ -707,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", default=",".join(FAMILIES), help="comma list of families (default: all)")
     p.add_argument("--quick", action="store_true", help="one repeat, healthy and single pathologies only")
     p.add_argument("--repeats", type=int, help="rounds of the matrix (default 2; 1 with --quick)")
+    p.add_argument("--pathologies", help="comma list: inject only these (default: each family's all)")
     p.add_argument("--healthy-runs", type=int,
                    help="extra healthy runs per family, half of them under load (default 6; 0 with --quick)")
     p.add_argument("--out", default="td-runs/accuracy", help="directory of the runs (default %(default)s)")
@@ -734,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": _dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
             "families": names, "repeats": repeats, "healthy_runs": healthy_runs, "quick": args.quick}
     out = Path(args.out)
-    plan = schedule(fams, repeats, healthy_runs, args.quick)
+    only = frozenset(x.strip() for x in args.pathologies.split(",") if x.strip()) if args.pathologies else None
+    plan = schedule(fams, repeats, healthy_runs, args.quick, only)
     start = time.monotonic()
     runs: list[RunRec] = []
     for i, (case, rnd) in enumerate(plan):
