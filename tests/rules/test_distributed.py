@@ -156,6 +156,29 @@ def test_di5_from_the_whole_run_warns_where_the_window_could_not():
     assert data["persistent"] and data["gain_ms"] == 25.0 and data["lead_by_phase"]["other"] == 25.0
 
 
+def test_di5_on_a_shared_machine_is_said_but_not_warned():
+    # The same persistent 25 ms straggler, on 2 CPUs that other processes kept 80% of a core busy
+    # (the ranks and their workers used 110% of the 190% the CPUs were busy): the rank that loses
+    # CPU time to them arrives last whatever the job does, so the finding stays at info.
+    ranks = []
+    for r, own in ((0, [25.0]), (1, [0.0])):
+        f = series_facts(r, own)
+        f.hostname = "h"
+        f.cpu = CpuFacts(affinity=[0, 1], main_process_cpu_pct=50.0, dataloader_workers_cpu_pct=5.0,
+                         affinity_cpus_busy_pct=190.0)
+        ranks.append((None, f))
+    got = only(run("DI-5", *ranks), "DI-5")
+    assert got.severity == "info" and got.confidence == "low" and got.ranks == [1]
+    assert got.recoverable_ms == pytest.approx(25.0, abs=0.5)  # the lateness is measured all the same
+    (shared,) = [e for e in got.evidence if "foreign_cpu_pct" in e.values]
+    assert shared.values == {"foreign_cpu_pct": 80.0, "cpus": 2} and "dedicated cores" in got.confirm
+    # Other processes at 30% of a core (8% of the CPUs): a quiet machine, the straggler warns.
+    for _, f in ranks:
+        f.cpu.affinity_cpus_busy_pct = 140.0
+    quiet = only(run("DI-5", *ranks), "DI-5")
+    assert quiet.severity in ("warning", "critical") and quiet.confidence == "medium"
+
+
 def test_di5_names_a_periodic_checkpoint_as_a_transient_straggler():
     saving = [0.0] * 4 + [100.0]
     got = only(run("DI-5", (None, series_facts(0, saving, phase="checkpoint_ms", longer=saving)),

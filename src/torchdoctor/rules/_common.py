@@ -27,6 +27,10 @@ from .model import Claim, Evidence, Finding, Fix, Layer, Severity
 # Severity ladder when a rule has no sharper source: TBP flags a cause above 5% of the step
 # (DataLoader rule, data.py), TML turns critical at 20% (INPUT_BOUND/RESIDUAL_HEAVY policy).
 WARN_PCT = 5.0
+# Other processes using this share of the CPUs a rank runs on make the machine a shared one
+# (foreign_load). Measured on 2 CPUs: 4-17% of a core by others on quiet runs (3-8% of the
+# capacity), 71-101% with one busy loop beside the job (35-50%).
+FOREIGN_LOAD_SHARE = 0.2
 CRIT_PCT = 20.0
 # Below this share of the step a finding is not worth a line even at info level.
 NOISE_PCT = 0.5
@@ -294,6 +298,38 @@ def handoff_share(v: View) -> float:
     if not waited:
         return 0.0
     return max(0.0, 1.0 - sum(s.dataloader_unready_ms or 0.0 for s in known) / waited)
+
+
+def host_peers(f: RankFacts, all_views: list[View]) -> list[RankFacts]:
+    """The ranks on ``f``'s host whose CPUs overlap its own (``f`` included)."""
+    mine = set(f.cpu.affinity)
+    return [w.f for w in all_views if w.f is not None and w.f.hostname == f.hostname
+            and (not mine or not w.f.cpu.affinity or mine & set(w.f.cpu.affinity))]
+
+
+def foreign_cpu_pct(f: RankFacts, all_views: list[View]) -> float | None:
+    """CPU time other processes (and the hypervisor's steal) took on the CPUs ``f`` runs on, percent
+    of one core over the run: those CPUs' busy time less what the job's ranks there and their
+    DataLoader workers used (the probe's counters). None without the busy time."""
+    busy = f.cpu.affinity_cpus_busy_pct
+    if busy is None:
+        return None
+    job = sum((p.cpu.main_process_cpu_pct or 0.0) + (p.cpu.dataloader_workers_cpu_pct or 0.0)
+              for p in host_peers(f, all_views))
+    return max(0.0, busy - job)
+
+
+def foreign_load(f: RankFacts | None, all_views: list[View]) -> tuple[float, int] | None:
+    """(percent of one core other processes took on ``f``'s CPUs, those CPUs) when that is at least
+    FOREIGN_LOAD_SHARE of their capacity: the machine is shared, and timings that compare ranks
+    (who is late) measure its load as much as the job. None below it or without the counters."""
+    if f is None:
+        return None
+    pct = foreign_cpu_pct(f, all_views)
+    cpus = len(f.cpu.affinity) or f.cpu.logical_cpus or 0
+    if pct is None or not cpus or pct < FOREIGN_LOAD_SHARE * 100.0 * cpus:
+        return None
+    return pct, cpus
 
 
 def worker_loader(v: View) -> DataLoaderFacts | None:

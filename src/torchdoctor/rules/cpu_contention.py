@@ -47,8 +47,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..facts import DataLoaderFacts, RankFacts
-from ._common import WARN_PCT, View, converting_collate, finding, fmt_ms, per_rank, views, worker_split_text
+from ..facts import DataLoaderFacts
+from ._common import (
+    WARN_PCT,
+    View,
+    converting_collate,
+    finding,
+    fmt_ms,
+    foreign_cpu_pct,
+    host_peers,
+    per_rank,
+    views,
+    worker_split_text,
+)
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -71,34 +82,21 @@ class Holders:
         return self.own_threads + self.other_ranks + self.workers + self.others
 
 
-def _mask(f: RankFacts) -> set[int]:
-    return set(f.cpu.affinity)
-
-
-def _peers(f: RankFacts, all_views: list[View]) -> list[RankFacts]:
-    """The ranks on ``f``'s host whose CPUs overlap its own (``f`` included)."""
-    mine = _mask(f)
-    return [w.f for w in all_views if w.f is not None and w.f.hostname == f.hostname
-            and (not mine or not _mask(w.f) or mine & _mask(w.f))]
-
-
 def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None:
     """CPU time of the training thread's competitors on ``v``'s CPUs (module docstring); None when
     the probe did not measure the CPU use it needs."""
     f = v.f
     if f is None or f.cpu.main_process_cpu_pct is None:
         return None
-    mine = _mask(f)
-    peers = _peers(f, all_views)
+    mine = set(f.cpu.affinity)
+    peers = host_peers(f, all_views)
     threads = sum(p.cpu.torch_num_threads or 1 for p in peers)
     cpus = len(mine) or f.cpu.logical_cpus or 0
     oversubscribed = bool(cpus) and threads > cpus
     own = max(0.0, f.cpu.main_process_cpu_pct - thread_pct) if oversubscribed else 0.0
     ranks = sum(p.cpu.main_process_cpu_pct or 0.0 for p in peers if p is not f) if oversubscribed else 0.0
     workers = sum(p.cpu.dataloader_workers_cpu_pct or 0.0 for p in peers)
-    job = sum((p.cpu.main_process_cpu_pct or 0.0) + (p.cpu.dataloader_workers_cpu_pct or 0.0) for p in peers)
-    busy = f.cpu.affinity_cpus_busy_pct
-    others = max(0.0, busy - job) if busy is not None else 0.0
+    others = foreign_cpu_pct(f, all_views) or 0.0
     return Holders(own, ranks, workers, others)
 
 
@@ -180,8 +178,8 @@ def oversubscribed_by_job(v: View, all_views: list[View]) -> bool:
     f = v.f
     if f is None:
         return False
-    cpus = len(_mask(f)) or f.cpu.logical_cpus or 0
-    return bool(cpus) and sum(p.cpu.torch_num_threads or 1 for p in _peers(f, all_views)) >= cpus
+    cpus = len(f.cpu.affinity) or f.cpu.logical_cpus or 0
+    return bool(cpus) and sum(p.cpu.torch_num_threads or 1 for p in host_peers(f, all_views)) >= cpus
 
 
 def _collate_finding(v: View, d: DataLoaderFacts, evidence: list[Evidence], workers_part: float, delay: float,

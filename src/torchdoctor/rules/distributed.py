@@ -49,6 +49,7 @@ from ._common import (
     data_wait_ms,
     finding,
     fmt_ms,
+    foreign_load,
     per_rank,
     severity,
     views,
@@ -239,35 +240,60 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     """
     series = run_stragglers(inputs)
     if series is not None and series.straggler is not None:
-        return per_rank(inputs, lambda v: _series_finding(v, series))
+        shared = shared_machine(inputs, series.straggler)
+        return per_rank(inputs, lambda v: _series_finding(v, series, shared))
     c = inputs.cross
     waits = (c.per_rank if c is not None else [])[:16]
 
     @functools.cache
-    def blame() -> tuple[int | None, str]:
-        """(culprit, cause): the same for every victim, so found once."""
+    def blame() -> tuple[int | None, str, Evidence | None]:
+        """(culprit, cause, shared machine): the same for every victim, so found once."""
         who = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
-        return who, _straggler_cause(inputs, who)
+        return who, _straggler_cause(inputs, who), shared_machine(inputs, who)
 
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
             return None
-        culprit, cause = blame()
+        culprit, cause, shared = blame()
         return finding(
             v, "DI-5", "distributed",
             f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(ms)} more per step inside collectives"
             + (f" ({cause})" if cause else "") + ".",
             ms, warn=10.0 if v.n_steps >= STRAGGLER_WARN_STEPS else 101.0,
             crit=20.0 if v.n_steps >= TML_CRITICAL_STEPS else 101.0,
+            sev="info" if shared is not None else None,
             evidence=[Evidence("Collective wait per step by rank: " + ", ".join(
                 f"rank {w.rank} {fmt_ms(w.comm_wait_ms)}" for w in waits[:8])
                 + f" (over {v.n_steps} step(s)).",
                                {"straggler": culprit},
                                [{"rank": w.rank, "comm_wait_ms": w.comm_wait_ms, "excess_wait_ms": w.excess_wait_ms,
-                                 "step_ms": w.step_ms} for w in waits])],
+                                 "step_ms": w.step_ms} for w in waits])] + ([shared] if shared else []),
             fix=_straggler_fix(culprit),
-            confidence="medium", source="TML straggler score 10%/20%; NVRX; HTA potential stragglers")
+            confidence="low" if shared is not None else "medium",
+            confirm=SHARED_CONFIRM if shared is not None else "",
+            source="TML straggler score 10%/20%; NVRX; HTA potential stragglers")
     return comm_rule(inputs, "DI-5", build)
+
+
+SHARED_CONFIRM = "the same job on dedicated cores (the machine was shared while it ran)"
+
+
+def shared_machine(inputs: RuleInputs, who: int | None) -> Evidence | None:
+    """Why a straggler verdict is confounded, when other processes held a large share of the CPUs
+    the straggler runs on (rules/_common.foreign_load): the rank that loses CPU time to them is the
+    one that arrives last, whatever the job does. The finding then stays at info with low
+    confidence: the lateness is measured, its cause is not the job's to fix."""
+    vs = views(inputs)
+    f = next((v.f for v in vs if v.rank == who and v.f is not None), None)
+    got = foreign_load(f, vs)
+    if got is None:
+        return None
+    pct, cpus = got
+    return Evidence(
+        f"Other processes kept {pct:.0f}% of a core busy on the {cpus} CPU(s) rank {who} runs on "
+        f"({pct / cpus:.0f}% of their time): on a shared machine the rank that loses CPU time to them arrives "
+        "last, whatever the job does. Measure on dedicated cores before acting on this.",
+        {"foreign_cpu_pct": round(pct, 1), "cpus": cpus})
 
 
 # What to do about a straggler whose lead one phase explains (series_cause).
@@ -316,7 +342,7 @@ def series_cause(s: StragglerSeries) -> tuple[str | None, str]:
                    + " than the other ranks")
 
 
-def _series_finding(v: View, s: StragglerSeries) -> Finding | None:
+def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None) -> Finding | None:
     """DI-5 from the whole run's step timings (metrics/stragglers.py), for one victim.
 
     The run's gain is a share of the run's mean step, claimed as that share of this view's step
@@ -357,8 +383,10 @@ def _series_finding(v: View, s: StragglerSeries) -> Finding | None:
         + (f"{fmt_ms(ms)} per step." if s.persistent else
            f"{fmt_ms(s.gain_ms)} per step on average over the run ({100 * share:.0f}% of its time)."),
         ms, budget=budget, warn=10.0 if n >= STRAGGLER_WARN_STEPS else 101.0, crit=20.0 if n >= TML_CRITICAL_STEPS else 101.0,
-        evidence=evidence, fix=_straggler_fix(who, phase), confidence="medium" if s.persistent else "low",
-        confirm="" if s.persistent else "a transient straggler costs only in its late steps: check what runs there",
+        sev="info" if shared is not None else None, evidence=evidence + ([shared] if shared else []),
+        fix=_straggler_fix(who, phase), confidence="medium" if s.persistent and shared is None else "low",
+        confirm=SHARED_CONFIRM if shared is not None else
+        "" if s.persistent else "a transient straggler costs only in its late steps: check what runs there",
         source="TML straggler score 10%/20%; NVRX straggler detection over the run's step times")
 
 
