@@ -144,3 +144,40 @@ def test_step_fallbacks(tmp_path):
         # A DataLoader-driven loop: the request that ends the iteration closes the last step.
         assert len(facts["steps"]) == n_steps, (name, [s["step"] for s in facts["steps"]])
         assert "probe_errors" not in facts and facts.get("distributed_backend") is None
+
+
+WORKERS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.arange(64.0).reshape(32, 2))
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+total = 0.0
+for (x,) in DataLoader(data, batch_size=4, num_workers=1):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += float(x.sum())
+print(f"sum {total}")
+"""
+
+
+def test_a_worker_whose_instrumentation_fails_loads_as_without_the_probe(tmp_path):
+    # The workers' own counters (probe/workers.py) fail to install: the worker loads exactly as
+    # without the probe, and the loader simply has no counters.
+    job = script(tmp_path, WORKERS)
+    plain = run_plain(job)
+    wrapped = run_wrapped(tmp_path / "run", job, TORCHDOCTOR_PROBE_FAULT="dataloader.worker")
+    assert plain.returncode == wrapped.returncode == 0 and wrapped.stdout == plain.stdout == "sum 2016.0\n"
+    assert job_stderr(wrapped.stderr) == plain.stderr
+    (loader,) = facts_of(tmp_path / "run")["dataloaders"]
+    assert loader["num_workers"] == 1 and "worker_batches" not in loader
+    assert not list((tmp_path / "run" / "ranks").glob("worker*.json"))
+    # Without the fault, the same worker counts its 8 batches.
+    run_wrapped(tmp_path / "ok", job)
+    (loader,) = facts_of(tmp_path / "ok")["dataloaders"]
+    assert loader["worker_batches"] == 8 and loader["worker_collate_syncs_per_batch"] == 0.0
+

@@ -157,12 +157,17 @@ def test_di5_from_the_whole_run_warns_where_the_window_could_not():
 
 
 def test_di5_on_a_shared_machine_is_said_but_not_warned():
-    # The same persistent 25 ms straggler, on 2 CPUs that other processes kept 80% of a core busy
-    # (the ranks and their workers used 110% of the 190% the CPUs were busy): the rank that loses
-    # CPU time to them arrives last whatever the job does, so the finding stays at info.
+    # A persistent 25 ms straggler whose lead no phase of its own work explains (half in its
+    # forward, half in its loading), on 2 CPUs that other processes kept 80% of a core busy (the
+    # ranks and their workers used 110% of the 190% the CPUs were busy): the rank that loses CPU
+    # time to them arrives last whatever the job does, so the finding stays at info.
     ranks = []
-    for r, own in ((0, [25.0]), (1, [0.0])):
-        f = series_facts(r, own)
+    for r, own in ((0, [12.5]), (1, [0.0])):
+        f = series_facts(r, own, phase="forward_ms")
+        if r == 0:
+            for step in f.steps:
+                step.dataloader_ms += 12.5
+                step.backward_ms -= 12.5
         f.hostname = "h"
         f.cpu = CpuFacts(affinity=[0, 1], main_process_cpu_pct=50.0, dataloader_workers_cpu_pct=5.0,
                          affinity_cpus_busy_pct=190.0)
@@ -177,6 +182,16 @@ def test_di5_on_a_shared_machine_is_said_but_not_warned():
         f.cpu.affinity_cpus_busy_pct = 140.0
     quiet = only(run("DI-5", *ranks), "DI-5")
     assert quiet.severity in ("warning", "critical") and quiet.confidence == "medium"
+    # Under the same load, a lead that one phase explains (25 ms more in the loop, every step) is
+    # the job's own: it warns.
+    busy = []
+    for r, own in ((0, [25.0]), (1, [0.0])):
+        f = series_facts(r, own)
+        f.hostname, f.cpu = "h", CpuFacts(affinity=[0, 1], main_process_cpu_pct=50.0, dataloader_workers_cpu_pct=5.0,
+                                          affinity_cpus_busy_pct=190.0)
+        busy.append((None, f))
+    own = only(run("DI-5", *busy), "DI-5")
+    assert own.severity in ("warning", "critical") and not [e for e in own.evidence if "foreign_cpu_pct" in e.values]
 
 
 def test_di5_names_a_periodic_checkpoint_as_a_transient_straggler():

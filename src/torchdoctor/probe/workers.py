@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from torchdoctor.probe import output
-from torchdoctor.probe.errors import ERRORS
+from torchdoctor.probe.errors import ERRORS, fault_point
 
 FLUSH_S = 1.0
 # Every one of a worker's first EAGER_BATCHES batches is written (~1 ms each), then at most every
@@ -67,6 +67,7 @@ def instrument(probe: Any, loop: Any, args: tuple[Any, ...], kwargs: dict[str, A
     """In a worker process: the loop's arguments with collate_fn timed, and the fetchers patched.
     Returns the arguments unchanged when anything is not as expected."""
     try:
+        fault_point("dataloader.worker")
         bound = inspect.signature(loop).bind(*args, **kwargs)
         collate = bound.arguments.get("collate_fn")
         if collate is None or not callable(collate):
@@ -103,17 +104,20 @@ def _timed_collate(collate: Any, stats: WorkerStats) -> Any:
 
 def unshim_conversions() -> None:
     """Give this worker's Tensor.item/.tolist/.numpy back their originals (the probe's shims keep
-    them as ``__wrapped__``); the training process keeps its own."""
-    import torch
+    them as ``__wrapped__``); the training process keeps its own. Never raises into the collate."""
+    try:
+        import torch
 
-    from torchdoctor.probe.shims import SHIM_FILENAME
+        from torchdoctor.probe.shims import SHIM_FILENAME
 
-    for name in ("item", "tolist", "numpy"):
-        shim = torch.Tensor.__dict__.get(name)
-        original = getattr(shim, "__wrapped__", None)
-        code = getattr(shim, "__code__", None)
-        if original is not None and code is not None and code.co_filename == SHIM_FILENAME:
-            setattr(torch.Tensor, name, original)
+        for name in ("item", "tolist", "numpy"):
+            shim = torch.Tensor.__dict__.get(name)
+            original = getattr(shim, "__wrapped__", None)
+            code = getattr(shim, "__code__", None)
+            if original is not None and code is not None and code.co_filename == SHIM_FILENAME:
+                setattr(torch.Tensor, name, original)
+    except Exception as exc:
+        ERRORS.note(f"dataloader.worker: conversions not unshimmed ({exc!r})")
 
 
 def _patch_fetchers(probe: Any, stats: WorkerStats) -> None:

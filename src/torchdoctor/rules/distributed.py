@@ -240,7 +240,8 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     """
     series = run_stragglers(inputs)
     if series is not None and series.straggler is not None:
-        shared = shared_machine(inputs, series.straggler)
+        # A lead that one phase of the straggler's own work explains is the job's, load or not.
+        shared = shared_machine(inputs, series.straggler) if series_cause(series)[0] is None else None
         return per_rank(inputs, lambda v: _series_finding(v, series, shared))
     c = inputs.cross
     waits = (c.per_rank if c is not None else [])[:16]
@@ -249,7 +250,8 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     def blame() -> tuple[int | None, str, Evidence | None]:
         """(culprit, cause, shared machine): the same for every victim, so found once."""
         who = c.straggler if c is not None and c.straggler is not None else _facts_straggler(inputs)
-        return who, _straggler_cause(inputs, who), shared_machine(inputs, who)
+        cause = _straggler_cause(inputs, who)
+        return who, cause, shared_machine(inputs, who) if not cause else None
 
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
@@ -280,9 +282,12 @@ SHARED_CONFIRM = "the same job on dedicated cores (the machine was shared while 
 
 def shared_machine(inputs: RuleInputs, who: int | None) -> Evidence | None:
     """Why a straggler verdict is confounded, when other processes held a large share of the CPUs
-    the straggler runs on (rules/_common.foreign_load): the rank that loses CPU time to them is the
-    one that arrives last, whatever the job does. The finding then stays at info with low
-    confidence: the lateness is measured, its cause is not the job's to fix."""
+    the straggler runs on (rules/_common.foreign_load) and no phase of its own work explains its
+    lead: the rank that loses CPU time to them is the one that arrives last, whatever the job does.
+    The finding then stays at info with low confidence: the lateness is measured, its cause is not
+    the job's to fix. (The "other processes" include the launcher and torchdoctor's own trace
+    analysis, a few CPU seconds: on a job of a few seconds they look like load, which is why a
+    lead one phase explains is never called confounded.)"""
     vs = views(inputs)
     f = next((v.f for v in vs if v.rank == who and v.f is not None), None)
     got = foreign_load(f, vs)
