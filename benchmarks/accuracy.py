@@ -740,6 +740,12 @@ def main(argv: list[str] | None = None) -> int:
             "families": names, "repeats": repeats, "healthy_runs": healthy_runs, "quick": args.quick}
     out = Path(args.out)
     only = frozenset(x.strip() for x in args.pathologies.split(",") if x.strip()) if args.pathologies else None
+    known = {p for f in fams for p in f.pathologies}
+    if only is not None and (not only or only - known):
+        print(f"accuracy: unknown pathology {', '.join(sorted(only - known)) or '(none)'}; known in "
+              f"{', '.join(names)}: {', '.join(sorted(known))}", file=sys.stderr)
+        return 2
+    meta["pathologies"] = sorted(only) if only is not None else "all"
     plan = schedule(fams, repeats, healthy_runs, args.quick, only)
     start = time.monotonic()
     runs: list[RunRec] = []

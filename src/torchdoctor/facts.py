@@ -38,12 +38,12 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     # Workers only, measured inside them (probe/workers.py), per batch: ms in the dataset's reads
     # (the fetch without the collate), ms in collate_fn (wall, and the worker's CPU time), and the
     # host conversions (.item()/.tolist()/.numpy()) collate_fn makes; over `worker_batches` batches.
-    worker_pids: list[int] = []  # the workers' process ids (their counter files: probe/workers.py)
+    worker_pids: list[int] = []  # the most recent workers' process ids (their counter files: probe/workers.py)
     worker_batches: int | None = None
     worker_dataset_ms_mean: float | None = None
     worker_collate_ms_mean: float | None = None
     worker_collate_cpu_ms_mean: float | None = None
-    worker_cpu_ms_mean: float | None = None  # the worker's CPU time per batch (reads and collate)
+    worker_cpu_ms_mean: float | None = None  # the loading thread's CPU time per batch (reads and collate)
     worker_collate_syncs_per_batch: float | None = None
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from torchdoctor.facts import CpuFacts, DataLoaderFacts, StepTiming
+from torchdoctor.facts import CpuFacts, DataLoaderFacts, DeviceFacts, StepTiming
 
 from .conftest import cpu_facts, only, run
 
@@ -111,3 +112,24 @@ def test_a_collate_without_conversions_keeps_the_upper_bound_reading():
     got = only(run("HO-14", (None, f)), "HO-14")
     assert got.severity == "info" and got.confidence == "low"  # necessary work cannot be told from excess
     assert got.recoverable_ms == pytest.approx(10.0 * 120 / 220, abs=1e-3)
+
+
+def test_a_converting_collate_is_priced_by_its_cpu_only_where_it_can_give_the_cpu_back():
+    base = rank(0, delay=10.0, main=80.0, workers=120.0, busy=300.0, threads=2)
+    # One .item() per batch (a padding collate's lengths.max()) with 32 samples: not element by
+    # element, the upper-bound reading stays.
+    padding = msgspec.structs.replace(base, dataloaders=[msgspec.structs.replace(converting(syncs=1.0), batch_size=32)])
+    got = only(run("HO-14", (None, padding)), "HO-14")
+    assert got.confidence == "low" and got.recoverable_ms == pytest.approx(10.0 * 120 / 220, abs=1e-3)
+    # A loader that falls behind (the step waits 20 ms for batches not produced yet) sets the pace:
+    # HO-14 keeps the upper-bound reading (HO-3 claims the collate's share of the wait).
+    behind = msgspec.structs.replace(base, dataloaders=[converting()],
+                                     steps=[msgspec.structs.replace(s, dataloader_ms=20.0, dataloader_unready_ms=20.0)
+                                            for s in base.steps])
+    got = only(run("HO-14", (None, behind)), "HO-14")
+    assert got.confidence == "low" and "collate_fn" not in got.title
+    # On an accelerator the training thread's delay bounds it: 10 x 120/220 x 9/12 ms.
+    gpu = msgspec.structs.replace(base, dataloaders=[converting()], device=DeviceFacts(kind="cuda", name="H100"))
+    got = only(run("HO-14", (None, gpu)), "HO-14")
+    assert got.recoverable_ms == pytest.approx(10.0 * 120 / 220 * 9 / 12, abs=1e-3)
+    assert got.evidence[-1].values["threads_cover_cpus"] is True  # covered, but the device's job

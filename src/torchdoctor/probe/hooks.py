@@ -197,7 +197,7 @@ def _dataloader(probe: Probe) -> None:
             _time_collate(probe, it, record)
         for worker in getattr(it, "_workers", None) or ():
             if getattr(worker, "pid", None):
-                record.worker_pids.add(worker.pid)
+                record.add_worker(worker.pid)
 
     def iter_before(args: tuple[Any, ...]) -> float | None:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync

@@ -82,6 +82,7 @@ def clear(run_dir: str) -> None:
         os.path.join(RANKS_DIR, "pid*.status"),
         os.path.join(RANKS_DIR, "pid*.exit"),
         os.path.join(RANKS_DIR, "worker*.json"),
+        os.path.join(RANKS_DIR, "worker*.json.tmp*"),  # a worker terminated mid-write
         os.path.join(TRACES_DIR, "rank*.json"),
         os.path.join(TRACES_DIR, "rank*.json.gz"),
         os.path.join(TRACES_DIR, "rank*.pending"),

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from torchdoctor.probe.core import Probe
 
 perf_counter = time.perf_counter
+# Workers whose per-batch counters a loader's facts average (probe/workers.py): a sample of the most
+# recent ones is enough for means, and bounds the files read on the training thread at a summary.
+MAX_WORKER_PIDS = 64
 
 
 @dataclass
@@ -39,14 +42,21 @@ class LoaderRecord:
     ready_batches: int = 0  # batches already produced by workers when asked for
     ready_s: float = 0.0
     polled_batches: int = 0  # batches whose readiness could be read
-    worker_pids: set[int] = field(default_factory=set)
+    # The most recent workers' process ids (insertion order; at most MAX_WORKER_PIDS): non-persistent
+    # workers are new processes every epoch, and their counter files are read at each summary.
+    worker_pids: dict[int, None] = field(default_factory=dict)
+
+    def add_worker(self, pid: int) -> None:
+        self.worker_pids[pid] = None
+        while len(self.worker_pids) > MAX_WORKER_PIDS:
+            del self.worker_pids[next(iter(self.worker_pids))]
 
     def summary(self, run_dir: str | None = None) -> DataLoaderFacts:
         facts = msgspec.structs.replace(self.facts)
         if self.worker_pids:
-            facts.worker_pids = sorted(self.worker_pids)
+            facts.worker_pids = list(self.worker_pids)
             if run_dir:
-                inside(facts, workers.read(run_dir, self.worker_pids))
+                inside(facts, workers.read(run_dir, set(self.worker_pids)))
         if self.batches:
             facts.next_ms_mean = round(1e3 * self.next_s / self.batches, 3)
             # Only the main process's collation is visible; workers collate out of sight.

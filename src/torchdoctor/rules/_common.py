@@ -31,6 +31,8 @@ WARN_PCT = 5.0
 # (foreign_load). Measured on 2 CPUs: 4-17% of a core by others on quiet runs (3-8% of the
 # capacity), 71-101% with one busy loop beside the job (35-50%).
 FOREIGN_LOAD_SHARE = 0.2
+# Host conversions per batch that make a collate "element by element" when the batch size is unknown.
+MIN_CONVERSIONS = 16
 CRIT_PCT = 20.0
 # Below this share of the step a finding is not worth a line even at info level.
 NOISE_PCT = 0.5
@@ -341,11 +343,19 @@ def worker_loader(v: View) -> DataLoaderFacts | None:
 
 def converting_collate(v: View) -> DataLoaderFacts | None:
     """A worker loader whose collate_fn converts tensors element by element (at least one host
-    conversion per batch) and whose CPU time the workers measured."""
+    conversion per sample of the batch, MIN_CONVERSIONS when the batch size is unknown: a padding
+    collate's one ``lengths.max().item()`` per batch is not that) and whose CPU time the workers
+    measured."""
     d = worker_loader(v)
-    if d is None or not d.worker_collate_syncs_per_batch or d.worker_collate_syncs_per_batch < 1:
+    if d is None or not d.worker_collate_syncs_per_batch or not d.worker_collate_cpu_ms_mean:
         return None
-    return d if d.worker_collate_cpu_ms_mean else None
+    return d if d.worker_collate_syncs_per_batch >= (d.batch_size or MIN_CONVERSIONS) else None
+
+
+def unready_wait_ms(v: View) -> float:
+    """The step's wait for batches the workers had not produced yet (the data wait less the
+    handoff of ready batches), ms per step, before any claim on it."""
+    return data_wait_ms(v) * (1.0 - handoff_share(v))
 
 
 def worker_collate_wait_ms(v: View, d: DataLoaderFacts) -> float:

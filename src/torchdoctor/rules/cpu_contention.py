@@ -35,8 +35,11 @@ worker holds a CPU is taken from one of those threads, and a parallel op waits f
 thread: the claim is then the collate's CPU time per batch (one batch per step), not only the
 training thread's own delay (measured on the lm job: a collate of 9 ms of CPU per batch, a 17%
 gain from removing it, against 10% of run-queue delay on the training thread). With fewer threads
-than CPUs, the training thread's delay bounds it: the workers' part times the collate's share of
-the workers' CPU. Either way the excess is known, so the usual ladder applies (warning from 5%).
+than CPUs, or on an accelerator (whose intra-op threads mostly wait for the device), the training
+thread's delay bounds it: the workers' part times the collate's share of the workers' CPU. Either
+way the excess is known, so the usual ladder applies (warning from 5%). A loader that falls behind
+(the step waits for batches not produced yet) sets the step's pace: the collate then costs
+waiting, HO-3's claim, and HO-14 keeps its upper-bound reading.
 
 The other parts are reported, not claimed: the own threads' part is HO-13's to price; other
 processes' (steal included) is not the job's to fix. The split apportions by CPU time; it does
@@ -57,6 +60,7 @@ from ._common import (
     foreign_cpu_pct,
     host_peers,
     per_rank,
+    unready_wait_ms,
     views,
     worker_split_text,
 )
@@ -66,6 +70,7 @@ from .model import Evidence, Finding, Fix
 MIN_DELAY_PCT = 2.0  # below this share of the step the run-queue delay is the scheduler's normal jitter
 WARN_AT_PCT = 20.0  # the workers' part is an upper bound (module docstring): warn only where a part of it matters
 CRIT_AT_PCT = 40.0
+LOADER_BEHIND_PCT = 1.0  # the step waits this share of itself for batches not produced yet
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,9 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
         # step (a profiler window's steps can be longer), so its claim keeps the measured share.
         to_view = (v.step_ms / step) if v.step_ms else 1.0
         conv = converting_collate(v)
-        if conv is not None:
+        # A loader that falls behind sets the step's pace: there the collate costs waiting (HO-3's
+        # claim), and giving its CPU to the training threads would not shorten the step.
+        if conv is not None and v.pct(unready_wait_ms(v)) < LOADER_BEHIND_PCT:
             return _collate_finding(v, conv, evidence, gain, delay, step, to_view,
                                     oversubscribed_by_job(v, all_views))
         if lead == "DataLoader workers" or v.pct(gain) >= WARN_PCT:  # the workers' part is worth a look
@@ -186,8 +193,12 @@ def _collate_finding(v: View, d: DataLoaderFacts, evidence: list[Evidence], work
                      step: float, to_view: float, covered: bool) -> Finding:
     """HO-14 when the workers measured a converting collate: its CPU time is the excess (docstring)."""
     collate_cpu = d.worker_collate_cpu_ms_mean or 0.0
-    if covered:
-        gain, how = collate_cpu, "the ranks' intra-op threads cover every CPU, so its CPU time is taken from them"
+    # On an accelerator the intra-op threads mostly wait for the device: there, as with fewer
+    # threads than CPUs, the training thread's own delay bounds the claim.
+    if covered and not v.accel:
+        # At most the step: a collate costlier than the step runs behind it (HO-3's case).
+        gain = min(collate_cpu, step)
+        how = "the ranks' intra-op threads cover every CPU, so its CPU time is taken from them"
     else:
         share = min(1.0, collate_cpu / d.worker_cpu_ms_mean) if d.worker_cpu_ms_mean else 1.0
         gain = workers_part * share
