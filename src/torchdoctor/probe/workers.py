@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -60,6 +61,10 @@ class WorkerStats:
     in_collate: bool = False
     last_write: float = 0.0
     eager: int = 0  # batches written one by one (EAGER_BATCHES for persistent workers, else 0)
+
+
+COUNTERS = ("batches", "fetch_s", "fetch_cpu_s", "collate_calls", "collate_s", "collate_cpu_s", "conversions",
+            "counted_collates")
 
 
 def worker_path(run_dir: str, pid: int) -> str:
@@ -177,14 +182,13 @@ def read(run_dir: str, pids: set[int]) -> WorkerStats | None:
                 data = json.load(f)
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict):
-            continue
+        values = {k: data.get(k, 0) for k in COUNTERS} if isinstance(data, dict) else {}
+        if not values or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf
+                                 for x in values.values()):
+            continue  # not a counter file this module wrote: skipped whole
         seen = True
-        for key in ("batches", "fetch_s", "fetch_cpu_s", "collate_calls", "collate_s", "collate_cpu_s",
-                    "conversions", "counted_collates"):
-            value = data.get(key)
-            if isinstance(value, (int, float)) and value >= 0:
-                setattr(total, key, getattr(total, key) + value)
+        for key, value in values.items():
+            setattr(total, key, getattr(total, key) + value)
     return total if seen and total.batches else None
 
 
