@@ -13,6 +13,7 @@ from real_traces import trace
 from torchdoctor.metrics.rank import analyze_rank
 from torchdoctor.report import html as H
 from torchdoctor.report.console import print_report
+from torchdoctor.report.html_figures import roofline_figure
 from torchdoctor.report.roofline_text import roofline_lines
 from torchdoctor.session import analyze_paths
 from torchdoctor.trace.load import load_trace
@@ -64,7 +65,7 @@ def test_unknown_device_says_no_roofline_plainly(tmp_path):
     assert "unknown device: no roofline" in out
     r = rep.ranks[0].analysis
     assert r.roofline.device_key is None and r.roofline.mfu_pct is None and r.roofline.model_flops
-    assert H.roofline_figure(r) is None
+    assert roofline_figure(r) is None
     assert "unknown device: no roofline" in H.render_html(rep)
 
 
@@ -88,7 +89,7 @@ def test_a100_real_trace_summary():
 def test_html_roofline_plot_is_log_log_and_escapes_names(tmp_path):
     rep = analyze_paths([str(summary_trace("NVIDIA H100 80GB HBM3", EVIL).write(tmp_path / "t.json"))])
     r = rep.ranks[0].analysis
-    fig = H.roofline_figure(r)
+    fig = roofline_figure(r)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     roofs = [t for t in fig.data if t.mode == "lines"]
     assert [t.name for t in roofs] == ["bf16 roof (989.4 TFLOP/s)"]

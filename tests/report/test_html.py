@@ -25,6 +25,8 @@ from report_helpers import (
 from torchdoctor.cli import main
 from torchdoctor.metrics.ranks import cross_rank
 from torchdoctor.report import html as H
+from torchdoctor.report import html_figures, html_ranks, html_text
+from torchdoctor.report.labels import cause_label
 from torchdoctor.report.model import ErrorEntry, RankReport, Report
 from torchdoctor.session import analyze_paths
 
@@ -64,7 +66,7 @@ def embedded_figures(page: str) -> dict:
 
 def test_script_json_cannot_close_the_script_element():
     text = json.dumps({"k": "</script><script>alert(1)</script><!-- & \u2028"})
-    safe = H.script_json(text)
+    safe = html_text.script_json(text)
     assert "<" not in safe and ">" not in safe and "&" not in safe and "\u2028" not in safe
     assert json.loads(safe) == json.loads(text)
 
@@ -88,14 +90,14 @@ def test_real_trace_page_is_self_contained_and_small(real_report: Report, tmp_pa
     r = real_report.ranks[0].analysis
     causes = {g[2] for g in r.timeline_gaps}
     names = {t.get("name") for t in figs["fig-timeline"]["data"] if t.get("fill") == "toself"}
-    assert {f"idle: {H.cause_label(c)}" for c in causes} <= names
+    assert {f"idle: {cause_label(c)}" for c in causes} <= names
     # Every finding is in the matrix with its evidence behind <details>.
     assert page.count('<details class="finding') == 4
     assert "DL-1" in page and "enumerate(DataLoader)" in page
 
 
 def test_timeline_bands_cover_exactly_the_intervals():
-    xs, ys = H._bands([(0, 2_000_000), (5_000_000, 6_500_000)], y=3, half=0.4)
+    xs, ys = html_figures._bands([(0, 2_000_000), (5_000_000, 6_500_000)], y=3, half=0.4)
     assert xs == [0.0, 2.0, 5.0, 6.5, 0.0]
     assert ys == [2.6, 3.4, 2.6, 3.4, 3.4]
 
@@ -105,7 +107,7 @@ def test_thousands_of_ranks_stay_bounded(real_report: Report):
     page, figs = H.render_html_and_figures(rep)
     # The timeline draws at most MAX_TIMELINE_RANKS rows, and the straggler is one of them.
     rows = figs["fig-timeline"]["layout"]["yaxis"]["ticktext"]
-    assert len(rows) == H.MAX_TIMELINE_RANKS
+    assert len(rows) == html_ranks.MAX_TIMELINE_RANKS
     assert any("straggler" in t and "rank 500" in t for t in rows)
     # The heat map has every rank, a row per group of 6 consecutive ranks (1500 / 256 rows, rounded
     # up); the straggler's group is marked and light in exposed comm (its least).
@@ -117,7 +119,7 @@ def test_thousands_of_ranks_stay_bounded(real_report: Report):
         [s.comm_exposed_ms for s in rr.analysis.steps] for rr in rep.ranks[498:504]), strict=True)]
     # Histograms show all ranks; detail panels and table rows are the worst ranks, straggler first.
     assert len(figs["fig-spread"]["data"][0]["x"]) == 1500
-    assert page.count('class="rank-panel"') == H.MAX_DETAIL_RANKS
+    assert page.count('class="rank-panel"') == html_ranks.MAX_DETAIL_RANKS
     assert "Showing 64 of 1500 ranks: the straggler and those with the most device idle time" in page
     # Large figure data is packed like plotly.js, and the page stays a few MB.
     assert 'id="td-figures" data-encoding="gzip+base64"' in page

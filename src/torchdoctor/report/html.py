@@ -41,31 +41,9 @@ import msgspec
 import plotly.offline
 
 from .. import __version__
-from .html_context import LAYERS, MAX_ITEMS, Figures, page_context
-from .html_figures import (
-    PLOT_CONFIG,
-    ab_figure,
-    heatmap_figure,
-    kernels_figure,
-    roofline_figure,
-    spread_figure,
-    steps_figure,
-    timeline_figure,
-)
-from .html_figures import _bands as _bands  # tests check the band geometry
-from .html_ranks import (
-    MAX_DETAIL_RANKS,
-    MAX_HEATMAP_RANKS,
-    MAX_TABLE_RANKS,
-    MAX_TIMELINE_RANKS,
-    RankView,
-    device_name,
-    pick_ranks,
-    rank_views,
-    straggler_key,
-)
-from .html_text import MAX_NAME, esc, fmt, fmt_value, pesc, script_json, short
-from .labels import cause_label
+from .html_context import Figures, page_context
+from .html_figures import PLOT_CONFIG
+from .html_text import script_json, short
 from .model import Report
 
 # Figure JSON above this is embedded gzip+base64 too (a 1.5 MB timeline of 12 busy ranks packs to
@@ -161,17 +139,11 @@ def plotly_js_gzip_b64() -> str:
     return gzip_b64(plotly.offline.get_plotlyjs().encode("utf-8"))
 
 
+@functools.lru_cache(maxsize=1)
 def plotly_js_version() -> str:
+    """The embedded plotly.js's version, read once (get_plotlyjs reads the 4.8 MB file each call)."""
     m = re.search(r"plotly\.js v([0-9][0-9A-Za-z.\-]*)", plotly.offline.get_plotlyjs()[:400])
     return m.group(1) if m else "?"
 
 
-# What other modules and tests use from here (the helpers live in the html_* modules).
-__all__ = [
-    "FIGS_INLINE_LIMIT", "LAYERS", "MAX_DETAIL_RANKS", "MAX_HEATMAP_RANKS", "MAX_ITEMS", "MAX_NAME",
-    "MAX_TABLE_RANKS", "MAX_TIMELINE_RANKS", "RankView", "ab_figure", "cause_label", "device_name",
-    "environment", "esc", "fmt", "fmt_value", "gzip_b64", "heatmap_figure", "kernels_figure", "pesc",
-    "pick_ranks", "plotly_js_gzip_b64", "plotly_js_version", "rank_views", "render_html",
-    "render_html_and_figures", "roofline_figure", "script_json", "short", "spread_figure", "static_text",
-    "steps_figure", "straggler_key", "timeline_figure", "write_html",
-]
+__all__ = ["render_html", "render_html_and_figures", "write_html"]

@@ -255,16 +255,17 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
         gain = worker_collate_wait_ms(v, d)
         if v.pct(gain) < 0.5:
             return None  # the workers keep up: their collate costs CPU, not waiting (HO-14 prices that)
+        wait = data_wait_ms(v)
         return finding(
             v, "HO-3", "host",
             f"collate_fn {d.collate_fn or ''} converts tensors element by element in the DataLoader workers "
             f"({d.worker_collate_syncs_per_batch:.0f} per batch, {fmt_ms(d.worker_collate_ms_mean or 0)} of a "
             f"worker's batch): the step waits for batches it slows down.",
             gain, evidence=[Evidence(worker_split_text(d) + f" Claimed: the collate's share of the "
-                                     f"{fmt_ms(data_wait_ms(v))} the step waits for batches not yet produced.",
+                                     f"{fmt_ms(wait)} the step waits for batches not yet produced.",
                                      {"conversions_per_batch": d.worker_collate_syncs_per_batch,
                                       "collate_ms": d.worker_collate_ms_mean, "dataset_ms": d.worker_dataset_ms_mean,
-                                      "data_wait_ms": round(data_wait_ms(v), 3)})],
+                                      "data_wait_ms": round(wait, 3)})],
             fix=Fix("Collate with tensor ops (torch.stack / torch.as_tensor on whole arrays) instead of "
                     "per-sample .item()/.numpy(): each worker produces its batch sooner.",
                     "def collate(batch):\n    xs, ys = zip(*batch)\n    return torch.stack(xs), torch.as_tensor(ys)"),
