@@ -37,8 +37,9 @@ from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
 from .metrics.ranks import cross_rank
 from .metrics.steps import WindowError
-from .metrics.summary import SUMMARY_RANKS, share_strings
-from .report.model import ErrorEntry, RankReport, Report
+from .metrics.store import StoredResult, SummaryStore
+from .metrics.summary import SUMMARY_RANKS
+from .report.model import ErrorEntry, LazyRanks, RankReport, Report
 from .rules import RankInputs, RuleInputs, diagnose
 from .trace.decode import TraceFormatError
 from .trace.load import discover, load_trace, rank_from_filename
@@ -137,7 +138,8 @@ def analyze_rank_file_seen(path: str, steps: str | None = None, jobs: int = 1
     return result, sight
 
 
-Outcome = tuple[str, RankResult | str, TraceSight | None]
+# ("ok", the rank's result or its handle in a SummaryStore, what it saw) or ("error", why, None).
+Outcome = tuple[str, RankResult | StoredResult | str, TraceSight | None]
 
 
 def _analyze_one(path: str, steps: str | None, jobs: int = 1) -> Outcome:
@@ -180,9 +182,13 @@ def analyze_files(files: list[str], steps: str | None = None, jobs: int | None =
     """Analyse files as tasks on an executor (local processes by default), results in the files'
     order. Above SUMMARY_RANKS files each rank's result is reduced to its summary on the worker
     (metrics/summary.py), so the driver's memory stays flat however many ranks there are.
-    `progress`: a bar on stderr (None: when stderr is a terminal)."""
+    `progress`: a bar on stderr (None: when stderr is a terminal).
+
+    Summaries are put in a compressed store as they arrive (metrics/store.py) and their values are
+    `StoredResult` handles, so the driver never holds thousands of decoded results."""
     spec = executor or ExecutorSpec("local")
     compact = len(files) > SUMMARY_RANKS
+    store = SummaryStore() if compact else None
     if len(files) == 1 and spec.engine == "local":
         # One file: its own decoding may use the CPUs (byte ranges of a large file).
         tasks = [Task(files[0], steps, compact, _workers(1 << 30, jobs))]
@@ -191,24 +197,22 @@ def analyze_files(files: list[str], steps: str | None = None, jobs: int | None =
         far = spec.engine != "local"
         tasks = [Task(os.path.abspath(f) if far and not is_url(f) else f, steps, compact) for f in files]
     with rank_progress(len(tasks), f"analysing ranks ({spec})", progress) as advance:
-        outcomes = run_tasks(spec, tasks, _workers(len(files), jobs), advance)
-    names: dict[str, str] = {}
-    for f, o in zip(files, outcomes, strict=True):
-        if o.result is not None:
-            o.result.file = f  # the name the user gave
-            if compact:  # one copy of each name for all ranks (metrics/summary.py)
-                share_strings(o.result, names)
-    return [_outcome(o) for o in outcomes]
+        outcomes = run_tasks(spec, tasks, _workers(len(files), jobs), advance, lambda o: _outcome(o, store))
+    for f, (status, value, _) in zip(files, outcomes, strict=True):
+        if status == "ok":
+            assert isinstance(value, (RankResult, StoredResult))
+            value.file = f  # the name the user gave
+    return outcomes
 
 
-def _outcome(o: TaskOutcome) -> Outcome:
+def _outcome(o: TaskOutcome, store: SummaryStore | None = None) -> Outcome:
     if o.status != "ok" or o.result is None:
         return "error", o.message, None
     sight = TraceSight(**o.sight) if isinstance(o.sight, dict) else None
-    return "ok", o.result, sight
+    return "ok", store.put(o.result) if store is not None else o.result, sight
 
 
-def assign_ranks(results: list[RankResult], files: list[str], warnings: list[ErrorEntry],
+def assign_ranks(results: list[RankResult | StoredResult], files: list[str], warnings: list[ErrorEntry],
                  taken: dict[int, str] | None = None) -> None:
     """Ranks from distributedInfo, else the file name, else by order; duplicates are flagged, not merged.
 
@@ -281,8 +285,9 @@ def read_torch_traces(logs: list[str], trace_ranks: list[int | None]) -> tuple[d
 def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None = None,
                    jobs: int | None = None, taken: dict[int, str] | None = None,
                    executor: ExecutorSpec | None = None, progress: bool | None = None
-                   ) -> tuple[list[RankResult], list[ErrorEntry], list[ErrorEntry], dict[str, TraceSight]]:
-    """Trace files, directories or globs -> (rank results, input errors, warnings, sight by file).
+                   ) -> tuple[list[RankResult | StoredResult], list[ErrorEntry], list[ErrorEntry], dict[str, TraceSight]]:
+    """Trace files, directories or globs -> (rank results or their stored handles, input errors,
+    warnings, sight by file).
 
     `taken`: ranks already reported elsewhere (a run directory's), kept apart from these.
     """
@@ -290,11 +295,11 @@ def analyze_traces(paths: list[str], steps: str | None = None, rank: int | None 
     errors = [ErrorEntry(e.file, e.message) for e in input_errors]
     if rank is not None:
         files = [f for f in files if peek_rank(f) in (rank, None)]
-    results: list[RankResult] = []
+    results: list[RankResult | StoredResult] = []
     sights: dict[str, TraceSight] = {}
     for f, (status, value, sight) in zip(files, analyze_files(files, steps, jobs, executor, progress), strict=True):
         if status == "ok":
-            assert isinstance(value, RankResult)
+            assert isinstance(value, (RankResult, StoredResult))
             results.append(value)
             if sight is not None:
                 sights[value.file] = sight
@@ -318,27 +323,21 @@ def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
     """
     loaded = config if config is not None else user_config.active()
     ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
-    results = [r.result for r in ranks if r.result is not None]
-    cross = cross_rank(results)
+    # One rank decoded at a time (stored ranks, metrics/store.py): no list of every result.
+    cross = cross_rank(ri.view for ri in ranks if ri.has_result)
     inputs = RuleInputs(ranks=ranks, cross=cross, run=run or {})
     findings, problems = diagnose(inputs, loaded.rules)
     warn = list(loaded.warnings) + list(warnings)
     errors = [*loaded.errors, *errors]
-    for r in results:
-        warn.extend(ErrorEntry(r.file, w) for w in r.warnings)
-    warn.extend(ErrorEntry("torchdoctor", p) for p in problems)
-    reports = []
     for ri in ranks:
-        res = ri.result
-        reports.append(RankReport(
-            rank=ri.rank,
-            file=res.file if res else (ri.facts.trace_file or "") if ri.facts else "",
-            device=res.device if res else (ri.facts.device.name if ri.facts else None),
-            window=msgspec.to_builtins(res.window) if res else {},
-            metrics=msgspec.to_builtins(res.metrics) if res else {},
-            analysis=res, facts=ri.facts,
-            compile=compile_summary(ri.facts.compile if ri.facts else None, res.compile_gaps_ms if res else {}),
-        ))
+        head = ri.stored or ri.result  # the handle carries the file and warnings without a decode
+        if head is not None:
+            warn.extend(ErrorEntry(head.file, w) for w in head.warnings)
+    warn.extend(ErrorEntry("torchdoctor", p) for p in problems)
+    if any(ri.stored is not None for ri in ranks):
+        reports: list[RankReport] = LazyRanks(ranks, rank_report)  # type: ignore[assignment]
+    else:
+        reports = [rank_report(ri) for ri in ranks]
     spots = blind_spots(ranks, run or {}, sights or {}, warn)
     healthy = None
     if ranks and not spots:
@@ -351,6 +350,20 @@ def build_report(ranks: list[RankInputs], errors: Iterable[ErrorEntry] = (),
     return Report(version=__version__, source=source, ranks=reports, cross_rank=cross,
                   findings=findings, errors=errors, warnings=warn, healthy=healthy,
                   run=run or {}, config=loaded.to_dict(), blind_spots=spots)
+
+
+def rank_report(ri: RankInputs) -> RankReport:
+    """One rank of the report: its trace's numbers and/or its live facts."""
+    res = ri.result
+    return RankReport(
+        rank=ri.rank,
+        file=res.file if res else (ri.facts.trace_file or "") if ri.facts else "",
+        device=res.device if res else (ri.facts.device.name if ri.facts else None),
+        window=msgspec.to_builtins(res.window) if res else {},
+        metrics=msgspec.to_builtins(res.metrics) if res else {},
+        analysis=res, facts=ri.facts,
+        compile=compile_summary(ri.facts.compile if ri.facts else None, res.compile_gaps_ms if res else {}),
+    )
 
 
 # --- blind spots --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .task import Task, TaskOutcome
+from .task import Keep, Task, TaskOutcome, same
 
 ENGINES = ("local", "dask", "ray")
 Progress = Callable[[int], None]  # called with the number of tasks just finished
@@ -57,21 +57,22 @@ def parse_executor(spec: str | None) -> ExecutorSpec:
     return ExecutorSpec(engine, address or None)
 
 
-def run_tasks(spec: ExecutorSpec, tasks: list[Task], workers: int, progress: Progress | None = None
-              ) -> list[TaskOutcome]:
-    """Run every task on the executor; outcomes in the tasks' order."""
+def run_tasks(spec: ExecutorSpec, tasks: list[Task], workers: int, progress: Progress | None = None,
+              keep: Keep = same) -> list[TaskOutcome]:
+    """Run every task on the executor; outcomes in the tasks' order, each passed through `keep` as it
+    arrives."""
     done = progress or (lambda n: None)
     if spec.engine == "dask":
         from .dask_engine import run as run_dask
 
-        return run_dask(spec.address, tasks, workers, done)
+        return run_dask(spec.address, tasks, workers, done, keep)
     if spec.engine == "ray":
         from .ray_engine import run as run_ray
 
-        return run_ray(spec.address, tasks, workers, done)
+        return run_ray(spec.address, tasks, workers, done, keep)
     from .local import run as run_local
 
-    return run_local(tasks, workers, done)
+    return run_local(tasks, workers, done, keep)
 
 
-__all__ = ["ExecutorError", "ExecutorSpec", "Task", "TaskOutcome", "parse_executor", "run_tasks"]
+__all__ = ["ExecutorError", "ExecutorSpec", "Keep", "Task", "TaskOutcome", "parse_executor", "run_tasks"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 
 from . import ExecutorError
-from .task import Task, TaskOutcome, batch_size, decode, failed, lost, run_batch, run_task
+from .task import Keep, Task, TaskOutcome, batch_size, decode, failed, lost, run_batch, run_task, same
 
 
 def _client(address: str | None, workers: int):
@@ -38,7 +38,7 @@ def _client(address: str | None, workers: int):
         raise ExecutorError(f"cannot reach the Dask scheduler {address or '(local)'}: {e}") from None
 
 
-def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[TaskOutcome]:
+def run(address: str | None, tasks: list[Task], workers: int, progress, keep: Keep = same) -> list[TaskOutcome]:
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
@@ -59,24 +59,24 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
                 value = value[1]  # some releases give an erred task's (type, exception, traceback)
             if isinstance(value, list):
                 for i, data in zip(batch, value, strict=True):
-                    out[i] = decode(data)
+                    out[i] = keep(decode(data))
             elif isinstance(value, KilledWorker):
                 suspects.extend(batch)
                 fut.release()
                 continue
             else:  # an engine failure on this task only: report its ranks, go on
                 for i in batch:
-                    out[i] = failed(tasks[i], "Dask", value)
+                    out[i] = keep(failed(tasks[i], "Dask", value))
             progress(len(batch))
             fut.release()
         for i in sorted(suspects):  # the retry: each rank alone, so a second death is its own
             fut = client.submit(run_task, tasks[i], pure=False, key=f"torchdoctor-{i}-retry")
             try:
-                out[i] = decode(fut.result())
+                out[i] = keep(decode(fut.result()))
             except KilledWorker:
-                out[i] = lost(tasks[i], "Dask killed worker")
+                out[i] = keep(lost(tasks[i], "Dask killed worker"))
             except Exception as e:  # an engine failure on this task only: report the rank, go on
-                out[i] = failed(tasks[i], "Dask", e)
+                out[i] = keep(failed(tasks[i], "Dask", e))
             progress(1)
             fut.release()
     finally:

@@ -12,7 +12,7 @@ import contextlib
 import os
 
 from . import ExecutorError
-from .task import Task, TaskOutcome, decode, failed, lost, run_task
+from .task import Keep, Task, TaskOutcome, decode, failed, lost, run_task, same
 
 
 def _start(address: str | None, workers: int):
@@ -37,7 +37,7 @@ def _start(address: str | None, workers: int):
     return ray, started
 
 
-def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[TaskOutcome]:
+def run(address: str | None, tasks: list[Task], workers: int, progress, keep: Keep = same) -> list[TaskOutcome]:
     ray, started = _start(address, workers)
     from ray.exceptions import RayError, WorkerCrashedError
 
@@ -52,11 +52,11 @@ def run(address: str | None, tasks: list[Task], workers: int, progress) -> list[
             for ref in ready:
                 i = index.pop(ref)
                 try:
-                    out[i] = decode(ray.get(ref))
+                    out[i] = keep(decode(ray.get(ref)))
                 except WorkerCrashedError:
-                    out[i] = lost(tasks[i], "Ray worker crashed")
+                    out[i] = keep(lost(tasks[i], "Ray worker crashed"))
                 except RayError as e:
-                    out[i] = failed(tasks[i], "Ray", e)
+                    out[i] = keep(failed(tasks[i], "Ray", e))
                 progress(1)
     finally:
         if started and address is None:

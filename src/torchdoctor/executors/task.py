@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -72,6 +73,16 @@ def batch_size(n_tasks: int, workers: int, per_worker: int = 64, most: int = 16)
 
 def decode(data: bytes) -> TaskOutcome:
     return msgspec.msgpack.decode(data, type=TaskOutcome)
+
+
+# What the driver does with each outcome as it arrives (before the next one is gathered): e.g. put
+# its result in a compressed store (metrics/store.py), so thousands of decoded results are never
+# held at once.
+Keep = Callable[[TaskOutcome], TaskOutcome]
+
+
+def same(outcome: TaskOutcome) -> TaskOutcome:
+    return outcome
 
 
 def failed(task: Task, engine: str, exc: BaseException) -> TaskOutcome:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 import msgspec
 import numpy as np
 
@@ -78,24 +81,39 @@ def comm_wait_ms(r: RankResult) -> float | None:
     return None
 
 
-def wait_matrix(ranked: list[RankResult]) -> tuple[list[tuple[str, int]], np.ndarray] | None:
+class RankLine(NamedTuple):
+    """What the cross-rank analysis reads of one rank (taken from its result as the ranks stream by)."""
+
+    rank: int
+    step_ms: float  # median step
+    steps: int  # steps in the window (at least 1)
+    wait_ms: float | None  # comm_wait_ms
+    calls: dict[tuple[str, int], int] | None  # (group, seq) -> ns inside; None without sequence numbers
+
+
+def rank_line(r: RankResult) -> RankLine:
+    c = r.collectives
+    calls = ({(c.groups[g], s): d for g, s, d in zip(c.call_group, c.call_seq, c.call_dur_ns, strict=True)}
+             if c is not None and c.call_seq else None)
+    return RankLine(int(r.rank or 0), float(r.metrics.step_ms_median or 0.0), max(1, len(r.window.steps)),
+                    comm_wait_ms(r), calls)
+
+
+def wait_matrix(ranked: list[RankLine]) -> tuple[list[tuple[str, int]], np.ndarray] | None:
     """The collective calls every rank recorded, matched by (process group, sequence number), and a
     ranks x calls matrix of ns inside each; None when any rank lacks sequence numbers or no call is
     common to all. Matching compares the same calls everywhere, so a rank that also ran other
     collectives (or lost some rows) is not blamed for them. O(ranks x calls) time and memory."""
-    tables = []
-    for r in ranked:
-        c = r.collectives
-        if c is None or not c.call_seq:
-            return None
-        tables.append({(c.groups[g], s): d for g, s, d in zip(c.call_group, c.call_seq, c.call_dur_ns, strict=True)})
-    common = sorted(set(tables[0]).intersection(*tables[1:]), key=lambda k: (k[1], k[0]))
+    tables = [line.calls for line in ranked]
+    if any(t is None for t in tables):
+        return None
+    common = sorted(set(tables[0]).intersection(*tables[1:]), key=lambda k: (k[1], k[0]))  # type: ignore[arg-type]
     if not common:
         return None
-    return common, np.array([[t[k] for k in common] for t in tables], dtype=np.float64)
+    return common, np.array([[t[k] for k in common] for t in tables], dtype=np.float64)  # type: ignore[index]
 
 
-def collective_waits(ranked: list[RankResult], calls: list[tuple[str, int]], m: np.ndarray
+def collective_waits(ranked: list[RankLine], calls: list[tuple[str, int]], m: np.ndarray
                      ) -> tuple[list[CollectiveWait], list[LateRank]]:
     """Per matched call: who arrived last and the waiting it cost (top TOP_CALLS by cost); per rank:
     how often it arrived last (top TOP_LATE by the waiting it caused)."""
@@ -115,7 +133,7 @@ def collective_waits(ranked: list[RankResult], calls: list[tuple[str, int]], m: 
     return out, late
 
 
-def cross_rank(results: list[RankResult]) -> CrossRank | None:
+def cross_rank(results: Iterable[RankResult]) -> CrossRank | None:
     """Skew and straggler blame across ranks of one job.
 
     Blame follows the asymmetry of waiting: in a collective every rank waits until the last one
@@ -123,11 +141,12 @@ def cross_rank(results: list[RankResult]) -> CrossRank | None:
     for it. The straggler is the rank with the smallest collective time per step, when the spread
     exceeds STRAGGLER_MIN_SPREAD of the median step; its victims are the ranks that wait longer.
     (Blaming the rank whose step took longest blames a victim: its step includes the waiting.)
+    `results` is read once, one rank at a time (a generator over stored ranks holds none of them).
     """
-    ranked = [r for r in results if r.rank is not None and r.metrics.step_ms_median]
+    ranked = [rank_line(r) for r in results if r.rank is not None and r.metrics.step_ms_median]
     if len(ranked) < 2:
         return None
-    steps = np.array([r.metrics.step_ms_median for r in ranked], dtype=float)
+    steps = np.array([r.step_ms for r in ranked], dtype=float)
     med = float(np.median(steps))
     out = CrossRank(
         ranks=len(ranked), step_ms_median=round(med, 4), step_ms_min=round(float(steps.min()), 4),
@@ -137,18 +156,17 @@ def cross_rank(results: list[RankResult]) -> CrossRank | None:
     matrix = wait_matrix(ranked)
     if matrix is not None:
         calls, m = matrix
-        steps = np.array([max(1, len(r.window.steps)) for r in ranked], dtype=np.float64)
+        steps = np.array([r.steps for r in ranked], dtype=np.float64)
         out.matched_by, out.matched_calls = "seq", len(calls)
         out.collective_waits, out.late_ranks = collective_waits(ranked, calls, m)
         waits = list(zip(ranked, (m.sum(axis=1) / steps / 1e6).tolist(), strict=True))
     else:
-        waits = [(r, comm_wait_ms(r)) for r in ranked]
-        waits = [(r, w) for r, w in waits if w is not None]
+        waits = [(r, r.wait_ms) for r in ranked if r.wait_ms is not None]
     if len(waits) < 2:
         return out
     least = min(w for _, w in waits)
     out.per_rank = [
-        RankWait(int(r.rank), float(r.metrics.step_ms_median), round(w, 4), round(w - least, 4))
+        RankWait(r.rank, r.step_ms, round(w, 4), round(w - least, 4))
         for r, w in waits
     ]
     spread = max(w for _, w in waits) - least

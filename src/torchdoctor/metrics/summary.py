@@ -18,8 +18,6 @@ What is left grows with the window's steps and collective calls, not with the tr
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 import numpy as np
 
@@ -55,36 +53,6 @@ def _short(item):
     if len(item.name) <= NAME_CHARS:
         return item
     return msgspec.structs.replace(item, name=item.name[: NAME_CHARS - 1] + "…")
-
-
-def share_strings(value: Any, table: dict[str, str]) -> Any:
-    """`value` with every string replaced by the equal one already in `table` (added when new).
-
-    Thousands of ranks of one job carry the same kernel, op and cause names; decoded separately,
-    each rank holds its own copies (a third of a summary's memory on the driver). Structs and lists
-    are updated in place; the return value replaces `value` (strings, tuples and dicts are new)."""
-    if isinstance(value, str):
-        return table.setdefault(value, value)
-    if isinstance(value, msgspec.Struct):
-        for name in value.__struct_fields__:
-            old = getattr(value, name)
-            if isinstance(old, (str, msgspec.Struct, list, tuple, dict)):
-                new = share_strings(old, table)
-                if new is not old:
-                    setattr(value, name, new)
-        return value
-    if isinstance(value, list):
-        for i, old in enumerate(value):
-            if isinstance(old, (str, msgspec.Struct, list, tuple, dict)):
-                new = share_strings(old, table)
-                if new is not old:
-                    value[i] = new
-        return value
-    if isinstance(value, tuple):
-        return tuple(share_strings(x, table) for x in value)
-    if isinstance(value, dict):
-        return {share_strings(k, table): share_strings(x, table) for k, x in value.items()}
-    return value
 
 
 def summary_bytes(r: RankResult) -> int:

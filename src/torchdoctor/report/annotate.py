@@ -74,16 +74,17 @@ def write_annotated_trace(report: Report, path: str | os.PathLike[str], rank: in
 
 
 def _pick_rank(report: Report, rank: int | None) -> RankReport:
-    analysed = [r for r in report.ranks if r.analysis is not None]
-    if not analysed:
-        raise AnnotateError("no analysed trace in this report: nothing to annotate")
-    if rank is None:
-        return analysed[0]
-    for r in analysed:
-        if r.rank == rank:
+    have: list[str] = []  # one rank at a time: a report of thousands of ranks is read from a store
+    for r in report.ranks:
+        if r.analysis is None:
+            continue
+        if rank is None or r.rank == rank:
             return r
-    have = ", ".join(str(r.rank) for r in analysed[:20])
-    raise AnnotateError(f"rank {rank} is not among the analysed ranks ({have})")
+        if len(have) < 20:
+            have.append(str(r.rank))
+    if not have:
+        raise AnnotateError("no analysed trace in this report: nothing to annotate")
+    raise AnnotateError(f"rank {rank} is not among the analysed ranks ({', '.join(have)})")
 
 
 def _us(ns: int) -> Decimal:

@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..metrics.model import RankResult
-from .model import Report
+from ..metrics.store import headline
+from .model import LazyRanks, Report
 from .offenders import late_line, spread, worst
 from .roofline_text import roofline_lines
 
@@ -51,14 +52,16 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
     line = config_line(report.config)
     if line:
         console.print(Text(line, "dim"))
-    results = [r.analysis for r in report.ranks if r.analysis is not None]
+    lazy = isinstance(report.ranks, LazyRanks)
+    # Ranks read from a store (thousands of them): keep only what the table shows of each.
+    results = [headline(r.analysis) if lazy else r.analysis for r in report.ranks if r.analysis is not None]
     if results:
         straggler = report.cross_rank.straggler if report.cross_rank is not None else None
         console.print(rank_table(results, straggler))
         if len(results) > MAX_RANK_ROWS:
             console.print(spread_line(results))
         _print_cross_rank(report, console)
-        first = results[0]
+        first = next(r.analysis for r in report.ranks if r.analysis is not None) if lazy else results[0]
         if first.idle_causes and first.metrics.idle_pct:
             console.print(idle_table(first))
         elif first.device_kind == "cpu" and first.host.phases_ms:

@@ -83,7 +83,7 @@ def page_context(report: Report, figs: Figures) -> Ctx:
     }
     title = "torchdoctor report"
     if views:
-        title += " — " + os.path.basename(views[0].report.file)
+        title += " — " + os.path.basename(views[0].file)
     ctx["title"] = title
     return ctx
 

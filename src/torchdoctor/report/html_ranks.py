@@ -7,12 +7,13 @@ ranks worth drawing (the straggler, then the most idle) and says how many it lef
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from functools import partial
 
 from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank, comm_wait_ms
 from .html_text import short
-from .model import RankReport, Report
+from .model import LazyRanks, Report
 from .offenders import worst
 
 # Bounds that keep the page light whatever the job size (thousands of ranks, long windows).
@@ -22,30 +23,43 @@ MAX_HEATMAP_RANKS = 4096  # ranks in the heat map
 MAX_TABLE_RANKS = 64  # rows in the rank table; past it the page adds histograms of all ranks
 
 
-@dataclass
 class RankView:
-    """One analysed rank as the page shows it: a stable key, a unique label, its numbers."""
+    """One analysed rank as the page shows it: a stable key, a unique label, its numbers.
 
-    key: str
-    label: str
-    rank: int | None
-    result: RankResult
-    report: RankReport
+    In a report read from stored summaries (`LazyRanks`, thousands of ranks) `result` is decoded
+    on each read (the store keeps the last few), so the page's views never hold every rank's."""
+
+    __slots__ = ("key", "label", "rank", "file", "_result", "_load")
+
+    def __init__(self, key: str, label: str, rank: int | None, file: str, result: RankResult | None = None,
+                 load: Callable[[], RankResult | None] | None = None) -> None:
+        self.key, self.label, self.rank, self.file = key, label, rank, file
+        self._result, self._load = result, load
+
+    @property
+    def result(self) -> RankResult:
+        r = self._load() if self._load is not None else self._result
+        assert r is not None  # a view is made only for a rank with a result
+        return r
 
 
 def rank_views(report: Report) -> list[RankView]:
-    rows = [rr for rr in report.ranks if rr.analysis is not None]
+    ranks = report.ranks
+    lazy = ranks if isinstance(ranks, LazyRanks) else None
+    rows = [(i, rr.rank, rr.file, rr.analysis) for i, rr in enumerate(ranks) if rr.analysis is not None]
     counts: dict[int | None, int] = {}
-    for rr in rows:
-        counts[rr.rank] = counts.get(rr.rank, 0) + 1
+    for _, rank, _, _ in rows:
+        counts[rank] = counts.get(rank, 0) + 1
     views = []
-    for i, rr in enumerate(rows):
-        assert rr.analysis is not None
-        label = f"rank {rr.rank}" if rr.rank is not None else f"trace {i}"
-        if counts[rr.rank] > 1:
+    for n, (i, rank, file, res) in enumerate(rows):
+        label = f"rank {rank}" if rank is not None else f"trace {n}"
+        if counts[rank] > 1:
             # Two traces claiming one rank are reported separately (session.assign_ranks): name both.
-            label += f" · {short(os.path.basename(rr.file), 40)}"
-        views.append(RankView(f"r{i}", label, rr.rank, rr.analysis, rr))
+            label += f" · {short(os.path.basename(file), 40)}"
+        if lazy is not None:
+            views.append(RankView(f"r{n}", label, rank, file, load=partial(lazy.result, i)))
+        else:
+            views.append(RankView(f"r{n}", label, rank, file, res))
     return views
 
 

@@ -7,7 +7,8 @@ meaning bumps the version.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
 
 import msgspec
 
@@ -68,6 +69,37 @@ class ABResult(msgspec.Struct):
     pairs: int = 0
     sign_p: float | None = None
     method: str = ""  # how the interval and p were computed
+
+
+class LazyRanks(Sequence[RankReport]):
+    """`Report.ranks` of a job analysed from stored summaries (metrics/store.py): each RankReport is
+    built when read, from its rank's inputs, and not kept, so a report over thousands of ranks does
+    not hold their decoded results. Read it rank by rank (iterate, index); json_out streams it.
+    msgspec cannot encode it whole: a report is written through json_out.chunks."""
+
+    def __init__(self, items: list[Any], build: Callable[[Any], RankReport]) -> None:
+        self._items, self._build = items, build
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> RankReport: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[RankReport]: ...
+
+    def __getitem__(self, i: int | slice) -> RankReport | list[RankReport]:
+        if isinstance(i, slice):
+            return [self._build(x) for x in self._items[i]]
+        return self._build(self._items[i])
+
+    def __iter__(self) -> Iterator[RankReport]:
+        return (self._build(x) for x in self._items)
+
+    def result(self, i: int) -> RankResult | None:
+        """Rank i's result alone, without building its RankReport (items are rules' RankInputs)."""
+        return self._items[i].result
 
 
 class Report(msgspec.Struct):

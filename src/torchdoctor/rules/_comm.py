@@ -177,12 +177,15 @@ def straggler_wait_ms(v: View, inputs: RuleInputs) -> float:
 
 
 def facts_waits(inputs: RuleInputs) -> dict[int, float]:
-    """Median per-step comm time of each rank from live step timings (no traces)."""
-    out = {}
-    for v in views(inputs):
-        if v.r is None and v.rank is not None and (w := v.facts_median("comm_ms")) is not None:
-            out[v.rank] = w
-    return out if len(out) >= 2 else {}
+    """Median per-step comm time of each rank from live step timings (no traces); computed once per
+    diagnosis (rules ask for it rank by rank)."""
+    if "facts_waits" not in inputs.memo:
+        out = {}
+        for ri, v in zip(inputs.ranks, views(inputs), strict=True):
+            if not ri.has_result and v.rank is not None and (w := v.facts_median("comm_ms")) is not None:
+                out[v.rank] = w
+        inputs.memo["facts_waits"] = out if len(out) >= 2 else {}
+    return inputs.memo["facts_waits"]
 
 
 def bucket_counts(v: View) -> tuple[int, int, str] | None:

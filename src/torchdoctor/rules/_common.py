@@ -13,14 +13,13 @@ through the engine's claims ledger (rules/ledger.py); the budgets' sizes are def
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..facts import DataLoaderFacts, RankFacts, StepTiming
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
-from .engine import RuleInputs
+from .engine import RankInputs, RuleInputs
 from .ledger import Ledger, capacity
 from .model import Claim, Evidence, Finding, Fix, Layer, Severity
 
@@ -38,16 +37,25 @@ CRIT_PCT = 20.0
 NOISE_PCT = 0.5
 
 
-@dataclass
 class View:
-    """What one rank shows: its trace metrics and/or its live facts, and its step time."""
+    """What one rank shows: its trace metrics (`r`) and/or its live facts (`f`), and its step time.
 
-    rank: int | None
-    r: RankResult | None
-    f: RankFacts | None
-    step_ms: float | None
-    n_steps: int
-    ledger: Ledger | None = None
+    With `source` (a rank whose result lives in a compressed store, metrics/store.py), `r` is read
+    from it on each access, as a view that decodes the fields read (the store keeps the last ranks'
+    views), so the views of thousands of ranks, and the ledger that keeps them, never hold their
+    decoded results all at once."""
+
+    __slots__ = ("rank", "_r", "f", "step_ms", "n_steps", "ledger", "_source")
+
+    def __init__(self, rank: int | None, r: RankResult | None, f: RankFacts | None, step_ms: float | None,
+                 n_steps: int, ledger: Ledger | None = None, source: RankInputs | None = None) -> None:
+        self.rank, self._r, self.f, self.step_ms, self.n_steps = rank, r, f, step_ms, n_steps
+        self.ledger, self._source = ledger, source
+
+    @property
+    def r(self) -> RankResult | None:
+        """The rank's trace metrics (read-only; a stored rank's is a view decoding the fields read)."""
+        return self._source.view if self._source is not None else self._r
 
     def left(self, budget: str) -> float:
         """ms per step still unclaimed in ``budget`` (and every budget above it) on this rank."""
@@ -136,22 +144,31 @@ def steady(steps: list[StepTiming]) -> list[StepTiming]:
 
 
 def views(inputs: RuleInputs) -> list[View]:
+    """One View per rank, seen by the ledger. Step times are worked out once per diagnosis (a
+    stored rank would otherwise be decoded for them by every rule)."""
+    steps = inputs.memo.get("view_steps")
+    if steps is None or len(steps) != len(inputs.ranks):
+        steps = inputs.memo["view_steps"] = [_step_time(ri.view, ri.facts) for ri in inputs.ranks]
     out = []
-    for ri in inputs.ranks:
-        r, f = ri.result, ri.facts
-        step_ms, n = None, 0
-        if r is not None and r.window.end_ns > r.window.start_ns:
-            n = max(len(r.window.steps), 1)
-            step_ms = (r.window.end_ns - r.window.start_ns) / 1e6 / n
-        if step_ms is None and f is not None and f.steps:
-            timed = steady(f.steps)
-            step_ms = float(np.median([s.total_ms for s in timed]))
-            n = len(timed)
+    for ri, (step_ms, n) in zip(inputs.ranks, steps, strict=True):
+        f = ri.facts
         rank = ri.rank if ri.rank is not None else (f.rank if f is not None else None)
-        v = View(rank, r, f, step_ms, n, inputs.ledger)
+        stored = ri.stored is not None
+        v = View(rank, None if stored else ri.result, f, step_ms, n, inputs.ledger, ri if stored else None)
         inputs.ledger.see(v)
         out.append(v)
     return out
+
+
+def _step_time(r: RankResult | None, f: RankFacts | None) -> tuple[float | None, int]:
+    """(ms per step, steps): the trace window's wall time per step, else the probe's median step."""
+    if r is not None and r.window.end_ns > r.window.start_ns:
+        n = max(len(r.window.steps), 1)
+        return (r.window.end_ns - r.window.start_ns) / 1e6 / n, n
+    if f is not None and f.steps:
+        timed = steady(f.steps)
+        return float(np.median([s.total_ms for s in timed])), len(timed)
+    return None, 0
 
 
 def severity(pct: float, warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Severity:

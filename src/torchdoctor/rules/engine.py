@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from ..facts import RankFacts
 from ..metrics.model import RankResult
 from ..metrics.ranks import CrossRank
+from ..metrics.store import StoredResult, loaded
 from .ledger import Ledger
 from .model import SEVERITY_ORDER, Evidence, Finding
 
@@ -39,11 +40,43 @@ MEASURED, DERIVED, GENERIC, UMBRELLA = 10, 20, 50, 90
 NOISE_PCT = 0.5
 
 
-@dataclass
 class RankInputs:
-    rank: int | None
-    result: RankResult | None = None
-    facts: RankFacts | None = None
+    """One rank's evidence: its trace's result (or that result's handle in a compressed store,
+    metrics/store.py, decoded whenever `result` is read) and/or its live facts."""
+
+    __slots__ = ("rank", "facts", "_result")
+
+    def __init__(self, rank: int | None, result: RankResult | StoredResult | None = None,
+                 facts: RankFacts | None = None) -> None:
+        self.rank, self.facts, self._result = rank, facts, result
+
+    @property
+    def result(self) -> RankResult | None:
+        return loaded(self._result)
+
+    @result.setter
+    def result(self, value: RankResult | StoredResult | None) -> None:
+        self._result = value
+
+    @property
+    def view(self) -> RankResult | None:
+        """The result to read: for a stored rank a read-only view that decodes only the fields read
+        (metrics/store.py ResultView, which reads like a RankResult), else the result itself."""
+        r = self._result
+        return r.view() if isinstance(r, StoredResult) else r  # type: ignore[return-value]
+
+    @property
+    def stored(self) -> StoredResult | None:
+        """The handle when the result lives in a store (then every `result` read decodes or hits
+        the store's small cache: hold what you read, not the RankInputs' result, across ranks)."""
+        return self._result if isinstance(self._result, StoredResult) else None
+
+    @property
+    def has_result(self) -> bool:
+        return self._result is not None
+
+    def __repr__(self) -> str:
+        return f"RankInputs(rank={self.rank!r}, result={self._result!r}, facts={self.facts!r})"
 
 
 @dataclass
@@ -60,7 +93,8 @@ class RuleInputs:
 
     @property
     def results(self) -> list[RankResult]:
-        return [r.result for r in self.ranks if r.result is not None]
+        """Every rank's result, decoded at once: for small jobs and tests (at scale, iterate ranks)."""
+        return [r for r in (ri.result for ri in self.ranks) if r is not None]
 
     @property
     def facts(self) -> list[RankFacts]:
