@@ -14,9 +14,9 @@ What it measures
 
     Each case is one fresh child process (benchmarks/_scale_side.py) running the analysis as
     ``torchdoctor analyze DIR --executor E --json OUT -q`` does, reporting its wall time (interpreter
-    start included, measured here), the driver's own peak RSS (getrusage RUSAGE_SELF: the process
-    that gathers the summaries and builds the report; the engines' workers, scheduler and raylet are
-    other processes, not counted), the mean and max msgpack size of the rank results it holds, and the
+    start included, measured here), the driver's own peak RSS (VmHWM: the process that gathers the
+    summaries and builds the report; the engines' workers, scheduler and raylet are other processes,
+    not counted), the mean and max msgpack size of the rank results it holds, and the
     straggler it names. Cases run one after the other, never in parallel; files are read once first so
     every executor sees a warm page cache.
 

@@ -1,6 +1,8 @@
 """The Dask executor: traces as tasks on a Dask cluster (`distributed`); one per task, or a few per
-task past 64 tasks per worker (`task.batch_size`). On 2 CPUs at 4,096 ranks, one task per rank took
-1.67x the local executor's time; 16 ranks per task took 1.22x (benchmarks/results/scale.md).
+task past 64 tasks per worker (`task.batch_size`). On 2 CPUs at 4,096 ranks, one task per rank cost
+1.67x the local executor's time and 16 ranks per task 1.22x (2026-12-03); against today's faster
+driver, 1.38x (benchmarks/results/scale.md). Turning off work stealing and the workers' memory
+monitor changed nothing measurable (512 ranks: 16.9 s with, 17.5 s without).
 
 `address` None starts a local cluster for the run: one single-threaded worker process per CPU (the
 decoder holds the GIL), no dashboard.
