@@ -12,6 +12,7 @@ import tempfile
 from torchdoctor.executors import parse_executor
 from torchdoctor.metrics.summary import summary_bytes
 from torchdoctor.report.json_out import write_json
+from torchdoctor.report.model import LazyRanks
 from torchdoctor.session import analyze_paths
 
 
@@ -40,10 +41,13 @@ def main() -> None:
         write_json(report, out)
         json_mb = os.path.getsize(out) / 1e6
     sizes = [summary_bytes(r.analysis) for r in report.ranks if r.analysis is not None]
+    # Past SUMMARY_RANKS the driver holds each summary compressed (metrics/store.py): what it keeps.
+    held = report.ranks.held_bytes / max(len(sizes), 1) / 1024 if isinstance(report.ranks, LazyRanks) else None
     print(json.dumps({
         "peak_mb": peak_mb(),
         "summary_kb_mean": sum(sizes) / max(len(sizes), 1) / 1024,
         "summary_kb_max": max(sizes, default=0) / 1024,
+        "held_kb_mean": held,
         "analysed": len(sizes), "errors": len(report.errors),
         "straggler": report.cross_rank.straggler if report.cross_rank else None,
         "json_mb": round(json_mb, 1), "findings": [f.id for f in report.findings],

@@ -175,21 +175,27 @@ def main() -> int:
     return 0
 
 
+def _kb(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
 def render(rows: list[dict]) -> str:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     head = (f"# torchdoctor analyze at scale\n\nGenerated {_dt.datetime.now():%Y-%m-%d %H:%M} by "
             f"`benchmarks/scale.py {' '.join(sys.argv[1:])}` on {cpus} CPUs, Python {sys.version.split()[0]}. "
             "Each row is one fresh process, wall clock end to end (start-up included); *driver peak* is "
             "the analysing process's own peak RSS (the engines' worker, scheduler and raylet processes "
-            "are not counted); *summary* is the msgpack size of one rank's result as the driver holds it.\n\n")
+            "are not counted); *summary* is the msgpack size of one rank's result as it travels from its "
+            "worker; *held* is what the driver keeps of it past 64 ranks (compressed field by field, "
+            "metrics/store.py; below that it keeps the decoded result).\n\n")
     t = ["| case | ranks | GB | executor | wall s | GB/s | driver peak MB | summary KB/rank (mean, max) | "
-         "straggler named (injected) | errors |", "|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+         "held KB/rank | straggler named (injected) | errors |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         found = "—" if r["expected"] is None else (
             f"{r['straggler']} ({r['expected']}) " + ("yes" if r["straggler"] == r["expected"] else "**no**"))
         t.append(f"| {r['case']} | {r['ranks']} | {r['bytes'] / 1e9:.2f} | {r['executor']} | {r['wall_s']:.1f} | "
                  f"{r['bytes'] / 1e9 / r['wall_s']:.3f} | {r['peak_mb']:.0f} | {r['summary_kb_mean']:.1f}, "
-                 f"{r['summary_kb_max']:.1f} | {found} | {r['errors']} |")
+                 f"{r['summary_kb_max']:.1f} | {_kb(r.get('held_kb_mean'))} | {found} | {r['errors']} |")
     out = [head, "\n".join(t), "\n\n## Ratios\n"]
     by = {(r["ranks"], r["executor"]): r for r in rows if r["expected"] is not None}
     lines = ["| ranks | dask / local wall | ray / local wall |", "|---:|---:|---:|"]

@@ -134,6 +134,10 @@ class StoredResult:
         self.rank, self.rank_source, self.file = r.rank, r.rank_source, r.file
         self.warnings, self.device_kind = list(r.warnings), r.device_kind
 
+    @property
+    def store(self) -> SummaryStore:
+        return self._store
+
     def load(self) -> RankResult:
         """The whole decoded result (read-only: shared with the store's cache), with the handle's fields."""
         r = self._store.get(self._index)

@@ -101,6 +101,12 @@ class LazyRanks(Sequence[RankReport]):
         """Rank i's result alone, without building its RankReport (items are rules' RankInputs)."""
         return self._items[i].result
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the stores behind these ranks hold (metrics/store.py SummaryStore.nbytes)."""
+        stores = {id(h.store): h.store for h in (x.stored for x in self._items) if h is not None}
+        return sum(st.nbytes for st in stores.values())
+
 
 class Report(msgspec.Struct):
     schema: str = SCHEMA
