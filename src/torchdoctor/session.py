@@ -373,20 +373,21 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
     """What the tool could not see, most fundamental first: the job's end, then each trace."""
     spots = run_blind_spots(ranks, run) if run else []
     for ri in ranks:
-        res = ri.result
+        res = ri.view  # a stored rank: only the fields read are decoded
         spots.extend(trace_blind_spots(ri, sights.get(res.file) if res else None, warnings))
     spots.extend(own_profiler_spots(ranks, warnings))
     return spots
 
 
 def _rank_label(ri: RankInputs) -> str:
-    where = os.path.basename(ri.result.file) if ri.result and ri.result.file else ""
+    res = ri.view
+    where = os.path.basename(res.file) if res and res.file else ""
     return f"Rank {ri.rank}" + (f" ({where})" if where else "")
 
 
 def trace_blind_spots(ri: RankInputs, sight: TraceSight | None, warnings: list[ErrorEntry]) -> list[dict]:
     """Blind spots of one rank's trace: no device activity, counters only, an unknown accelerator."""
-    res, facts = ri.result, ri.facts
+    res, facts = ri.view, ri.facts
     if res is None:
         return []
     label, spots = _rank_label(ri), []
@@ -517,7 +518,7 @@ def own_profiler_spots(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> l
 def verdict_gap(ri: RankInputs) -> str | None:
     """Why this rank does not support a "healthy" verdict (None when it does): a verdict needs
     device activity over steady steps, or, for a CPU-only job, its steps."""
-    res, facts = ri.result, ri.facts
+    res, facts = ri.view, ri.facts
     if res is not None:
         w = res.window
         if not w.steps and w.mode != "trace":
