@@ -125,6 +125,7 @@ PATHOLOGY_TABLE: dict[str, Expect] = {
     "loss_item_every_step": Expect(("HO-3",), None, ("ddp",)),
     "find_unused_parameters": Expect(("DI-7",), "ddp.find_unused_false", ("ddp",)),
     "small_buckets": Expect(("DI-10",), "ddp.bucket_cap", ("ddp",)),
+    "allocator_churn": Expect(("HO-15",), "memory.host_allocator", ("ddp",)),
     "non_persistent_workers": Expect(("DL-6",), "dataloader.persistent_workers", ("mlp",)),
     "oversubscribed_threads": Expect(("HO-13",), "threads.affinity", ("lm", "mlp")),
     "anomaly_detection": Expect(("HO-8",), "debug.off", ("lm", "mlp")),

@@ -285,6 +285,11 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # save and the blocking part of async_save; nested calls counted once), and how many.
     checkpoint_ms: float = 0.0
     checkpoint_saves: int = 0
+    # The training thread's minor page faults over the step and its system CPU time (part of
+    # thread_cpu_ms), from getrusage(RUSAGE_THREAD) on Linux; None where unavailable. Thousands of
+    # faults per step: the allocator gives memory back to the kernel and faults it in again (HO-15).
+    minor_faults: int | None = None
+    thread_sys_ms: float | None = None
 
 
 class RankFacts(msgspec.Struct, omit_defaults=True):

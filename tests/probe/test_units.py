@@ -285,3 +285,35 @@ def test_ddp_logging_data_that_raises_is_guarded_and_never_called_again(tmp_path
         assert Ddp.calls == 1 and "ddp.logging_data" in ERRORS.broken
     finally:
         ERRORS.reset()
+
+
+def test_clock_records_the_training_threads_page_faults_and_system_time_per_step():
+    faults = iter([(100, 0), (2600, 4_000_000), (2610, 4_100_000), (2620, 4_200_000)])
+    clock = StepClock(sched=lambda: (0, 0), faults=lambda: next(faults))
+    clock.begin(0.0)
+    clock.boundary(Source.OPTIMIZER, 0.010)
+    clock.resume(0.011)
+    clock.boundary(Source.OPTIMIZER, 0.021)
+    s0, s1 = clock.steps
+    assert (s0.minor_faults, s0.thread_sys_ms) == (2500, 4.0)
+    assert (s1.minor_faults, s1.thread_sys_ms) == (10, 0.1)
+    plain = StepClock()
+    plain.begin(0.0)
+    plain.boundary(Source.OPTIMIZER, 0.01)
+    assert plain.steps[0].minor_faults is None and plain.steps[0].thread_sys_ms is None
+
+
+@pytest.mark.skipif(sysinfo.thread_faults() is None, reason="getrusage(RUSAGE_THREAD) is Linux only")
+def test_thread_faults_counts_the_pages_this_thread_touches_first():
+    import mmap
+
+    before = sysinfo.thread_faults()
+    region = mmap.mmap(-1, 8 * 2**20)  # fresh anonymous pages: each first write faults one in
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        region.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages even where transparent huge pages are on
+    for offset in range(0, len(region), mmap.PAGESIZE):
+        region[offset] = 1
+    after = sysinfo.thread_faults()
+    region.close()
+    assert after[0] - before[0] >= 8 * 2**20 // mmap.PAGESIZE
+    assert after[1] >= before[1]

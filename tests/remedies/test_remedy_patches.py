@@ -339,3 +339,64 @@ def test_fsdp1_units_prefetch_forward_and_backward(runtime: Runtime, monkeypatch
             b"m = FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)\n")
     finally:
         dist.destroy_process_group()
+
+
+_MMAPPED_PROBE = """
+import ctypes, json, os, sys
+from torchdoctor.remedies import patch_flags
+from torchdoctor.remedies.catalogue import parse
+from torchdoctor.remedies.runtime import Runtime
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def mmapped(size):
+    # glibc keeps a chunk's size just before it; bit 2 (IS_MMAPPED) marks a block served by mmap.
+    ptr = libc.malloc(size)
+    flag = bool(ctypes.c_size_t.from_address(ptr - ctypes.sizeof(ctypes.c_size_t)).value & 2)
+    libc.free(ptr)
+    return flag
+
+before = mmapped(1 << 20)
+rt = Runtime()
+if sys.argv[1] == "on":
+    spec, _ = parse("memory.host_allocator")
+    rt.specs[spec.id] = spec
+patch_flags.host_allocator(rt)
+print(json.dumps({"before": before, "after": mmapped(4 << 20), "applied": rt.applied,
+                  "env": {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}}))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc malloc's thresholds")
+def test_host_allocator_serves_mib_blocks_from_the_heap_here_and_in_the_processes_it_starts() -> None:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def probe(mode: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", _MMAPPED_PROBE, mode], env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    off, on = probe("off"), probe("on")
+    # A fresh process maps a 1 MiB block (glibc's threshold starts at 128 KiB) and unmaps it on free,
+    # which raises the threshold to 1 MiB: a 4 MiB block is mapped (and unmapped) again ...
+    assert off["before"] and off["after"] and off["applied"] == []
+    assert on["before"] and not on["after"]  # ... but not after mallopt: from the heap, kept when freed
+    assert on["env"] == {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    (entry,) = on["applied"]
+    assert entry["id"] == "memory.host_allocator" and entry["target"] == "environment"
+
+
+def test_host_allocator_keeps_a_jobs_own_allocator(runtime: Runtime, monkeypatch) -> None:
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    patch_flags.host_allocator(want(runtime, "memory.host_allocator"))
+    assert not runtime.applied and "jemalloc" in runtime.skipped["memory.host_allocator"]
+    assert "MALLOC_MMAP_THRESHOLD_" not in os.environ

@@ -36,7 +36,8 @@ from torchdoctor.report.model import Finding
 REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persistent_workers", "dataloader.prefetch",
             "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap",
             "fsdp.keep_unsharded", "fsdp.prefetch", "optim.foreach", "optim.fused", "cudnn.benchmark", "precision.tf32", "precision.autocast",
-            "debug.off", "threads.affinity", "compile", "cudagraphs", "memory.expandable_segments"]
+            "debug.off", "threads.affinity", "compile", "cudagraphs", "memory.expandable_segments",
+            "memory.host_allocator"]
 
 
 def test_catalogue_has_every_id_the_rules_use() -> None:

@@ -51,18 +51,25 @@ class Phase(enum.IntEnum):
     # checkpoint saves (torch.save, DCP save/async_save), and how many it made.
     CHECKPOINT = 11
     CHECKPOINT_SAVES = 12
+    # The training thread's minor page faults over the step and its system CPU time (``Faults``),
+    # outside the split: part of ON_CPU.
+    MINOR_FAULTS = 13
+    SYS_CPU = 14
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
 
 # Reads the calling thread's (ns on CPU, ns waiting for a CPU); None when unavailable.
 Sched = Callable[[], "tuple[int, int] | None"]
+# Reads the calling thread's (minor page faults, ns of system CPU time); None when unavailable.
+Faults = Callable[[], "tuple[int, int] | None"]
 
 
 class StepClock:
     """Per-step accumulators and the list of recorded steps of one process."""
 
-    def __init__(self, skip: Callable[[int], bool] = lambda step: False, sched: Sched | None = None) -> None:
+    def __init__(self, skip: Callable[[int], bool] = lambda step: False, sched: Sched | None = None,
+                 faults: Faults | None = None) -> None:
         # Steps for which ``skip`` is true are not recorded (the profiler window inflates them).
         self.skip = skip
         # Read at the start and the end of every step, on the thread that drives the clock (the
@@ -70,6 +77,9 @@ class StepClock:
         self.sched = sched
         self.sched_at: tuple[int, int] | None = None
         self.has_sched = False
+        self.faults = faults  # read with sched, on the same thread
+        self.faults_at: tuple[int, int] | None = None
+        self.has_faults = False
         self.source = Source.NONE
         self.index = 0  # index of the step in progress
         self.started_at: float | None = None  # start of the step in progress; None between steps
@@ -98,9 +108,17 @@ class StepClock:
 
     def _mark_sched(self) -> None:
         self.sched_at = self.sched() if self.sched is not None else None
+        self.faults_at = self.faults() if self.faults is not None else None
 
     def _add_sched(self) -> None:
-        """Add the training thread's scheduler counters since the step started to the step."""
+        """Add the training thread's scheduler and fault counters since the step started to the step."""
+        if self.faults_at is not None and self.faults is not None:
+            now_f = self.faults()
+            if now_f is not None:
+                self.acc[Phase.MINOR_FAULTS] += now_f[0] - self.faults_at[0]
+                self.acc[Phase.SYS_CPU] += (now_f[1] - self.faults_at[1]) / 1e9
+                self.has_faults = True
+            self.faults_at = None
         if self.sched_at is None or self.sched is None:
             return
         now = self.sched()
@@ -185,6 +203,8 @@ class StepClock:
                     run_delay_ms=ms[Phase.RUN_DELAY] if self.has_sched else None,
                     checkpoint_ms=ms[Phase.CHECKPOINT],
                     checkpoint_saves=int(acc[Phase.CHECKPOINT_SAVES]),
+                    minor_faults=int(acc[Phase.MINOR_FAULTS]) if self.has_faults else None,
+                    thread_sys_ms=ms[Phase.SYS_CPU] if self.has_faults else None,
                 )
             )
         return out

@@ -45,7 +45,8 @@ class Probe:
         self.torch_dir = os.path.dirname(torch.__file__) + os.sep
         self.main_thread = threading.get_ident()
         self.schedstat = sysinfo.ThreadSchedstat()
-        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read)
+        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read,
+                               faults=sysinfo.thread_faults)
         self.window = ProfilerWindow(*config.profile) if config.profile else None
         self.loaders: list[summary.LoaderRecord] = []
         self.loader_by_obj: weakref.WeakKeyDictionary[Any, summary.LoaderRecord] = weakref.WeakKeyDictionary()
@@ -370,7 +371,8 @@ class Probe:
         self.pid = os.getpid()
         self.schedstat.close()  # the inherited descriptor reads the parent's thread
         self.schedstat = sysinfo.ThreadSchedstat()
-        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read)
+        self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read,
+                               faults=sysinfo.thread_faults)
         self.window = None  # the profiler session belongs to the parent
         self.sync_sites = Counter()
         self.sync_total = 0

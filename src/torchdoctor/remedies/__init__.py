@@ -70,10 +70,11 @@ def apply(ids: Iterable[str]) -> None:
         if _once("exit"):
             atexit.register(RUNTIME.write)
         if RUNTIME.specs and _once("remedies"):
-            from .patch_flags import alloc_env, debug_env_off
+            from .patch_flags import alloc_env, debug_env_off, host_allocator
 
             debug_env_off(RUNTIME)
             alloc_env(RUNTIME)
+            host_allocator(RUNTIME)
             _when_torch(_on_torch)
         if os.environ.get(ENV_RECORD):
             arm_recorder()

@@ -13,7 +13,8 @@ from typing import Any
 from . import runtime
 from .runtime import Runtime
 
-IDS = ("cudnn.benchmark", "precision.tf32", "debug.off", "threads.affinity", "memory.expandable_segments")
+IDS = ("cudnn.benchmark", "precision.tf32", "debug.off", "threads.affinity", "memory.expandable_segments",
+       "memory.host_allocator")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Environment switches that only debug: CUDA_LAUNCH_BLOCKING serialises every kernel launch;
 # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps process groups in checks (extra collectives per call).
@@ -49,6 +50,32 @@ def alloc_env(rt: Runtime) -> None:
     new = f"{conf},expandable_segments:True" if conf.strip() else "expandable_segments:True"
     os.environ[ALLOC_CONF] = new
     rt.did("memory.expandable_segments", "environment", None, {ALLOC_CONF: new}, {ALLOC_CONF: conf or None})
+
+
+def host_allocator(rt: Runtime) -> None:
+    """memory.host_allocator: glibc malloc keeps freed memory (advice/host_allocator.py). At start-up:
+    the variables for the processes this one starts (glibc reads them when a process starts), and
+    mallopt for this process, whose malloc has already read its environment. A job that chose its
+    thresholds or preloads another allocator keeps its choice; other C libraries are refused."""
+    if rt.active("memory.host_allocator") is None:
+        return
+    from ..advice import host_allocator as ha
+
+    chosen = [k for k in ha.ENV if k in os.environ]
+    preload = os.environ.get("LD_PRELOAD", "")
+    if chosen or any(a in preload for a in ha.OTHER_ALLOCATORS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        rt.skip("memory.host_allocator", f"the job already sets its allocator ({', '.join(chosen) or preload or 'GLIBC_TUNABLES'})")
+        return
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        rt.refuse("memory.host_allocator", "not glibc: the thresholds are glibc malloc's")
+        return
+    if not ha.keep_freed_memory():
+        rt.refuse("memory.host_allocator", "mallopt refused the thresholds")
+        return
+    os.environ.update(ha.ENV)
+    rt.did("memory.host_allocator", "environment", None, dict(ha.ENV), dict.fromkeys(ha.ENV))
 
 
 def _debug_torch(torch: Any, rt: Runtime) -> None:

@@ -23,6 +23,9 @@ syncing_collate          collate_fn converts every image with ``.numpy()`` and r
 loss_item_every_step     ``loss.item()`` every step (a host sync on a GPU)
 find_unused_parameters   DDP(find_unused_parameters=True) with no unused parameter
 small_buckets            DDP(bucket_cap_mb=0.001): one all-reduce per layer
+allocator_churn          glibc malloc's default thresholds: the convolutions' activations are
+                         unmapped when freed and faulted in again every step (the fixed job
+                         raises the thresholds with mallopt; a no-op on other C libraries)
 module_on_wrong_device   GPU only: a frozen classifier head left on the CPU
 fp32_matmul              GPU only: float32 matmuls at "highest" precision (no TF32)
 ======================== ======================================================================
@@ -46,6 +49,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from torchdoctor.advice.host_allocator import keep_freed_memory
 from torchdoctor.workloads.pathologies import GPU_ONLY, PATHOLOGIES
 
 IMAGE = (3, 32, 32)
@@ -220,6 +224,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rank, world, device = setup()
     if device.type != "cuda":
         sick -= GPU_ONLY  # nothing to observe on a CPU
+    if "allocator_churn" not in sick:
+        keep_freed_memory()  # before the loader's workers fork: they inherit it
     loader, sampler = build_loader(sick, rank, world, device, args.steps)
     ddp = build_model(sick, device)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)

@@ -7,6 +7,7 @@ PATHOLOGIES = {
     "loss_item_every_step": "loss.item() every step",
     "find_unused_parameters": "DDP(find_unused_parameters=True) with no unused parameter",
     "small_buckets": "DDP(bucket_cap_mb=0.001): one all-reduce per layer",
+    "allocator_churn": "glibc malloc's default thresholds: the step's activations are unmapped and faulted in again",
     "module_on_wrong_device": "a frozen classifier head left on the CPU (GPU only)",
     "fp32_matmul": "float32 matmuls at 'highest' precision (GPU only)",
 }
