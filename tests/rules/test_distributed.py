@@ -194,6 +194,28 @@ def test_di5_on_a_shared_machine_is_said_but_not_warned():
     assert own.severity in ("warning", "critical") and not [e for e in own.evidence if "foreign_cpu_pct" in e.values]
 
 
+def test_di5_leaves_a_lead_its_own_page_faults_explain_to_ho15():
+    # The demo with glibc's default thresholds (measured): one rank's training thread faults 3x more
+    # than the other's (6,086 against 2,022 faults per step), 7 ms more system time, and arrives
+    # last by as much, in its forward. The lead is measured and said, HO-15 claims and fixes it.
+    ranks = []
+    for r, own, sys_ms in ((0, [7.0], 12.0), (1, [0.0], 5.0)):
+        f = series_facts(r, own, phase="forward_ms")
+        for step in f.steps:
+            step.minor_faults, step.thread_sys_ms = (6086 if r == 0 else 2022), sys_ms
+        ranks.append((None, f))
+    got = only(run("DI-5", *ranks), "DI-5")
+    assert got.severity == "info" and got.ranks == [1]
+    assert "rank 0's training thread spends 7.0 ms more in system time (page faults)" in got.title
+    assert "HO-15" in got.fix.text
+    # The same lead with even system time (the faults do not explain it) names the forward.
+    for _, f in ranks:
+        for step in f.steps:
+            step.thread_sys_ms = 5.0
+    plain = only(run("DI-5", *ranks), "DI-5")
+    assert "longer in its forward" in plain.title and "HO-15" not in plain.fix.text
+
+
 def test_di5_names_a_periodic_checkpoint_as_a_transient_straggler():
     saving = [0.0] * 4 + [100.0]
     got = only(run("DI-5", (None, series_facts(0, saving, phase="checkpoint_ms", longer=saving)),

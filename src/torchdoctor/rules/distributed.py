@@ -31,6 +31,7 @@ from ._comm import (
     collective,
     comm_evidence,
     comm_rule,
+    cores_full,
     ddp,
     degraded_env,
     dominant_collective,
@@ -161,6 +162,8 @@ def exposed_comm(inputs: RuleInputs) -> list[Finding]:
             title += f"; the findings above claim {fmt_ms(others)} of it"
         if ms:
             title += f"; {'another ' if others else 'about '}{fmt_ms(ms)} could run under compute"
+        elif cores_full(v, inputs):
+            title += "; the ranks' threads fill every CPU, so none of it can run under compute"
         # CPU training traced on the host only: time inside a collective mixes transfer with waits
         # for peers descheduled on shared cores, which the trace cannot separate. Without a gain of
         # its own, that is reported, not warned about.
@@ -236,13 +239,16 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     5 here). Evidence, in order of trust: the whole live run's per-step timings of every rank
     (metrics/stragglers.py: who reaches the collectives last, persistently or now and then), else
     the traces' cross-rank blame over their window (the late rank waits least, metrics/ranks.py).
-    Gain for a victim: what it waits for the straggler per step.
+    Gain for a victim: what it waits for the straggler per step. A lead that the straggler's own
+    page faults explain (its training thread's extra system time, HO-15's measure) is said and left
+    at info: HO-15 claims it and its fix applies to every rank.
     """
     series = run_stragglers(inputs)
     if series is not None and series.straggler is not None:
         # A lead that one phase of the straggler's own work explains is the job's, load or not.
         shared = shared_machine(inputs, series.straggler) if series_cause(series)[0] is None else None
-        return per_rank(inputs, lambda v: _series_finding(v, series, shared))
+        faults = fault_lead_ms(inputs, series)
+        return per_rank(inputs, lambda v: _series_finding(v, series, shared, faults))
     c = inputs.cross
     waits = (c.per_rank if c is not None else [])[:16]
 
@@ -347,7 +353,28 @@ def series_cause(s: StragglerSeries) -> tuple[str | None, str]:
                    + " than the other ranks")
 
 
-def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None) -> Finding | None:
+def fault_lead_ms(inputs: RuleInputs, s: StragglerSeries) -> float | None:
+    """How much more system time per step the straggler's training thread spends than the other
+    ranks' (median of their medians), when page faults explain CAUSE_COVERAGE of its lead (HO-15's
+    measure: the allocator churns on that rank more than on the others); else None."""
+    own, others = None, []
+    for v in views(inputs):
+        sys_ms = v.facts_median("thread_sys_ms") if v.timed and all(
+            x.thread_sys_ms is not None for x in v.timed) else None
+        if sys_ms is None:
+            continue
+        if v.rank == s.straggler:
+            own = sys_ms
+        else:
+            others.append(sys_ms)
+    if own is None or not others or s.lead_ms_mean <= 0:
+        return None
+    extra = own - float(np.median(others))
+    return extra if extra >= CAUSE_COVERAGE * s.lead_ms_mean else None
+
+
+def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None,
+                    faults: float | None = None) -> Finding | None:
     """DI-5 from the whole run's step timings (metrics/stragglers.py), for one victim.
 
     The run's gain is a share of the run's mean step, claimed as that share of this view's step
@@ -370,6 +397,9 @@ def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None)
         how = (f"it reaches the collectives last in {s.late_count} of {n} steps"
                + (f", every {s.period} steps" if s.period else ""))
     phase, cause = series_cause(s)
+    if faults is not None:  # its own page faults make it late: HO-15 prices and fixes them
+        cause = (f"in those steps rank {who}'s training thread spends {fmt_ms(faults)} more in system time (page "
+                 "faults) than the other ranks' (HO-15)")
     late = ", ".join(str(k) for k in s.late_steps) + (" ..." if s.late_count > len(s.late_steps) else "")
     evidence = [Evidence(
         f"Whole run, {n} steps timed by the probe on every rank: rank {who} arrived last by a median "
@@ -388,8 +418,11 @@ def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None)
         + (f"{fmt_ms(ms)} per step." if s.persistent else
            f"{fmt_ms(s.gain_ms)} per step on average over the run ({100 * share:.0f}% of its time)."),
         ms, budget=budget, warn=10.0 if n >= STRAGGLER_WARN_STEPS else 101.0, crit=20.0 if n >= TML_CRITICAL_STEPS else 101.0,
-        sev="info" if shared is not None else None, evidence=evidence + ([shared] if shared else []),
-        fix=_straggler_fix(who, phase), confidence="medium" if s.persistent and shared is None else "low",
+        sev="info" if shared is not None or faults is not None else None,
+        evidence=evidence + ([shared] if shared else []),
+        fix=Fix(f"Rank {who}'s allocator returns memory to the kernel and faults it in again: see HO-15 (its fix "
+                "applies to every rank).") if faults is not None else _straggler_fix(who, phase),
+        confidence="medium" if s.persistent and shared is None else "low",
         confirm=SHARED_CONFIRM if shared is not None else
         "" if s.persistent else "a transient straggler costs only in its late steps: check what runs there",
         source="TML straggler score 10%/20%; NVRX straggler detection over the run's step times")
