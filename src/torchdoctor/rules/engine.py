@@ -181,10 +181,13 @@ def run_rules(inputs: RuleInputs, config: RuleConfig | None = None) -> tuple[lis
             trimmed = settle(f, inputs.ledger)
             if keep(f, config, trimmed):
                 findings.append(f)
-    # Equal step shares (0 for one-off costs) are ordered by severity, then by the share of the
-    # job's wall time a one-off cost took (a recompile storm before a harmless break).
-    findings.sort(key=lambda f: (-f.recoverable_pct, SEVERITY_ORDER[f.severity], -(f.job_pct or 0.0), -(f.job_s or 0.0),
-                                 f.id))
+    # The order of action: findings to act on (warning, critical) before those only reported
+    # (info: an upper bound, a confounded measurement, a cost below the ladder), as the console's
+    # "Fix first" picks; each group by the step share it gives back. Equal shares (0 for one-off
+    # costs) are ordered by severity, then by the share of the job's wall time a one-off cost took
+    # (a recompile storm before a harmless break).
+    findings.sort(key=lambda f: (f.severity == "info", -f.recoverable_pct, SEVERITY_ORDER[f.severity],
+                                 -(f.job_pct or 0.0), -(f.job_s or 0.0), f.id))
     return findings, problems
 
 
