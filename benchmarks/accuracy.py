@@ -157,10 +157,12 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    # Not the demo's own 48 steps and 10:13 window: its 8 workers (4 per rank) decode on the same 2
-    # cores while they fill their prefetch queues, which takes 20-30 steps. Over 48 steps the
-    # steady mean then depends on how long that fill took: healthy runs spread 54-74 ms (6 runs,
-    # quiet machine); over 160 steps with the window at 40:43, past the fill, 51-57 ms (5 runs).
+    # Not the demo's own 48 steps and 10:13 window: its workers decode on the same 2 cores while
+    # they fill their prefetch queues, which takes 20-30 steps. Over 48 steps the steady mean then
+    # depends on how long that fill took: healthy runs spread 54-74 ms (6 runs, quiet machine, 4
+    # workers per rank, glibc's default malloc thresholds); over 160 steps with the window at 40:43,
+    # past the fill, 51-57 ms (5 runs). With the thresholds raised (the healthy demo, 12-04) and 6
+    # workers per rank: 31-34 ms.
     "ddp": Family("ddp", "torchdoctor.workloads.demo", 160, "40:43"),
     "lm": Family("lm", "torchdoctor.workloads.lm", 160, "10:13"),
     "mlp": Family("mlp", "torchdoctor.workloads.mlp", 160, "10:13"),

@@ -58,7 +58,7 @@ FETCH_MS = 1.75  # per sample: the simulated storage latency
 DECODE_ROUNDS = 1  # per sample: numpy filter passes (CPU work)
 BATCH = 64
 SMALL_BUCKET_MB = 0.001
-HEALTHY_WORKERS = 4  # per rank; the loader waits on storage, not on the CPU: 2x the rate a step consumes
+HEALTHY_WORKERS = 6  # per rank; the loader waits on storage, not on the CPU: 1.5x the rate a step consumes
 
 
 class SlowDecodeDataset(Dataset):
