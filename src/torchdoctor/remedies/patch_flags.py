@@ -68,7 +68,12 @@ def host_allocator(rt: Runtime) -> None:
         return
     import platform
 
-    if platform.libc_ver()[0] != "glibc":
+    try:
+        glibc = platform.libc_ver()[0] == "glibc"
+    except Exception as exc:  # never fail the job's start-up for it
+        rt.broken(("memory.host_allocator",), exc)
+        return
+    if not glibc:
         rt.refuse("memory.host_allocator", "not glibc: the thresholds are glibc malloc's")
         return
     if not ha.keep_freed_memory():

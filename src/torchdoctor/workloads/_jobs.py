@@ -20,6 +20,11 @@ anomaly_detection         ``torch.autograd.set_detect_anomaly(True)`` left on af
 
 Each job declares which of them it offers (``JobSpec.pathologies``). Everything is seeded, so a
 run computes the same losses every time.
+
+Every variant, healthy or not, raises glibc malloc's thresholds at start-up (advice/host_allocator):
+with glibc's defaults some runs of these jobs fell into per-step page faults (HO-15 warned on 7 of
+66 runs of the 12-04 accuracy matrix, healthy ones among them, up to 11% of the step), which are
+the demo's ``allocator_churn`` pathology and not one these jobs measure.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from torchdoctor.advice.host_allocator import keep_freed_memory
 
 PATHOLOGIES = {
     "main_process_loader": "DataLoader(num_workers=0): the per-sample latency runs inside the step",
@@ -94,7 +101,9 @@ def chosen(spec: JobSpec, args: argparse.Namespace) -> set[str]:
 
 
 def configure_torch(sick: set[str], seed: int) -> None:
-    """Seeds, intra-op threads and anomaly mode, as the pathologies ask."""
+    """Seeds, intra-op threads and anomaly mode, as the pathologies ask; freed memory kept (module
+    docstring)."""
+    keep_freed_memory()
     torch.manual_seed(seed)
     per_cpu = THREAD_FACTOR if "oversubscribed_threads" in sick else 1
     torch.set_num_threads(per_cpu * cpus())
