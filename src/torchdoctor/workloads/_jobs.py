@@ -22,9 +22,9 @@ Each job declares which of them it offers (``JobSpec.pathologies``). Everything 
 run computes the same losses every time.
 
 Every variant, healthy or not, raises glibc malloc's thresholds at start-up (advice/host_allocator):
-with glibc's defaults some runs of these jobs fell into per-step page faults (HO-15 warned on 7 of
-66 runs of the 12-04 accuracy matrix, healthy ones among them, up to 11% of the step), which are
-the demo's ``allocator_churn`` pathology and not one these jobs measure.
+with glibc's defaults some runs of these jobs fell into per-step page faults (HO-15 warned on 13 of
+66 runs of the 12-04 accuracy matrix, 3 healthy mlp runs among them, at 6-13% of the step), which
+are the demo's ``allocator_churn`` pathology and not one these jobs measure.
 """
 
 from __future__ import annotations
