@@ -37,3 +37,11 @@ def test_on_an_accelerator_the_claim_comes_from_the_hosts_share_of_the_idle_time
     f = faulting(device=DeviceFacts(kind="cuda", name="H200"))
     got = only(run("HO-15", (None, f)), "HO-15")
     assert [c.budget for c in got.claims] == ["idle.host"]
+
+
+def test_system_time_beyond_what_the_faults_can_cost_is_not_claimed():
+    # 300 faults and 20 ms of system time (a main-process loader's file reads): the faults can
+    # explain at most 300 x 10 us; the reads are another rule's.
+    got = only(run("HO-15", (None, faulting(faults=300, sys_ms=20.0))), "HO-15")
+    assert got.recoverable_ms == pytest.approx(3.0, abs=1e-3)
+    assert got.evidence[0].values["thread_sys_ms"] == 20.0 and got.evidence[0].values["fault_ms_claimed"] == 3.0
