@@ -22,17 +22,18 @@ SHELL = "export " + " ".join(f"{k}={v}" for k, v in ENV.items())
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
-def keep_freed_memory() -> bool:
+def keep_freed_memory() -> str | None:
     """Set both thresholds in this process with mallopt(3) (its malloc read its environment when it
-    started); processes it forks inherit them. False where the C library is not glibc or refuses."""
+    started); processes it forks inherit them. None when set, else why not (never raises)."""
     import ctypes
     import platform
 
-    if platform.libc_ver()[0] != "glibc":
-        return False
     try:
+        if platform.libc_ver()[0] != "glibc":
+            return "not glibc: the thresholds are glibc malloc's"
         libc = ctypes.CDLL(None)
-        return (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+        done = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
                 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-    except (OSError, AttributeError):
-        return False
+    except Exception as exc:  # a start-up helper: never fail the job for it
+        return f"mallopt unavailable ({type(exc).__name__}: {exc})"
+    return None if done else "mallopt refused the thresholds"

@@ -66,18 +66,9 @@ def host_allocator(rt: Runtime) -> None:
     if chosen or any(a in preload for a in ha.OTHER_ALLOCATORS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         rt.skip("memory.host_allocator", f"the job already sets its allocator ({', '.join(chosen) or preload or 'GLIBC_TUNABLES'})")
         return
-    import platform
-
-    try:
-        glibc = platform.libc_ver()[0] == "glibc"
-    except Exception as exc:  # never fail the job's start-up for it
-        rt.broken(("memory.host_allocator",), exc)
-        return
-    if not glibc:
-        rt.refuse("memory.host_allocator", "not glibc: the thresholds are glibc malloc's")
-        return
-    if not ha.keep_freed_memory():
-        rt.refuse("memory.host_allocator", "mallopt refused the thresholds")
+    why_not = ha.keep_freed_memory()
+    if why_not is not None:
+        rt.refuse("memory.host_allocator", why_not)
         return
     os.environ.update(ha.ENV)
     rt.did("memory.host_allocator", "environment", None, dict(ha.ENV), dict.fromkeys(ha.ENV))

@@ -46,7 +46,9 @@ class RankView:
 def rank_views(report: Report) -> list[RankView]:
     ranks = report.ranks
     lazy = ranks if isinstance(ranks, LazyRanks) else None
-    rows = [(i, rr.rank, rr.file, rr.analysis) for i, rr in enumerate(ranks) if rr.analysis is not None]
+    # Stored ranks: read from their handles, no result decoded or kept (each view loads its own).
+    rows = ([(i, rank, file, None) for i, rank, file in lazy.heads()] if lazy is not None else
+            [(i, rr.rank, rr.file, rr.analysis) for i, rr in enumerate(ranks) if rr.analysis is not None])
     counts: dict[int | None, int] = {}
     for _, rank, _, _ in rows:
         counts[rank] = counts.get(rank, 0) + 1

@@ -101,6 +101,12 @@ class LazyRanks(Sequence[RankReport]):
         """Rank i's result alone, without building its RankReport (items are rules' RankInputs)."""
         return self._items[i].result
 
+    def heads(self) -> Iterator[tuple[int, int | None, str]]:
+        """(index, rank, file) of each rank with a result, from the store's handles: nothing decoded."""
+        for i, ri in enumerate(self._items):
+            if ri.has_result:
+                yield i, ri.rank, (ri.stored or ri.result).file
+
     @property
     def held_bytes(self) -> int:
         """Bytes the stores behind these ranks hold (metrics/store.py SummaryStore.nbytes)."""

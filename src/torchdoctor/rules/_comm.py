@@ -14,6 +14,7 @@ import numpy as np
 
 from ..metrics.stragglers import StragglerSeries, straggler_series
 from ._common import View, env_on, fmt_ms, per_rank, severity, tops_text, views
+from .cpu_contention import oversubscribed_by_job
 from .engine import DERIVED, GENERIC, RuleInputs
 from .ledger import capacity
 from .model import Evidence, Finding
@@ -216,8 +217,6 @@ def cores_full(v: View, inputs: RuleInputs) -> bool:
     as "could run under compute" beside DI-10's 5-12%; the larger buckets gave back 9% in all."""
     if v.accel or v.f is None:
         return False
-    from .cpu_contention import oversubscribed_by_job
-
     return oversubscribed_by_job(v, views(inputs))
 
 

@@ -58,6 +58,7 @@ from ._common import (
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 from .model import Severity as Sev
+from .page_faults import fault_counters
 
 # --- advice by how the model is sharded ------------------------------------------------------------
 
@@ -359,14 +360,13 @@ def fault_lead_ms(inputs: RuleInputs, s: StragglerSeries) -> float | None:
     measure: the allocator churns on that rank more than on the others); else None."""
     own, others = None, []
     for v in views(inputs):
-        sys_ms = v.facts_median("thread_sys_ms") if v.timed and all(
-            x.thread_sys_ms is not None for x in v.timed) else None
-        if sys_ms is None:
+        counted = fault_counters(v)
+        if counted is None:
             continue
         if v.rank == s.straggler:
-            own = sys_ms
+            own = counted[1]
         else:
-            others.append(sys_ms)
+            others.append(counted[1])
     if own is None or not others or s.lead_ms_mean <= 0:
         return None
     extra = own - float(np.median(others))

@@ -54,10 +54,6 @@ class RankInputs:
     def result(self) -> RankResult | None:
         return loaded(self._result)
 
-    @result.setter
-    def result(self, value: RankResult | StoredResult | None) -> None:
-        self._result = value
-
     @property
     def view(self) -> RankResult | None:
         """The result to read: for a stored rank a read-only view that decodes only the fields read

@@ -37,16 +37,24 @@ MIN_SYS_PCT = 1.0
 MAX_FAULT_US = 10.0
 
 
+def fault_counters(v: View) -> tuple[float, float] | None:
+    """(minor faults, ms of system time) of the training thread per steady step, medians; None
+    where the probe did not count them (not Linux, or no live facts)."""
+    steps = v.timed
+    if not steps or any(s.minor_faults is None or s.thread_sys_ms is None for s in steps):
+        return None
+    return v.facts_median("minor_faults") or 0.0, v.facts_median("thread_sys_ms") or 0.0
+
+
 @rule("HO-15", budgets=("step", "idle.host"))
 def page_faults(inputs: RuleInputs) -> list[Finding]:
     """The training thread takes page faults every step: the allocator returns memory to the kernel."""
 
     def one(v: View) -> Finding | None:
-        steps = v.timed
-        if not steps or any(s.minor_faults is None or s.thread_sys_ms is None for s in steps):
+        counted = fault_counters(v)
+        if counted is None:
             return None
-        faults = v.facts_median("minor_faults") or 0.0
-        sys_ms = v.facts_median("thread_sys_ms") or 0.0
+        faults, sys_ms = counted
         step = v.facts_median("total_ms") or 0.0
         if faults < MIN_FAULTS_PER_STEP or step <= 0 or 100.0 * sys_ms / step < MIN_SYS_PCT:
             return None
@@ -63,11 +71,11 @@ def page_faults(inputs: RuleInputs) -> list[Finding]:
             "gives the step's buffers back to the kernel and faults them in again every step.",
             gain, budget="idle.host" if v.accel else "step",
             evidence=[Evidence(
-                f"getrusage(RUSAGE_THREAD) of the training thread, median over {len(steps)} steady steps: "
+                f"getrusage(RUSAGE_THREAD) of the training thread, median over {len(v.timed)} steady steps: "
                 f"{faults:,.0f} minor page faults and {fmt_ms(sys_ms)} of system CPU time in a {fmt_ms(step)} step.",
                 {"minor_faults_per_step": round(faults), "thread_sys_ms": round(sys_ms, 3),
                  "fault_ms_claimed": round(fault_ms, 3),
-                 "step_ms": round(step, 3), "steps": len(steps)})],
+                 "step_ms": round(step, 3), "steps": len(v.timed)})],
             fix=Fix("Keep freed memory in the process: raise glibc malloc's mmap and trim thresholds, or run the "
                     "job with jemalloc or tcmalloc (LD_PRELOAD), as PyTorch's CPU tuning guide advises.",
                     f"{SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
