@@ -14,7 +14,7 @@ import numpy as np
 
 from ..metrics.stragglers import StragglerSeries, straggler_series
 from ._common import View, env_on, fmt_ms, per_rank, severity, tops_text, views
-from .cpu_contention import oversubscribed_by_job
+from ._cpu import oversubscribed_by_job
 from .engine import DERIVED, GENERIC, RuleInputs
 from .ledger import capacity
 from .model import Evidence, Finding

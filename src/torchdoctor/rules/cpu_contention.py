@@ -1,23 +1,9 @@
 """Host layer, CPU contention: the training thread waits for a core, and who holds the cores (HO-14).
 
-Measured, not assumed: the probe reads the training thread's scheduler counters at every step
-edge (``StepTiming.run_delay_ms``: time the thread was ready to run but waited for a CPU). Who
-held the CPUs meanwhile is apportioned by CPU time on the rank's CPUs over the run (``CpuFacts``,
-percent of one core):
-
-  own threads   this process's other threads (intra-op pool, comm, pin-memory): the process's
-                CPU time minus the training thread's
-  other ranks   the main processes of the other ranks on the same host whose CPUs overlap
-  workers       the DataLoader workers of those ranks and of this one
-  others        everything else that kept those CPUs busy (other processes, the hypervisor's
-                steal): the CPUs' busy time minus the job's
-
-The delay is split in proportion to the shares of those that compete. The job's own threads
-(this process's other threads, the other ranks' main processes) compete only when the ranks on
-the host run more intra-op threads than there are CPUs (``threads x local ranks > CPUs``, HO-13's
-case): a job sized to its cores gives each of them a core, and a job without workers or other
-load shows almost no delay (measured: 0.3-0.4 ms of a 62-67 ms step, lm job, num_workers=0), so
-its delay comes from the load beyond its own threads.
+Measured, not assumed: the training thread's run-queue delay, apportioned to who held its CPUs
+(rules/_cpu.py: the rank's own threads, other ranks, DataLoader workers, others). A job without
+workers or other load shows almost no delay (measured: 0.3-0.4 ms of a 62-67 ms step, lm job,
+num_workers=0), so its delay comes from the load beyond its own threads.
 
 HO-14 claims the workers' part: cheaper per-sample work, or workers at a lower priority, gives it
 back. That claim is an upper bound: a fix removes only the workers' excess work, and the part
@@ -48,8 +34,6 @@ not trace who preempted whom.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..facts import DataLoaderFacts
 from ._common import (
     WARN_PCT,
@@ -57,13 +41,12 @@ from ._common import (
     converting_collate,
     finding,
     fmt_ms,
-    foreign_cpu_pct,
-    host_peers,
     per_rank,
     unready_wait_ms,
     views,
     worker_split_text,
 )
+from ._cpu import oversubscribed_by_job, run_delay
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -73,58 +56,17 @@ CRIT_AT_PCT = 40.0
 LOADER_BEHIND_PCT = 1.0  # the step waits this share of itself for batches not produced yet
 
 
-@dataclass(frozen=True)
-class Holders:
-    """CPU time of who competes with the training thread, percent of one core over the run."""
-
-    own_threads: float
-    other_ranks: float
-    workers: float
-    others: float
-
-    @property
-    def total(self) -> float:
-        return self.own_threads + self.other_ranks + self.workers + self.others
-
-
-def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None:
-    """CPU time of the training thread's competitors on ``v``'s CPUs (module docstring); None when
-    the probe did not measure the CPU use it needs."""
-    f = v.f
-    if f is None or f.cpu.main_process_cpu_pct is None:
-        return None
-    mine = set(f.cpu.affinity)
-    peers = host_peers(f, all_views)
-    threads = sum(p.cpu.torch_num_threads or 1 for p in peers)
-    cpus = len(mine) or f.cpu.logical_cpus or 0
-    oversubscribed = bool(cpus) and threads > cpus
-    own = max(0.0, f.cpu.main_process_cpu_pct - thread_pct) if oversubscribed else 0.0
-    ranks = sum(p.cpu.main_process_cpu_pct or 0.0 for p in peers if p is not f) if oversubscribed else 0.0
-    workers = sum(p.cpu.dataloader_workers_cpu_pct or 0.0 for p in peers)
-    others = foreign_cpu_pct(f, all_views) or 0.0
-    return Holders(own, ranks, workers, others)
-
-
 @rule("HO-14")
 def cpu_contention(inputs: RuleInputs) -> list[Finding]:
     """The training thread waits for a CPU (measured run-queue delay); the workers' share is claimed."""
     all_views = views(inputs)
 
     def one(v: View) -> Finding | None:
+        rd = run_delay(v, all_views)
+        if rd is None or 100.0 * rd.delay_ms / rd.step_ms < MIN_DELAY_PCT or rd.holders.total <= 0:
+            return None
+        delay, step, thread_pct, h = rd.delay_ms, rd.step_ms, rd.thread_pct, rd.holders
         steps = v.timed
-        if not steps or any(s.run_delay_ms is None for s in steps) or v.f is None:
-            return None
-        total = sum(s.total_ms for s in steps)
-        if total <= 0:
-            return None
-        delay = sum(s.run_delay_ms or 0.0 for s in steps) / len(steps)  # ms per step
-        thread_pct = 100.0 * sum(s.thread_cpu_ms or 0.0 for s in steps) / total
-        step = total / len(steps)
-        if 100.0 * delay / step < MIN_DELAY_PCT:
-            return None
-        h = holders(v, all_views, thread_pct)
-        if h is None or h.total <= 0:
-            return None
         parts = {"DataLoader workers": h.workers, "this process's other threads": h.own_threads,
                  "other ranks on this host": h.other_ranks, "other processes (steal included)": h.others}
         split = {k: delay * x / h.total for k, x in parts.items()}
@@ -178,15 +120,6 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                        source="Linux schedstat run delay (Documentation/scheduler/sched-stats.rst)")
 
     return per_rank(inputs, one)
-
-
-def oversubscribed_by_job(v: View, all_views: list[View]) -> bool:
-    """The job's intra-op threads on this host cover every CPU of the rank's mask (threads >= CPUs)."""
-    f = v.f
-    if f is None:
-        return False
-    cpus = len(f.cpu.affinity) or f.cpu.logical_cpus or 0
-    return bool(cpus) and sum(p.cpu.torch_num_threads or 1 for p in host_peers(f, all_views)) >= cpus
 
 
 def _collate_finding(v: View, d: DataLoaderFacts, evidence: list[Evidence], workers_part: float, delay: float,
