@@ -607,10 +607,12 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
     would do itself with fewer threads (a right-sized pool gives that back as the training
     thread's own CPU time), part is wake-up overhead; the counters cannot tell them apart. It is
     reported as evidence. Measured on the accuracy harness's lm and mlp jobs (4 threads per CPU,
-    benchmarks/results/accuracy.md): claiming the whole off-CPU time priced them at 53-63% of the
-    step against measured gains of 16-47% (errors up to 38 points); the delay alone is within a
-    few points where the step is mostly parallel work and under-prices where it is mostly serial
-    (anomaly mode's stack recording: every barrier then is pure overhead), hence medium confidence
+    benchmarks/results/accuracy.md, 2026-12-05, 3 runs per case): claiming the whole off-CPU time
+    had priced them at 53-63% of the step against measured gains of 16-47% (12-04 matrix, errors
+    up to 38 points); the delay alone claims 11-27% against 22-43%, errors 1-25 points (median 14):
+    close where the step is mostly parallel work, under-priced where the training thread's own
+    serial work dominates (a main-process loader, anomaly mode's stack recording: every barrier
+    then is overhead), hence medium confidence
     and the A/B that measures it. Without those counters, an assumption: compute x (1 - 1/k) / 2,
     k = threads x ranks / CPUs (low confidence). With an accelerator the host loop suffers less:
     info.
