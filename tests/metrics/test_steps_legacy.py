@@ -12,6 +12,8 @@ with each other, or with lower bounds that sleeping guarantees (a sleep never re
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from statistics import median
 
@@ -92,3 +94,10 @@ def test_window_step_time_is_the_steady_iteration_time(legacy_trace):
     assert 0.8 * period <= per_step <= 1.5 * period
     # The warm-up iteration, 0 -> 1, is the one holding the long sleep.
     assert starts[1] - starts[0] >= WARMUP_S * 1e9
+
+
+def test_the_console_says_where_the_steps_came_from(legacy_trace):
+    done = subprocess.run([sys.executable, "-m", "torchdoctor.cli", "analyze", legacy_trace],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 4), done.stderr[-2000:]
+    assert f"steps 1–{ITERS - 1} from Optimizer.step" in done.stdout  # inferred steps, and from what

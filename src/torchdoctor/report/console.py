@@ -107,6 +107,8 @@ def rank_table(results: list[RankResult], straggler: int | None = None) -> Table
     for r in shown:
         m, w = r.metrics, r.window
         steps = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
+        if w.steps and w.boundaries != "ProfilerStep":
+            steps += f" from {w.boundaries}"  # no ProfilerStep: say where the inferred steps came from
         if w.skipped_warmup:
             steps += f" (warm-up {','.join(map(str, w.skipped_warmup))} skipped)"
         device = r.device or ("CPU only" if r.device_kind == "cpu" else f"{r.device_kind.upper()} (unnamed)")
