@@ -51,6 +51,11 @@ class RunDelay:
         """The delay (ms per step) apportioned to a holder whose CPU time is ``share`` (% of a core)."""
         return self.delay_ms * share / self.holders.total if self.holders.total > 0 else 0.0
 
+    def to_view(self, v: View) -> float:
+        """Factor from these steady steps' ms to the view's: the finding speaks in shares of the
+        view's step (a profiler window's steps can be longer), so a claim keeps its measured share."""
+        return (v.step_ms / self.step_ms) if v.step_ms else 1.0
+
     @property
     def job_threads_ms(self) -> float:
         """The part held by the job's own intra-op threads: this process's and the other ranks'."""

@@ -66,10 +66,9 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
         if rd is None or 100.0 * rd.delay_ms / rd.step_ms < MIN_DELAY_PCT or rd.holders.total <= 0:
             return None
         delay, step, thread_pct, h = rd.delay_ms, rd.step_ms, rd.thread_pct, rd.holders
-        steps = v.timed
         parts = {"DataLoader workers": h.workers, "this process's other threads": h.own_threads,
                  "other ranks on this host": h.other_ranks, "other processes (steal included)": h.others}
-        split = {k: delay * x / h.total for k, x in parts.items()}
+        split = {k: rd.part(x) for k, x in parts.items()}
         gain = split["DataLoader workers"]
         cpus = len(v.f.cpu.affinity) or v.f.cpu.logical_cpus or 0
         who = ", ".join(f"{k} {fmt_ms(ms)} ({x:.0f}% of a core)" for (k, ms), x
@@ -78,15 +77,13 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
         title = (f"The training thread waits {fmt_ms(delay)} per step for a CPU ({100 * delay / step:.0f}% of the "
                  f"step): {lead} hold the {cpus or 'available'} CPU(s) it runs on.")
         evidence = [Evidence(
-            f"Run-queue delay of the training thread (Linux schedstat), mean over {len(steps)} steady steps: "
+            f"Run-queue delay of the training thread (Linux schedstat), mean over {len(v.timed)} steady steps: "
             f"{fmt_ms(delay)} of a {fmt_ms(step)} step; the training thread itself ran {thread_pct:.0f}% of a core. "
             f"Apportioned by CPU time on those CPUs: {who}.",
             {"run_delay_ms": round(delay, 3), "step_ms": round(step, 3), "cpus": cpus,
              "holders_pct_of_core": {k: round(x, 1) for k, x in parts.items()},
              "delay_split_ms": {k: round(x, 3) for k, x in split.items()}})]
-        # The delay is measured over the steady steps; the finding speaks in shares of the view's
-        # step (a profiler window's steps can be longer), so its claim keeps the measured share.
-        to_view = (v.step_ms / step) if v.step_ms else 1.0
+        to_view = rd.to_view(v)
         conv = converting_collate(v)
         # A loader that falls behind sets the step's pace: there the collate costs waiting (HO-3's
         # claim), and giving its CPU to the training threads would not shorten the step.

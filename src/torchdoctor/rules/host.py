@@ -649,9 +649,7 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
         if v.accel:
             gain = 0.0
         elif rd is not None:
-            # The delay is measured over the steady steps; the finding speaks in shares of the
-            # view's step (a profiler window's steps can be longer), so the claim keeps its share.
-            gain = rd.job_threads_ms * ((v.step_ms / rd.step_ms) if v.step_ms else 1.0)
+            gain = rd.job_threads_ms * rd.to_view(v)
             blocked = blocked_ms(v, rd.delay_ms)
             measured = (f"; the training thread waited {fmt_ms(rd.job_threads_ms)} per step for a core held by the "
                         f"job's own threads (run-queue delay {fmt_ms(rd.delay_ms)} of a {fmt_ms(rd.step_ms)} step, "
