@@ -52,6 +52,29 @@ def test_signal_to_the_wrapper_reaches_the_job(tmp_path, sig):
     assert facts_of(tmp_path / "run")["steps"]
 
 
+# Says whether it was started with SIGINT ignored, then outlives a signal it ignores.
+IGNORING = """
+import signal
+import time
+
+print("ready", flush=True)
+time.sleep(1.5)
+print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+"""
+
+
+def test_a_signal_ignored_by_the_caller_stays_ignored_by_the_job(tmp_path):
+    # `nohup torchdoctor run ...` or `torchdoctor run ... &` in a script: the job must inherit the
+    # ignore as it does without the wrapper, not be killed by a SIGINT it would have ignored.
+    job = script(tmp_path, IGNORING)
+    plain = signalled_run([PY, str(job)], signal.SIGINT, ignored=(signal.SIGINT,))
+    wrapped = signalled_run(wrapper_cmd(tmp_path / "run", [PY, str(job)]), signal.SIGINT,
+                            ignored=(signal.SIGINT,))
+    assert plain.returncode == wrapped.returncode == 0
+    assert wrapped.stdout == plain.stdout == "ready\nSIGINT ignored: True\n"
+    assert load_run(tmp_path / "run")["exit_code"] == 0
+
+
 def test_job_without_torch_is_untouched(tmp_path):
     job = script(
         tmp_path,

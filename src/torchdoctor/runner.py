@@ -113,7 +113,10 @@ def run_job(command: Sequence[str], env: dict[str, str]) -> JobResult:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child[0], signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    # A signal ignored by whoever started us (`nohup`, or `cmd &` in a script: SIGINT and SIGQUIT)
+    # stays ignored, so the job inherits the ignore across exec exactly as it would without us.
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS
+                if signal.getsignal(sig) != signal.SIG_IGN}
     start = time.monotonic()
     try:
         proc = subprocess.Popen(list(command), env=env, preexec_fn=terminal.child_setup)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -89,9 +90,23 @@ def facts_of(run_dir: Path, rank: int = 0) -> dict[str, Any]:
     raise AssertionError(f"no rank {rank} in {run_dir}")
 
 
-def signalled_run(cmd: list[str], sig: int, ready: str = "ready") -> subprocess.CompletedProcess[str]:
-    """Start ``cmd``, wait for ``ready`` on its stdout, send ``sig`` to it, collect the result."""
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _dispositions(ignored: tuple[int, ...]):
+    """A child's signal dispositions, set before exec: ``ignored`` ignored, every other signal the
+    wrapper forwards at its default. Independent of how pytest was started: a background job of a
+    script (`pytest ... &`) starts with SIGINT and SIGQUIT ignored, and its children inherit that."""
+    def setup() -> None:
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+
+    return setup
+
+
+def signalled_run(cmd: list[str], sig: int, ready: str = "ready",
+                  ignored: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Start ``cmd`` (with the signals in ``ignored`` ignored), wait for ``ready`` on its stdout,
+    send ``sig`` to it, collect the result."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_dispositions(ignored))
     assert proc.stdout is not None
     first = proc.stdout.readline()
     assert first.strip() == ready, first
