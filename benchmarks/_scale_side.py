@@ -9,6 +9,7 @@ import os
 import resource
 import tempfile
 
+from torchdoctor.advice.host_allocator import keep_freed_memory
 from torchdoctor.executors import parse_executor
 from torchdoctor.metrics.summary import summary_bytes
 from torchdoctor.report.json_out import write_json
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--executor", default="local")
     ap.add_argument("--jobs", type=int)
     a = ap.parse_args()
+    keep_freed_memory()  # as cmd_analyze does
     report = analyze_paths([a.folder], jobs=a.jobs, executor=parse_executor(a.executor), progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")

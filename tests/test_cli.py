@@ -158,3 +158,15 @@ def test_a_subcommand_that_fails_after_registering_itself_still_leaves_a_working
     from torchdoctor.cli import build_parser
 
     assert build_parser().parse_args(["analyze", "x.json"]).command == "analyze"
+
+
+def test_analyze_keeps_freed_memory_in_its_own_process(tmp_path, monkeypatch):
+    # The decoder frees ~16 MB pieces and column arrays; glibc's default thresholds hand them back
+    # to the kernel and fault them in again (benchmarks/results/scale.md: 10% of the wall time on
+    # 16 x 620 MB). analyze sets the thresholds once, before its workers fork.
+    import torchdoctor.advice.host_allocator as ha
+
+    calls = []
+    monkeypatch.setattr(ha, "keep_freed_memory", lambda: calls.append(1))
+    assert main(["analyze", str(good_trace(tmp_path / "t.json")), "-q"]) == 0
+    assert calls == [1]
