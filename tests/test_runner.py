@@ -52,26 +52,29 @@ def test_signal_to_the_wrapper_reaches_the_job(tmp_path, sig):
     assert facts_of(tmp_path / "run")["steps"]
 
 
-# Says whether it was started with SIGINT ignored, then outlives a signal it ignores.
+# Says whether it was started with the signal (argv[1]) ignored, then outlives it.
 IGNORING = """
 import signal
+import sys
 import time
 
+sig = signal.Signals[sys.argv[1]]
 print("ready", flush=True)
 time.sleep(1.5)
-print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+print(sig.name, "ignored:", signal.getsignal(sig) == signal.SIG_IGN)
 """
 
 
-def test_a_signal_ignored_by_the_caller_stays_ignored_by_the_job(tmp_path):
-    # `nohup torchdoctor run ...` or `torchdoctor run ... &` in a script: the job must inherit the
-    # ignore as it does without the wrapper, not be killed by a SIGINT it would have ignored.
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_ignored_by_the_caller_stays_ignored_by_the_job(tmp_path, sig):
+    # `nohup torchdoctor run ...` (SIGHUP) or `torchdoctor run ... &` in a script (SIGINT): the job
+    # must inherit the ignore as it does without the wrapper, not die of a signal it would ignore.
     job = script(tmp_path, IGNORING)
-    plain = signalled_run([PY, str(job)], signal.SIGINT, ignored=(signal.SIGINT,))
-    wrapped = signalled_run(wrapper_cmd(tmp_path / "run", [PY, str(job)]), signal.SIGINT,
-                            ignored=(signal.SIGINT,))
+    cmd = [PY, str(job), sig.name]
+    plain = signalled_run(cmd, sig, ignored=(sig,))
+    wrapped = signalled_run(wrapper_cmd(tmp_path / "run", cmd), sig, ignored=(sig,))
     assert plain.returncode == wrapped.returncode == 0
-    assert wrapped.stdout == plain.stdout == "ready\nSIGINT ignored: True\n"
+    assert wrapped.stdout == plain.stdout == f"ready\n{sig.name} ignored: True\n"
     assert load_run(tmp_path / "run")["exit_code"] == 0
 
 

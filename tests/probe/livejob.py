@@ -93,9 +93,10 @@ def facts_of(run_dir: Path, rank: int = 0) -> dict[str, Any]:
 def _dispositions(ignored: tuple[int, ...]):
     """A child's signal dispositions, set before exec: ``ignored`` ignored, every other signal the
     wrapper forwards at its default. Independent of how pytest was started: a background job of a
-    script (`pytest ... &`) starts with SIGINT and SIGQUIT ignored, and its children inherit that."""
+    script (`pytest ... &`) starts with SIGINT and SIGQUIT ignored, under `nohup` SIGHUP, and its
+    children inherit that."""
     def setup() -> None:
-        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
 
     return setup
