@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from statistics import median
 
+from scale import attached  # the engine held open before the timed drivers, as scale.py's attached runs
+
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_floor.md"
 PHASES = ("import_s", "connect_s", "first_tasks_s", "close_s")
 
@@ -55,18 +57,6 @@ t4 = time.perf_counter()
 print(json.dumps(dict(import_s=t1 - t0, connect_s=t2 - t1, first_tasks_s=t3 - t2, close_s=t4 - t3)))
 """
 
-# Holds a local Dask cluster (one single-threaded worker per CPU, as the executor's) open.
-_DASK_HOLD = """
-import sys, time
-from distributed import LocalCluster
-cluster = LocalCluster(n_workers=int(sys.argv[1]), threads_per_worker=1, processes=True,
-                       dashboard_address=None, silence_logs=50)
-print(cluster.scheduler_address, flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-
 def _child(cmd: list[str]) -> dict[str, float]:
     t = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -77,26 +67,13 @@ def _child(cmd: list[str]) -> dict[str, float]:
     return {**json.loads(lines[-1]), "wall_s": wall}
 
 
-def dask_runs(repeats: int, workers: int) -> list[dict[str, float]]:
-    hold = subprocess.Popen([sys.executable, "-c", _DASK_HOLD, str(workers)], stdout=subprocess.PIPE, text=True)
-    try:
-        address = (hold.stdout.readline() if hold.stdout else "").strip()
-        if not address:
-            raise SystemExit("engine_floor: the local Dask cluster did not start")
-        return [_child([sys.executable, "-c", _DASK_CHILD, address]) for _ in range(repeats)]
-    finally:
-        hold.terminate()
-        hold.wait(60)
-
-
-def ray_runs(repeats: int, workers: int) -> list[dict[str, float]]:
-    ray = str(Path(sys.executable).parent / "ray")
-    subprocess.run([ray, "start", "--head", f"--num-cpus={workers}", "--include-dashboard=false",
-                    "--disable-usage-stats"], check=True, capture_output=True)
-    try:
+def runs(engine: str, repeats: int, workers: int) -> list[dict[str, float]]:
+    """`repeats` fresh drivers against one engine held by scale.attached (as its attached runs)."""
+    with attached(engine, workers) as spec:
+        if engine == "dask":
+            return [_child([sys.executable, "-c", _DASK_CHILD, spec.removeprefix("dask://")])
+                    for _ in range(repeats)]
         return [_child([sys.executable, "-c", _RAY_CHILD]) for _ in range(repeats)]
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, check=False)
 
 
 def render(rows: dict[str, list[dict[str, float]]], argv: list[str]) -> str:
@@ -123,8 +100,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
-    runners = {"dask": dask_runs, "ray": ray_runs}
-    rows = {e: runners[e](a.repeats, a.workers) for e in a.engines.split(",") if e}
+    rows = {e: runs(e, a.repeats, a.workers) for e in a.engines.split(",") if e}
     text = render(rows, sys.argv[1:])
     print(text)
     if not a.no_write:
