@@ -5,7 +5,13 @@ Dask and Ray are pinned in requirements-dev.txt: these tests run (and fail, neve
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -127,3 +133,62 @@ def test_dask_runs_several_ranks_per_task_and_a_killed_batch_is_retried_rank_by_
     report = analyze_paths([str(job)], jobs=2, executor=parse_executor("dask"))
     assert [e.file.rsplit("/", 1)[-1] for e in report.errors] == ["rank1.json"]
     assert [r.rank for r in report.ranks] == [0, 2, 3, 4, 5]
+
+
+def _driver_mark() -> object:
+    from torchdoctor.executors import dask_engine
+
+    return getattr(dask_engine, "_test_driver_mark", None)
+
+
+def test_local_dask_cluster_forks_its_workers_on_linux_unless_the_users_config_says_otherwise(monkeypatch):
+    """A forked worker starts from the driver's memory (a value set here is there); one started
+    another way (the user's explicit choice, or spawn off Linux) imports torchdoctor afresh."""
+    import dask
+
+    from torchdoctor.executors import dask_engine
+
+    monkeypatch.setattr(dask_engine, "_test_driver_mark", "set in the driver", raising=False)
+    forked = "set in the driver" if sys.platform.startswith("linux") else None
+    for method, seen in ((None, forked), ("forkserver", None)):
+        with dask.config.set({dask_engine._START_METHOD: method} if method else {}):
+            client, cluster = dask_engine._client(None, 1)
+        try:
+            assert client.submit(_driver_mark, pure=False).result() == seen, method
+        finally:
+            client.close()
+            cluster.close()
+
+
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # pytest may run as a background job, SIGINT ignored
+
+
+def test_ctrl_c_stops_a_dask_run_quietly(job, tmp_path):
+    """Ctrl-C reaches the terminal's whole process group, the local cluster's workers included: the
+    run stops at once with 130, and no worker prints a traceback (each printed two) or outlives it."""
+    fifo = tmp_path / "rank9.json"
+    os.mkfifo(fifo)  # a worker reading it waits for data: the run is still under way when the signal comes
+    cmd = [sys.executable, "-m", "torchdoctor.cli", "analyze", str(job / "rank0.json"), str(fifo), "--executor", "dask"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_sigint_at_default)
+    deadline = time.monotonic() + 120
+    while True:  # the FIFO opens for writing once a worker has opened it for reading
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            assert e.errno == errno.ENXIO and proc.poll() is None and time.monotonic() < deadline, e
+            time.sleep(0.05)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err, err
+    deadline = time.monotonic() + 30
+    with pytest.raises(ProcessLookupError):  # the session's process group is empty: no worker left
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)
+            time.sleep(0.1)
