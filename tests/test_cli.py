@@ -17,6 +17,14 @@ def good_trace(path, rank=0):
     return b.write(path)
 
 
+def test_json_to_stdout_is_the_only_thing_on_stdout(tmp_path):
+    # `--json -` without -q printed the console report first: `| jq` failed (seen on a public trace).
+    done = subprocess.run([sys.executable, "-m", "torchdoctor.cli", "analyze", str(good_trace(tmp_path / "t.json")),
+                           "--json", "-"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["schema"] == "torchdoctor.report/1"
+
+
 def test_json_schema_fields(tmp_path):
     out = tmp_path / "r.json"
     assert main(["analyze", str(good_trace(tmp_path / "t.json")), "--json", str(out), "-q"]) == 0

@@ -25,7 +25,8 @@ EXIT_EPILOG = "exit codes:\n" + __doc__.split("Exit codes (all subcommands that 
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON (schema torchdoctor.report/1); '-' for stdout")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON (schema torchdoctor.report/1); '-' for stdout, "
+                   "which then holds nothing else")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--annotated-trace", metavar="FILE",
                    help="write a copy of the (first) trace with the findings as an extra track (Perfetto)")
@@ -109,7 +110,8 @@ def emit(report, args) -> int:
     from .report.console import print_report
     from .report.json_out import write_json
 
-    if not getattr(args, "quiet", False):
+    # `--json -` makes stdout the JSON document: the console report would corrupt it.
+    if not getattr(args, "quiet", False) and getattr(args, "json", None) != "-":
         print_report(report, verbose=getattr(args, "verbose", False))
     # One line per unreadable input, on stderr, whatever else is printed.
     for e in report.errors:
@@ -174,7 +176,8 @@ def cmd_analyze(args) -> int:
     # Decoding allocates and frees ~16 MB blocks and column arrays per piece; glibc's default
     # thresholds hand them back to the kernel and fault them in again (HO-15's diagnosis, here of
     # ourselves): on 16 x 620 MB this cut system time 8.6 -> 2.0 s and wall 10%. This process and the
-    # workers it forks are ours, so the setting is too (never a library caller's or an engine's).
+    # workers it forks are ours (the local Dask cluster's too), so the setting is too (never a library
+    # caller's or an attached engine's).
     keep_freed_memory()
     try:
         report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs,

@@ -128,6 +128,8 @@ def test_mi250_gcd_is_half_the_module():
     ("NVIDIA A10G", None, "A10G"),
     ("NVIDIA GeForce RTX 4090", None, "RTX-4090"),
     ("AMD Instinct MI300X", props("AMD Instinct MI300X", (9, 4), 304, 192 * GIB), "MI300X"),
+    # A cloud VM's SR-IOV function, as AMD-AGI/TraceLens's mi300 bert-small trace records it.
+    ("AMD Instinct MI300X VF", props("AMD Instinct MI300X VF", (9, 4), 304, 205571227648), "MI300X"),
     ("NVIDIA A100 80GB PCIe", None, "A100-PCIE-80GB"),
 ])
 def test_name_variants(name, p, key):

@@ -189,9 +189,20 @@ def test_no_boundary_keeps_the_whole_trace(tmp_path):
     assert win.mode == ("whole trace (no ProfilerStep, nor any Optimizer.step, DataLoader or backward "
                         "boundary)")
     assert (win.start, win.end) == (60 * US, (SLOW + (N - 1) * PERIOD + 800) * US)
-    with pytest.raises(WindowError, match=r"--steps 0:2 selects no step: the trace has no ProfilerStep, "
-                                          r"nor any Optimizer.step, DataLoader or backward boundary"):
+    with pytest.raises(WindowError, match=r"--steps 0:2 selects no step: the trace has no steps: no ProfilerStep, "
+                                          r"and no Optimizer.step, DataLoader or backward boundary"):
         choose_window(tr, "0:2")
+
+
+def test_boundaries_too_irregular_to_be_steps_are_named(tmp_path):
+    # Optimizer steps at iterations 1, 2, 6 and 7 only, nothing else: the whole trace is the window,
+    # and the label says the optimizer's boundaries were seen, not that there were none.
+    b = training(opt=False, dl=False, roots=False)
+    for k in (1, 2, 6, 7):
+        b.annotation("Optimizer.step#SGD.step", SLOW + k * PERIOD + 600, 100)
+    win = choose_window(load(b, tmp_path), "all")
+    assert win.steps == () and win.boundaries == "none"
+    assert win.mode == "whole trace (no ProfilerStep; Optimizer.step boundaries found, but too irregular to be steps)"
 
 
 def test_steps_range_on_inferred_steps(tmp_path):

@@ -180,6 +180,20 @@ def test_ho9_from_facts_foreach_false():
     assert only(run("HO-9", (None, f)), "HO-9").remedy == "optim.foreach"
 
 
+@pytest.mark.parametrize("cls", ["Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RAdam", "NAdam", "RMSprop"])
+def test_ho9_advises_fused_only_where_torch_optim_takes_it(cls):
+    # The printed fix must run: NAdam(params, fused=True) is a TypeError (found on a public DLRM trace).
+    import inspect
+
+    import torch
+
+    takes_fused = "fused" in inspect.signature(getattr(torch.optim, cls).__init__).parameters
+    got = only(run("HO-9", (single_tensor(cls), None)), "HO-9")
+    assert got.remedy == ("optim.fused" if takes_fused else "optim.foreach")
+    assert got.fix.snippet == f"torch.optim.{cls}(params, lr=..., {'fused' if takes_fused else 'foreach'}=True)"
+    assert takes_fused == (cls in {"Adam", "AdamW", "SGD", "Adagrad"})  # the pinned torch, as HO-9 knows it
+
+
 def test_ho9_silent_on_foreach_or_custom_optimizer():
     r = single_tensor()
     r.signals.optimizer_impl = "foreach"

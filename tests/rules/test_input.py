@@ -256,3 +256,30 @@ def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():
                   cpu=CpuFacts(affinity=[0, 1]))
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "cannot keep up on average" in got.title and got.remedy == "dataloader.workers"
+
+
+def test_dl1_on_a_trace_without_steps_prices_the_whole_window(tmp_path):
+    """No ProfilerStep, and DataLoader boundaries too irregular to be steps (waits of 30 and 2 ms in
+    turn): the wait is still found, as time in the traced window (a public ResNet trace, 46% of its
+    window waiting for the loader, had no DL-1 at all and was diagnosed host-bound)."""
+    from kineto_builder import TraceBuilder
+    from torchdoctor.session import analyze_paths
+
+    b, t = TraceBuilder(), 0.0
+    for i in range(10):
+        wait = 30_000.0 if i % 2 == 0 else 2_000.0
+        b.dataloader(t, wait)
+        t += wait
+        b.kernel("ampere_sgemm_128x64_nn", t + 100.0, 5_000.0, launch_at=t + 10.0)
+        t += 6_000.0
+    report = analyze_paths([str(b.write(tmp_path / "rank0.json"))])
+    r = report.ranks[0].analysis
+    assert r is not None and not r.window.steps
+    window_ms = (r.window.end_ns - r.window.start_ns) / 1e6
+    waited = r.metrics.dataloader_exposed_pct / 100 * window_ms
+    assert waited == pytest.approx(4 * 30.0 + 5 * 2.0, abs=0.5)  # the waits after the first kernel
+    # Single-process loading: DL-2 claims what workers would hide, DL-1 the rest; together, every wait.
+    dl = [only(report.findings, "DL-1"), only(report.findings, "DL-2")]
+    assert all(f.per == "window" and "the traced window waits" in f.title for f in dl)
+    assert sum(f.recoverable_ms for f in dl) == pytest.approx(waited, abs=0.5)
+    assert dl[0].recoverable_pct == pytest.approx(100 * dl[0].recoverable_ms / window_ms, abs=0.1)

@@ -94,6 +94,37 @@ def test_keys_after_trace_events_are_read(tmp_path, monkeypatch):
     assert tr.rank == 5 and tr.device_name == "X1" and len(tr) == 6
 
 
+@pytest.mark.parametrize("block", [128, 1 << 20])
+def test_keys_after_trace_events_survive_a_badly_typed_event_in_the_last_block(tmp_path, monkeypatch, block):
+    # ROCm traces write hipMemcpyWithStream's "bytes" as a string; that event in the last block
+    # sent the tail to the lenient path, which dropped the keys after the array (found on
+    # AMD-AGI/TraceLens's mi300 bert-small trace: "unknown device", rank from the file name).
+    doc = sample().document()
+    evs = doc.pop("traceEvents")
+    last = max(i for i, e in enumerate(evs) if e.get("ph") == "X")
+    evs[last]["args"] = {"bytes": "1", "stream": 7}
+    evs.append(evs.pop(last))  # the very last event: in the tail whatever the block size
+    doc = {"traceEvents": evs, "deviceProperties": [{"name": "AMD Instinct MI300X VF"}],
+           "distributedInfo": {"rank": 3, "world_size": 4}}
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(decode, "BLOCK_BYTES", block)
+    tr = load_trace(str(path))
+    assert (tr.rank, tr.rank_source, tr.world_size) == (3, "distributedInfo", 4)
+    assert tr.device_name == "AMD Instinct MI300X VF" and len(tr) == 6
+    assert sorted(tr.stream.tolist())[-1] == 7 and 1 not in tr.nbytes.tolist()  # the bad field read as absent
+
+
+def test_one_oddly_shaped_header_key_does_not_cost_the_others(tmp_path):
+    doc = sample().document()
+    evs = doc.pop("traceEvents")
+    doc = {"deviceProperties": [{"name": "X1"}, 5], "distributedInfo": {"rank": 2}, "traceEvents": evs}
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(doc))
+    tr = load_trace(str(path))
+    assert (tr.rank, tr.device_name, len(tr)) == (2, "X1", 6)
+
+
 def test_old_2021_schema_categories(tmp_path):
     evs = [
         {"ph": "X", "cat": "Operator", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 100},

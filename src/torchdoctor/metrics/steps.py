@@ -23,6 +23,7 @@ autotuning, lazy init, compilation) do not pollute the headline numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,14 +109,29 @@ def step_boundaries(tr: RankTrace) -> tuple[str, list[Step]]:
     host = tr.mask(*HOST_CATS) & (tr.pid >= 0)
     if not host.any():
         return NO_BOUNDARY, []
-    first, last = int(tr.ts[host].min()), int(tr.end[host].max())
-    for source, infer in ((OPTIMIZER, lambda: optimizer_steps(tr, first)),
-                          (DATALOADER, lambda: dataloader_steps(tr, last)),
-                          (BACKWARD, lambda: backward_steps(tr, first))):
-        steps = infer()
+    for source, steps in _inferred(tr, host):
         if len(steps) >= 2 and consistent(steps):
             return source, steps
     return NO_BOUNDARY, []
+
+
+def _inferred(tr: RankTrace, host: np.ndarray) -> Iterator[tuple[str, list[Step]]]:
+    """Each inferred boundary source's steps, in order of trust (computed as asked for)."""
+    first, last = int(tr.ts[host].min()), int(tr.end[host].max())
+    yield OPTIMIZER, optimizer_steps(tr, first)
+    yield DATALOADER, dataloader_steps(tr, last)
+    yield BACKWARD, backward_steps(tr, first)
+
+
+def no_steps_mode(tr: RankTrace) -> str:
+    """The window mode of a trace without steps: why there are none (no boundary at all, or
+    boundaries whose periods are too irregular to be steps: `consistent`)."""
+    host = tr.mask(*HOST_CATS) & (tr.pid >= 0)
+    irregular = [src for src, steps in _inferred(tr, host) if len(steps) >= 2] if host.any() else []
+    if not irregular:
+        return NO_STEPS_MODE
+    return (f"whole trace (no ProfilerStep; {', '.join(irregular)} boundaries found, but too irregular "
+            "to be steps)")
 
 
 def consistent(steps: list[Step]) -> bool:
@@ -310,7 +326,7 @@ def choose_window(tr: RankTrace, request: str | None = None) -> Window:
     source, steps = step_boundaries(tr)
     if request == "trace" or (not steps and request in (None, "all")):
         lo, hi = whole_span(tr)
-        mode = "trace" if request == "trace" else NO_STEPS_MODE
+        mode = "trace" if request == "trace" else no_steps_mode(tr)
         inside = tuple(s for s in steps if s.start >= lo and s.end <= hi)
         return Window(lo, hi, inside, mode, boundaries=source)
     inferred = "" if source == PROFILER_STEP else f" (inferred from {source})"
@@ -332,7 +348,8 @@ def choose_window(tr: RankTrace, request: str | None = None) -> Window:
 def _have(source: str, steps: list[Step]) -> str:
     """What steps the trace has, for a --steps error."""
     if not steps:
-        return "the trace has no ProfilerStep, nor any Optimizer.step, DataLoader or backward boundary"
+        return "the trace has no steps: no ProfilerStep, and no Optimizer.step, DataLoader or backward boundary " \
+               "regular enough to be one"
     have = f"the trace has steps {steps[0].number}..{steps[-1].number}"
     return have + (" (ProfilerStep)" if source == PROFILER_STEP else f" (inferred from {source})")
 

@@ -137,8 +137,9 @@ def idle_table(r: RankResult) -> Table:
     steps = max(len(r.window.steps), 1)
     total = sum(c.ns for c in r.idle_causes) or 1
     t = Table(title=f"Rank {r.rank}: what the host did while the device sat idle", title_justify="left")
-    for col in ("cause", "ms/step", "share of idle", "top ops"):
-        t.add_column(col, justify="right" if col in ("ms/step", "share of idle") else "left")
+    per = "ms/step" if r.window.steps else "ms in window"  # a trace without steps: the whole window
+    for col in ("cause", per, "share of idle", "top ops"):
+        t.add_column(col, justify="right" if col in (per, "share of idle") else "left")
     for c in sorted(r.idle_causes, key=lambda c: -c.ns):
         if c.ns <= 0:
             continue
@@ -214,8 +215,9 @@ def _print_findings(report: Report, console: Console, verbose: bool) -> None:
         top = actionable[0]
         cost = (f"  (once: {top.job_s:.1f} s" + (f", {top.job_pct:.0f}% of the job)" if top.job_pct is not None else ")")
                 if top.job_s and not top.recoverable_ms else
-                f"  (≈{top.recoverable_pct:.0f}% of step time"
-                + (f", {top.recoverable_ms:.1f} ms/step)" if top.recoverable_ms else ")"))
+                f"  (≈{top.recoverable_pct:.0f}% of {'the traced window' if top.per == 'window' else 'step time'}"
+                + (f", {top.recoverable_ms:.1f} {'ms' if top.per == 'window' else 'ms/step'})"
+                   if top.recoverable_ms else ")"))
         console.print(Text.assemble(("Fix first: ", "bold"), (f"{top.title}", SEVERITY_STYLE[top.severity]), cost))
         if top.fix:
             console.print(f"  {escape(top.fix.text)}")

@@ -124,9 +124,10 @@ def verdict(report: Report) -> Ctx:
     actionable = [f for f in report.findings if f.severity != "info"]
     if actionable:
         f = actionable[0]
-        gain = f"≈{f.recoverable_pct:.0f}% of step time"
+        window = f.per == "window"  # a trace without steps: shares of the whole traced window
+        gain = f"≈{f.recoverable_pct:.0f}% of {'the traced window' if window else 'step time'}"
         if f.recoverable_ms:
-            gain += f", {fmt_ms(f.recoverable_ms)} ms per step"
+            gain += f", {fmt_ms(f.recoverable_ms)} ms{' in the window' if window else ' per step'}"
         top = {"severity": f.severity, "title": f.title, "gain": gain, "fix": f.fix.text if f.fix else None}
     return {"blind_spots": spots, "top": top, "healthy": top is None and bool(report.healthy)}
 

@@ -197,7 +197,8 @@ def finding(v: View, id: str, layer: Layer, title: str, ms: float, *, sev: Sever
     if v.stepless:
         # No steps to divide by: speak of the traced window, say how to get steps, and do not
         # call anything critical on a trace that may not even be training.
-        title = title.replace(" per step", " in the traced window").replace("of the step", "of the window")
+        title = (title.replace(" per step", " in the traced window").replace("of the step", "of the window")
+                 .replace("each step waits", "the traced window waits"))
         for e in evidence:
             e.text = e.text.replace(" per step", " in the window").replace("/step", "")
         confidence = "low"
@@ -209,7 +210,7 @@ def finding(v: View, id: str, layer: Layer, title: str, ms: float, *, sev: Sever
         recoverable_pct=pct, recoverable_ms=round(ms, 3),
         evidence=evidence, fix=fix, confidence=confidence,  # type: ignore[arg-type]
         confirm=confirm, remedy=remedy, ranks=[v.rank] if v.rank is not None else [], source=source,
-        claims=claims, ladder=[warn, crit] if sev is None else None,
+        claims=claims, ladder=[warn, crit] if sev is None else None, per="window" if v.stepless else "step",
     )
 
 
@@ -400,12 +401,13 @@ def data_wait_ms(v: View) -> float:
     """Time per step the step waits for the next batch.
 
     Trace: DataLoader `__next__` time while the device is idle (all of it on a CPU-only trace,
-    where the training loop itself waits). Live run without trace steps: the probe's median
-    wait in `__next__`.
+    where the training loop itself waits); a trace without steps: that time in the whole window.
+    Live run without trace steps: the probe's median wait in `__next__`.
     """
     timed = v.timed
     rows = v.r.window.steps if v.r is not None else []
-    if rows and (v.accel or len(timed) <= len(rows)):
+    # A trace without steps: the share of the whole window, in the window's terms (`finding`).
+    if v.r is not None and (rows or v.stepless) and (v.accel or len(timed) <= len(rows)):
         return v.window_ms(v.r.metrics.dataloader_exposed_pct)
     if timed and v.step_ms:
         # CPU run: the probe's wall wait is the exposed wait, over many more steps than the window.

@@ -36,9 +36,11 @@ RUNTIME_CUTOFF_NS = 50_000
 LAUNCH_DELAY_CUTOFF_NS = 100_000
 # TBP: per-GPU utilization < 50% → "increase batch size" (HO-1 umbrella).
 LOW_UTIL_IDLE_PCT = 50.0
-# Optimizers with a fused CUDA implementation in torch.optim (fused=True); others get foreach.
-FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RAdam", "NAdam"})
-TORCH_OPTIMIZERS = FUSED_OPTIMIZERS | {"RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
+# Optimizers whose torch.optim constructor takes fused=True (checked against the pinned torch by
+# tests/rules/test_host_optimizer_names.py); the others get foreach (Adamax, RAdam and NAdam have
+# foreach but no fused: `NAdam(params, fused=True)` is a TypeError).
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
+TORCH_OPTIMIZERS = FUSED_OPTIMIZERS | {"Adamax", "RAdam", "NAdam", "RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
 
 
 # --- sync-site classes and their share of the sync idle -----------------------------------------

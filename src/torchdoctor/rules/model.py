@@ -69,3 +69,6 @@ class Finding(msgspec.Struct, omit_defaults=True):
     # nothing from the step's budget (recoverable_pct 0) and say their cost here.
     job_s: float | None = None
     job_pct: float | None = None
+    # What recoverable_ms and recoverable_pct are per: a step, or ("window") the whole traced window
+    # of a trace without steps (no ProfilerStep and none inferred).
+    per: Literal["step", "window"] = "step"

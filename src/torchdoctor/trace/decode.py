@@ -820,7 +820,9 @@ def open_document(path: str, blocks: Iterator[bytes]) -> Document | bytearray:
     if header_doc != b"{}":
         try:
             header = _header.decode(header_doc)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except msgspec.ValidationError:  # one key of an odd shape: keep the others
+            header = _header_of(_any.decode(header_doc))
+        except msgspec.DecodeError:
             # Header keys we don't understand are not fatal: the events still are a trace.
             header = Header()
     return Document(header, m.end(), False, head)
@@ -929,6 +931,9 @@ def _cut_and_decode(buf: bytearray, cols: Columns, offset: int) -> int:
 
 
 def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Columns) -> None:
+    """The tail when some event in it failed typed validation: the events one by one, and the
+    top-level keys after the array still read (a ROCm trace's string-typed `bytes` must not cost
+    it its device and rank)."""
     if is_list:
         _decode_events_lenient(doc, cols)
         return
@@ -937,6 +942,16 @@ def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Column
     if not isinstance(events, list):
         raise TraceFormatError("traceEvents is not a list")
     _decode_events_lenient(msgspec.json.encode(events), cols)
+    tail = _header_of(obj)
+    header.distributedInfo = header.distributedInfo or tail.distributedInfo
+    header.deviceProperties = header.deviceProperties or tail.deviceProperties
+
+
+def _header_of(obj: dict[str, Any]) -> Header:
+    """The Header keys of a decoded top-level object, each kept only when it has the right shape."""
+    info, props = obj.get("distributedInfo"), obj.get("deviceProperties")
+    return Header(distributedInfo=info if isinstance(info, dict) else None,
+                  deviceProperties=[p for p in props if isinstance(p, dict)] if isinstance(props, list) else None)
 
 
 def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) -> tuple[Header, Columns]:
@@ -954,11 +969,7 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
         raise TraceFormatError("traceEvents is not a list")
     cols = Columns(dec=dec)
     _decode_events_lenient(msgspec.json.encode(obj["traceEvents"]), cols)
-    header = Header(
-        distributedInfo=obj.get("distributedInfo") if isinstance(obj.get("distributedInfo"), dict) else None,
-        deviceProperties=obj.get("deviceProperties") if isinstance(obj.get("deviceProperties"), list) else None,
-    )
-    return header, cols
+    return _header_of(obj), cols
 
 
 def _decode_whole(path: str, dec: Decoders) -> tuple[Header, Columns]:
