@@ -143,6 +143,24 @@ def test_old_2021_schema_categories(tmp_path):
     assert tr.cat.tolist() == [Cat.CPU_OP, Cat.RUNTIME, Cat.KERNEL, Cat.MEMCPY, Cat.MEMSET]
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_old_compute_properties_name_the_device(tmp_path, where):
+    # Kineto before mid-2021 wrote `computeProperties` with cudaDeviceProp's field names (pytorch/kineto
+    # tb_plugin's gpu_metrics_input_v1.json): the device is named and fingerprinted from them.
+    old = [{"id": 0, "name": "Tesla V100-DGXS-32GB", "totalGlobalMem": 34084028416, "major": 7, "minor": 0,
+            "multiProcessorCount": 80, "maxThreadsPerMultiProcessor": 2048}]
+    evs = sample().document()["traceEvents"]
+    doc = {"computeProperties": old, "traceEvents": evs} if where == "before" else \
+        {"traceEvents": evs, "computeProperties": old}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    tr = load_trace(str(path))
+    assert tr.device_name == "Tesla V100-DGXS-32GB"
+    assert tr.device_properties == [{"id": 0, "name": "Tesla V100-DGXS-32GB", "totalGlobalMem": 34084028416,
+                                     "computeMajor": 7, "computeMinor": 0, "numSms": 80,
+                                     "maxThreadsPerMultiprocessor": 2048}]
+
+
 def test_bad_fields_are_dropped_or_clipped_with_a_warning(tmp_path):
     doc = sample().document()
     doc["traceEvents"] += [
@@ -178,6 +196,10 @@ def test_bad_fields_are_dropped_or_clipped_with_a_warning(tmp_path):
         (b'{"schemaVersion": 1, "deviceProperties": []}', "no traceEvents"),
         (b'{"traceEvents": 5}', "traceEvents is not a list"),
         (b'{"traceEvents": []}', "no complete"),
+        # What torch.profiler writes when it recorded nothing: metadata and its window-end instant.
+        (b'{"traceEvents": [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "t"}},'
+         b' {"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": 5}]}',
+         "no complete ('X') events: the profiler recorded no activity"),
         (b"hello", "not JSON"),
     ],
 )

@@ -167,6 +167,8 @@ class Header(msgspec.Struct):
 
     distributedInfo: dict[str, Any] | None = None  # noqa: N815 (Kineto's spelling)
     deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+    # Kineto before mid-2021 wrote the same under this key, with CUDA's field names (`old_device_properties`).
+    computeProperties: list[dict[str, Any]] | None = None  # noqa: N815
     traceEvents: list[AnyEvent] = []  # noqa: N815
 
 
@@ -857,6 +859,7 @@ def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> 
             cols.add(tail.traceEvents)
             doc.header.distributedInfo = doc.header.distributedInfo or tail.distributedInfo
             doc.header.deviceProperties = doc.header.deviceProperties or tail.deviceProperties
+            doc.header.computeProperties = doc.header.computeProperties or tail.computeProperties
     except msgspec.ValidationError:
         _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
     except msgspec.DecodeError as e:
@@ -945,13 +948,29 @@ def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Column
     tail = _header_of(obj)
     header.distributedInfo = header.distributedInfo or tail.distributedInfo
     header.deviceProperties = header.deviceProperties or tail.deviceProperties
+    header.computeProperties = header.computeProperties or tail.computeProperties
 
 
 def _header_of(obj: dict[str, Any]) -> Header:
     """The Header keys of a decoded top-level object, each kept only when it has the right shape."""
-    info, props = obj.get("distributedInfo"), obj.get("deviceProperties")
+    info = obj.get("distributedInfo")
+
+    def dicts(key: str) -> list[dict[str, Any]] | None:
+        v = obj.get(key)
+        return [p for p in v if isinstance(p, dict)] if isinstance(v, list) else None
+
     return Header(distributedInfo=info if isinstance(info, dict) else None,
-                  deviceProperties=[p for p in props if isinstance(p, dict)] if isinstance(props, list) else None)
+                  deviceProperties=dicts("deviceProperties"), computeProperties=dicts("computeProperties"))
+
+
+# CUDA's cudaDeviceProp names in old Kineto's computeProperties -> today's deviceProperties names.
+_OLD_PROPERTY_NAMES = {"major": "computeMajor", "minor": "computeMinor", "multiProcessorCount": "numSms",
+                       "maxThreadsPerMultiProcessor": "maxThreadsPerMultiprocessor"}
+
+
+def old_device_properties(props: list[Any]) -> list[dict[str, Any]]:
+    """Old Kineto's computeProperties entries with today's deviceProperties field names."""
+    return [{_OLD_PROPERTY_NAMES.get(k, k): v for k, v in p.items()} for p in props if isinstance(p, dict)]
 
 
 def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) -> tuple[Header, Columns]:

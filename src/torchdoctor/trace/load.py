@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .decode import TraceFormatError, decode_file
+from .decode import TraceFormatError, decode_file, old_device_properties
 from .model import RankTrace
 from .remote import RemoteError, discover_url, is_url
 
@@ -82,15 +82,19 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
     except OSError as e:
         raise TraceFormatError(f"cannot read: {e.strerror or e}") from None
     names, (cat, name, ts, end, pid, tid, stream, corr, nbytes), sparse = cols.finish()
-    if ts.size == 0 and not cols.instants:
-        raise TraceFormatError("traceEvents holds no complete ('X') events")
+    memory = cols.memory_rows()
+    if ts.size == 0 and not memory.size:
+        # Instants alone ("Record Window End", which every torch.profiler trace has) record no
+        # activity; the allocator's [memory] records alone still show the device's memory.
+        raise TraceFormatError("traceEvents holds no complete ('X') events: the profiler recorded no activity")
     info = header.distributedInfo or {}
     rank, source = None, "order"
     if isinstance(info.get("rank"), int) and not isinstance(info.get("rank"), bool):
         rank, source = info["rank"], "distributedInfo"
     elif (r := rank_from_filename(path)) is not None:
         rank, source = r, "filename"
-    props = [p for p in (header.deviceProperties or []) if isinstance(p, dict)]
+    props = [p for p in (header.deviceProperties or []) if isinstance(p, dict)] \
+        or old_device_properties(header.computeProperties or [])
     warnings = [f"{n} events dropped: {why}" if "kept" not in why else f"{n} events: {why}"
                 for why, n in cols.dropped.items() if n]
     if cols.unknown_cats:
@@ -108,7 +112,7 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
         world_size=ws if isinstance(ws, int) else None,
         backend=backend if isinstance(backend, str) else None,
         device_name=_device_name(props), device_properties=props, warnings=warnings,
-        instant_events=cols.instants, memory=cols.memory_rows(),
+        instant_events=cols.instants, memory=memory,
     )
 
 

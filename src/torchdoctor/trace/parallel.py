@@ -71,6 +71,7 @@ def decode_parallel(path: str, dec: Decoders, jobs: int) -> tuple[Header, Column
         if tail_header is not None:
             header.distributedInfo = header.distributedInfo or tail_header.distributedInfo
             header.deviceProperties = header.deviceProperties or tail_header.deviceProperties
+            header.computeProperties = header.computeProperties or tail_header.computeProperties
     return header, merge([c for c, _ in parts], dec)
 
 
