@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, dataloader  #
 
 from torchdoctor.remedies import (  # noqa: E402
     patch_data,
-    patch_ddp,
     patch_flags,
     patch_fsdp,
     patch_model,
@@ -174,23 +173,50 @@ def test_fused_checks_the_parameters_first(runtime: Runtime) -> None:
     assert "floating-point" in runtime.refused["optim.fused"]
 
 
-def test_ddp_arguments(runtime: Runtime) -> None:
-    dist = torch.distributed
-    # One rank over an in-memory store: nothing to connect to, and a bounded wait if anything hangs.
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
-    try:
-        want(runtime, "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap")
-        patch_ddp.install(torch, runtime)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
-        ddp = distributed.DistributedDataParallel(model, find_unused_parameters=True, bucket_cap_mb=0.001)
-        assert ddp.find_unused_parameters is False and ddp.static_graph and ddp.gradient_as_bucket_view
-        assert ddp.bucket_bytes_cap == 25 * 1024 * 1024
-        for _ in range(3):
-            ddp(torch.randn(2, 4)).sum().backward()
-        assert {e["id"] for e in runtime.applied} == {"ddp.find_unused_false", "ddp.static_graph",
-                                                       "ddp.grad_as_bucket_view", "ddp.bucket_cap"}
-    finally:
-        dist.destroy_process_group()
+# In a fresh process: freeing the DDP model in pytest's own process deadlocked a full-suite run
+# (gdb: ProcessGroupGloo's destructor, holding the GIL, joined a gloo thread that waited for the GIL
+# to drop a Python object, a mode stack entry, from the thread-local state of earlier tests).
+_DDP_JOB = """
+import json, os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import distributed
+from torchdoctor.remedies import patch_ddp
+from torchdoctor.remedies.catalogue import parse
+from torchdoctor.remedies.runtime import Runtime
+
+rt = Runtime()
+for text in sys.argv[1:]:
+    spec, why = parse(text)
+    assert spec is not None, why
+    rt.specs[spec.id] = spec
+    rt.requested.append(text)
+# One rank over an in-memory store: nothing to connect to, and a bounded wait if anything hangs.
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+patch_ddp.install(torch, rt)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+ddp = distributed.DistributedDataParallel(model, find_unused_parameters=True, bucket_cap_mb=0.001)
+state = [ddp.find_unused_parameters, ddp.static_graph, ddp.gradient_as_bucket_view, ddp.bucket_bytes_cap]
+for _ in range(3):
+    ddp(torch.randn(2, 4)).sum().backward()
+print(json.dumps({"state": state, "applied": sorted(e["id"] for e in rt.applied)}), flush=True)
+os._exit(0)
+"""
+
+
+def test_ddp_arguments() -> None:
+    import json
+    import subprocess
+    import sys
+
+    ids = ["ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap"]
+    done = subprocess.run([sys.executable, "-c", _DDP_JOB, *ids], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, ENV_SAID: "", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["state"] == [False, True, True, 25 * 1024 * 1024]
+    assert got["applied"] == sorted(ids)
 
 
 def test_fsdp2_units_keep_their_parameters_unsharded(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
