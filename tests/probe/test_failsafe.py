@@ -181,3 +181,17 @@ def test_a_worker_whose_instrumentation_fails_loads_as_without_the_probe(tmp_pat
     (loader,) = facts_of(tmp_path / "ok")["dataloaders"]
     assert loader["worker_batches"] == 8 and loader["worker_collate_syncs_per_batch"] == 0.0
 
+
+
+def test_a_warning_shown_once_stays_shown_once(tmp_path, train_job):
+    """The job warns every step; Python shows it once. The profiler window in the middle must not
+    reset Python's record of shown warnings (warnings.catch_warnings did: the DDP tutorial of
+    pytorch/examples printed its pin_memory warning twice under `run`)."""
+    job = script(tmp_path, TRAIN.replace("        opt.step()\n",
+                                         "        opt.step()\n        import warnings\n"
+                                         "        warnings.warn('the same warning every step')\n"))
+    plain = run_plain(job, "10", "0")
+    assert plain.stderr.count("UserWarning: the same warning every step") == 1
+    wrapped = run_wrapped(tmp_path / "run", job, "10", "0")
+    assert facts_of(tmp_path / "run")["profile_steps"] == [5, 8]  # the window ran between the warnings
+    assert job_stderr(wrapped.stderr) == plain.stderr

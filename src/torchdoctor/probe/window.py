@@ -65,6 +65,26 @@ def _record_always(step: int) -> Any:
     return ProfilerAction.RECORD
 
 
+
+@contextlib.contextmanager
+def unshown_warnings() -> Iterator[None]:
+    """Warnings raised inside are not printed, and warnings.filters is left alone.
+
+    Not `warnings.catch_warnings()`: entering it resets the filters, and with them Python's record of
+    the warnings each module has already shown, so a job's "shown once" warning (every DataLoader or
+    DDP UserWarning) printed again after the window (pytorch/examples' DDP tutorial under `run`).
+    """
+    shown = warnings.showwarning
+    warnings.showwarning = _unshown
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
+def _unshown(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
 class ProfilerWindow:
     """One torch.profiler session over steps [start, end)."""
 
@@ -90,8 +110,7 @@ class ProfilerWindow:
             activities.append(ProfilerActivity.CUDA)
         # torch's own warnings about the profiler (2.11 warns that events are cleared each
         # cycle) would change the job's stderr: the probe's profiler must be silent.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with unshown_warnings():
             prof = profile(activities=activities, record_shapes=False, schedule=_record_always)
             prof.step_num = self.start_step  # ProfilerStep#N then matches the probe's step N
             with kineto_quiet():
@@ -99,8 +118,7 @@ class ProfilerWindow:
         self.prof = prof
 
     def next_step(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with unshown_warnings():
             self.prof.step()
 
     def finish(self, path: str) -> str:
@@ -111,8 +129,7 @@ class ProfilerWindow:
         """
         prof, self.prof = self.prof, None
         self.done = True
-        with warnings.catch_warnings(), kineto_quiet():
-            warnings.simplefilter("ignore")
+        with unshown_warnings(), kineto_quiet():
             prof.stop()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         prof.export_chrome_trace(path)
