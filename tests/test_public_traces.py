@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
+from real_traces import PUBLIC, trace
 from torchdoctor.hardware.devices import identify
 from torchdoctor.session import analyze_paths
 from torchdoctor.trace.load import load_trace
 
-PUBLIC = Path(__file__).resolve().parent / "data" / "public"
-
 
 def public(name: str) -> str:
-    path = PUBLIC / name
-    if not path.is_file():
-        raise FileNotFoundError(f"public trace {path} missing from the repository")
-    return str(path)
+    return trace(name, PUBLIC)
 
 
 def events(path: str) -> list[dict]:

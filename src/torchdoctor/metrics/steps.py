@@ -103,16 +103,26 @@ def step_boundaries(tr: RankTrace) -> tuple[str, list[Step]]:
 
     `source` is PROFILER_STEP, OPTIMIZER, DATALOADER, BACKWARD, or NO_BOUNDARY with no steps.
     """
+    source, steps, _ = _boundaries(tr)
+    return source, steps
+
+
+def _boundaries(tr: RankTrace) -> tuple[str, list[Step], list[str]]:
+    """`step_boundaries`, plus the inferred sources tried before and rejected as too irregular
+    (`consistent`): what the window's mode says when no source is kept."""
     steps = find_steps(tr)
     if steps:
-        return PROFILER_STEP, steps
+        return PROFILER_STEP, steps, []
     host = tr.mask(*HOST_CATS) & (tr.pid >= 0)
     if not host.any():
-        return NO_BOUNDARY, []
+        return NO_BOUNDARY, [], []
+    irregular: list[str] = []
     for source, steps in _inferred(tr, host):
-        if len(steps) >= 2 and consistent(steps):
-            return source, steps
-    return NO_BOUNDARY, []
+        if len(steps) >= 2:
+            if consistent(steps):
+                return source, steps, irregular
+            irregular.append(source)
+    return NO_BOUNDARY, [], irregular
 
 
 def _inferred(tr: RankTrace, host: np.ndarray) -> Iterator[tuple[str, list[Step]]]:
@@ -123,11 +133,9 @@ def _inferred(tr: RankTrace, host: np.ndarray) -> Iterator[tuple[str, list[Step]
     yield BACKWARD, backward_steps(tr, first)
 
 
-def no_steps_mode(tr: RankTrace) -> str:
+def no_steps_mode(irregular: list[str]) -> str:
     """The window mode of a trace without steps: why there are none (no boundary at all, or
-    boundaries whose periods are too irregular to be steps: `consistent`)."""
-    host = tr.mask(*HOST_CATS) & (tr.pid >= 0)
-    irregular = [src for src, steps in _inferred(tr, host) if len(steps) >= 2] if host.any() else []
+    the `irregular` sources whose periods are too irregular to be steps: `consistent`)."""
     if not irregular:
         return NO_STEPS_MODE
     return (f"whole trace (no ProfilerStep; {', '.join(irregular)} boundaries found, but too irregular "
@@ -323,10 +331,10 @@ def choose_window(tr: RankTrace, request: str | None = None) -> Window:
     A <= N < B; either side may be omitted). Steps are ProfilerSteps, else inferred ones
     (`step_boundaries`).
     """
-    source, steps = step_boundaries(tr)
+    source, steps, irregular = _boundaries(tr)
     if request == "trace" or (not steps and request in (None, "all")):
         lo, hi = whole_span(tr)
-        mode = "trace" if request == "trace" else no_steps_mode(tr)
+        mode = "trace" if request == "trace" else no_steps_mode(irregular)
         inside = tuple(s for s in steps if s.start >= lo and s.end <= hi)
         return Window(lo, hi, inside, mode, boundaries=source)
     inferred = "" if source == PROFILER_STEP else f" (inferred from {source})"

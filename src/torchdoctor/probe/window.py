@@ -65,7 +65,6 @@ def _record_always(step: int) -> Any:
     return ProfilerAction.RECORD
 
 
-
 @contextlib.contextmanager
 def unshown_warnings() -> Iterator[None]:
     """Warnings raised inside are not printed, and warnings.filters is left alone.
@@ -84,6 +83,7 @@ def unshown_warnings() -> Iterator[None]:
 
 def _unshown(*_args: Any, **_kwargs: Any) -> None:
     return None
+
 
 class ProfilerWindow:
     """One torch.profiler session over steps [start, end)."""

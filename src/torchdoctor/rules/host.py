@@ -36,9 +36,9 @@ RUNTIME_CUTOFF_NS = 50_000
 LAUNCH_DELAY_CUTOFF_NS = 100_000
 # TBP: per-GPU utilization < 50% → "increase batch size" (HO-1 umbrella).
 LOW_UTIL_IDLE_PCT = 50.0
-# Optimizers whose torch.optim constructor takes fused=True (checked against the pinned torch by
-# tests/rules/test_host_optimizer_names.py); the others get foreach (Adamax, RAdam and NAdam have
-# foreach but no fused: `NAdam(params, fused=True)` is a TypeError).
+# Optimizers whose torch.optim constructor takes fused=True (checked against the pinned torch in
+# tests/rules/test_host.py); the others get foreach (Adamax, RAdam and NAdam have foreach but no
+# fused: `NAdam(params, fused=True)` is a TypeError).
 FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 TORCH_OPTIMIZERS = FUSED_OPTIMIZERS | {"Adamax", "RAdam", "NAdam", "RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
 

@@ -172,6 +172,13 @@ class Header(msgspec.Struct):
     traceEvents: list[AnyEvent] = []  # noqa: N815
 
 
+    def fill(self, other: Header) -> None:
+        """Take from `other` (the keys after the event array) every key this one lacks."""
+        self.distributedInfo = self.distributedInfo or other.distributedInfo
+        self.deviceProperties = self.deviceProperties or other.deviceProperties
+        self.computeProperties = self.computeProperties or other.computeProperties
+
+
 class ExactHeader(Header):
     traceEvents: list[AnyExactEvent] = []  # noqa: N815
 
@@ -857,9 +864,7 @@ def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> 
         else:
             tail = dec.header.decode(tail_doc)
             cols.add(tail.traceEvents)
-            doc.header.distributedInfo = doc.header.distributedInfo or tail.distributedInfo
-            doc.header.deviceProperties = doc.header.deviceProperties or tail.deviceProperties
-            doc.header.computeProperties = doc.header.computeProperties or tail.computeProperties
+            doc.header.fill(tail)
     except msgspec.ValidationError:
         _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
     except msgspec.DecodeError as e:
@@ -945,10 +950,7 @@ def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Column
     if not isinstance(events, list):
         raise TraceFormatError("traceEvents is not a list")
     _decode_events_lenient(msgspec.json.encode(events), cols)
-    tail = _header_of(obj)
-    header.distributedInfo = header.distributedInfo or tail.distributedInfo
-    header.deviceProperties = header.deviceProperties or tail.deviceProperties
-    header.computeProperties = header.computeProperties or tail.computeProperties
+    header.fill(_header_of(obj))
 
 
 def _header_of(obj: dict[str, Any]) -> Header:

@@ -69,9 +69,7 @@ def decode_parallel(path: str, dec: Decoders, jobs: int) -> tuple[Header, Column
     header = doc.header
     for _cols, tail_header in parts:
         if tail_header is not None:
-            header.distributedInfo = header.distributedInfo or tail_header.distributedInfo
-            header.deviceProperties = header.deviceProperties or tail_header.deviceProperties
-            header.computeProperties = header.computeProperties or tail_header.computeProperties
+            header.fill(tail_header)
     return header, merge([c for c, _ in parts], dec)
 
 
