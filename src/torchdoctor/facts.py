@@ -195,6 +195,9 @@ class CompileFacts(msgspec.Struct, omit_defaults=True):
     compile_time_s: float | None = None
     dynamo_s: float | None = None
     backend_s: float | None = None
+    # When the first compile began (epoch seconds, Dynamo's start_time_us): a compile that runs
+    # before the probe sees any training activity still belongs to the job's training wall time.
+    first_compile_at: float | None = None
 
 
 class CpuFacts(msgspec.Struct, omit_defaults=True):

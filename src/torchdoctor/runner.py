@@ -333,7 +333,8 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--profile-steps",
         metavar="A:B|off",
         default=f"{probe_config.DEFAULT_PROFILE_STEPS[0]}:{probe_config.DEFAULT_PROFILE_STEPS[1]}",
-        help="torch.profiler window: steps A <= s < B (default %(default)s); 'off' disables it",
+        help="torch.profiler window: steps A <= s < B (default %(default)s; when steps are long, "
+        "fewer: about 5 s of them, one at least); 'off' disables it",
     )
     p.add_argument("--cache", metavar="PACK",
                    help="load this compile-cache pack (`torchdoctor cache pack`) before the job compiles; "

@@ -124,6 +124,7 @@ def test_single_process_facts(tmp_path):
         "backend_s": facts["compile"]["backend_s"],
         "frame_names": {"0": "forward"},
         "graph_hashes": facts["compile"]["graph_hashes"],
+        "first_compile_at": facts["compile"]["first_compile_at"],
     }
     c = facts["compile"]
     assert len(c["graph_hashes"]) == 1 and len(c["graph_hashes"][0]) == 16  # the one graph, hashed

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from probe.livejob import facts_of, run_wrapped, script
 from torchdoctor.compile import guards as rc
 from torchdoctor.compile.records import LIMIT_REASON
 from torchdoctor.probe import recompiles
@@ -56,6 +59,7 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
 
     model = Net()
     compiled = torch.compile(model, backend="eager", dynamic=False)
+    before = time.time()
     for n in range(4, 16):
         compiled(torch.randn(n, 3))
     metrics = utils.get_compilation_metrics()
@@ -70,6 +74,37 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
     assert frame.compile_s > 0 and facts.compile_time_s >= frame.compile_s
     assert facts.dynamo_s is not None and facts.backend_s is not None
     assert abs(facts.dynamo_s + facts.backend_s - facts.compile_time_s) < 0.01
+    assert before <= facts.first_compile_at <= before + frame.compile_s / 8 + 1.0  # the first of 8
     # Reading again (the metrics deque is bounded) does not count anything twice.
     assert compile_facts().recompile_frames == facts.recompile_frames
     torch._dynamo.reset()
+
+
+COMPILED_AT_FIRST_CALL = """
+import torch
+
+torch.manual_seed(0)
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1)),
+                      backend="aot_eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 32), torch.randn(64, 1)
+for step in range(3):
+    loss = torch.nn.functional.mse_loss(model(x), y)  # step 0 compiles here, before any backward
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("ok")
+"""
+
+
+def test_compile_time_is_a_share_of_the_job_that_includes_it(tmp_path):
+    """No DataLoader: the first activity the probe sees is the first backward, after the forward
+    compiled. The job's training wall time starts at that compile, so it holds all the compiling
+    (the share was clamped at 100%: compile seconds over a wall time that left them out)."""
+    result = run_wrapped(tmp_path / "run", script(tmp_path, COMPILED_AT_FIRST_CALL),
+                         options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    compiled = facts["compile"]
+    assert compiled["compile_time_s"] > 0.05
+    assert facts["train_wall_s"] > compiled["compile_time_s"]

@@ -317,3 +317,15 @@ def test_thread_faults_counts_the_pages_this_thread_touches_first():
     region.close()
     assert after[0] - before[0] >= 8 * 2**20 // mmap.PAGESIZE
     assert after[1] >= before[1]
+
+
+def test_a_window_of_long_steps_profiles_fewer_of_them():
+    """The default window is 3 steps; at most WINDOW_BUDGET_S of them are profiled, at least one."""
+    from torchdoctor.probe.window import WINDOW_BUDGET_S, ProfilerWindow
+
+    assert WINDOW_BUDGET_S == 5.0
+    cases = [([], 8), ([40.0, 50.0, 45.0], 8), ([2100.0, 2000.0, 1900.0], 7), ([30_000.0], 6)]
+    for recent_ms, end in cases:
+        window = ProfilerWindow(5, 8)
+        window.fit(recent_ms)
+        assert (window.start_step, window.end_step) == (5, end), recent_ms

@@ -42,6 +42,7 @@ class CompileRecord:
     limit: bool  # the compile that hit the recompile limit
     seconds: float
     backend_seconds: float = 0.0  # of which the backend's (AOTAutograd, Inductor): all of a backward compile
+    started_at: float | None = None  # epoch seconds (CompilationMetrics.start_time_us)
 
     @property
     def frame_id(self) -> str:
@@ -71,7 +72,8 @@ def from_metrics(field: Callable[[str], Any], forward: bool) -> CompileRecord | 
         compile_id=cid, forward=forward, name=name if isinstance(name, str) else None,
         location=f"{filename}:{line}" if filename and line else None,
         reason=field("recompile_reason"), limit=str(field("fail_reason") or "").startswith(LIMIT_REASON),
-        seconds=seconds or 0.0, backend_seconds=backend or 0.0)
+        seconds=seconds or 0.0, backend_seconds=backend or 0.0,
+        started_at=start_us / 1e6 if (start_us := _number(field("start_time_us"))) else None)
 
 
 def recompile_frames(records: list[CompileRecord], guards: dict[tuple[str | None, str | None], list[str]]

@@ -394,4 +394,5 @@ def compile_facts() -> CompileFacts:
         compile_time_s=total_s,
         dynamo_s=dynamo_s,
         backend_s=backend_s,
+        first_compile_at=min((r.started_at for r in records or [] if r.started_at), default=None),
     )

@@ -70,6 +70,7 @@ class Probe:
         self.loader_setup = 0  # inside DataLoader.__iter__
         self.fwd_depth = 0
         self.bwd_depth = 0
+        self.optimizer_depth = 0  # optimizer.step calls running (their closures' backwards end no step)
         self.fwd_t0 = 0.0
         self.current_loader: summary.LoaderRecord | None = None
         self.worker_stats: workers.WorkerStats | None = None  # set in a DataLoader worker only
@@ -160,6 +161,12 @@ class Probe:
         assert self.window is not None
         if self.window.active:
             self.window.abort()
+        if self.analysis_rank is not None:
+            # The finished window profiled steps of the old numbering: its trace and analysis
+            # describe something else now, and the new window reuses their paths.
+            postprocess.discard(self.config.run_dir, self.analysis_rank)
+            self.trace_file, self.profiled = None, []
+            self.analysis = self.analysis_rank = None
         self.window = ProfilerWindow(self.window.start_step, self.window.end_step)
 
     def _open_progress(self) -> None:
@@ -244,6 +251,7 @@ class Probe:
             fault_point("window")
             if not window.active:
                 if next_step == window.start_step:
+                    window.fit([s.total_ms for s in self.clock.steps[1:][-5:]])  # step 0 starts up
                     window.begin(self.torch)
             elif next_step >= window.end_step:
                 self._finish_window(window, window.end_step)
@@ -377,6 +385,7 @@ class Probe:
         self.sync_sites = Counter()
         self.sync_total = 0
         self.next_depth = self.fwd_depth = self.bwd_depth = self.loader_setup = 0
+        self.optimizer_depth = 0
         self.current_loader = self.last_iter = self.last_iter_record = None
         self.nvml = None
         self.own_file = None

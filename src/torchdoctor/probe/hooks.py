@@ -349,6 +349,7 @@ def _optimizer(probe: Probe) -> None:
         clock_acc = probe.clock.acc
         # Forward/backward run inside step() by closures (LBFGS) are not optimizer time.
         starts[id(opt)] = (now, clock_acc[Phase.FORWARD] + clock_acc[Phase.BACKWARD])
+        probe.optimizer_depth += 1
         if opt not in known:
             known.add(opt)
             probe.optimizers.append(
@@ -359,6 +360,7 @@ def _optimizer(probe: Probe) -> None:
         fault_point("optimizer.post")
         now = perf_counter()
         start = starts.pop(id(opt), None)
+        probe.optimizer_depth = max(0, probe.optimizer_depth - 1)
         clock_acc = probe.clock.acc
         if start is not None:
             nested = clock_acc[Phase.FORWARD] + clock_acc[Phase.BACKWARD] - start[1]
@@ -391,7 +393,10 @@ def _backward(probe: Probe) -> None:
         if probe.bwd_depth == 0:
             now = perf_counter()
             probe.clock.add(Phase.BACKWARD, now - t0)
-            if result is not shims.FAILED:
+            # A backward inside optimizer.step (LBFGS's closure, called 20 times a step) ends
+            # no step: counting it would number steps one way until the optimizer's first step
+            # ends and then renumber them, discarding a profiler window already recorded.
+            if result is not shims.FAILED and not probe.optimizer_depth:
                 probe.boundary(Source.BACKWARD, now)
 
     autograd.backward = shims.around(autograd.backward, before, after, _failed("backward"))

@@ -198,8 +198,9 @@ def read_payloads(run_dir: str) -> list[Payload]:
             facts = payload["facts"]
             own[(int(facts.get("rank", 0)), int(facts.get("pid") or 0))] = payload
     for (rank, _pid), payload in own.items():
-        if payload.get("analysis") is None and payload["facts"].get("trace_file"):
-            # The post-processing child's result (probe/postprocess.py), when it ran on this machine.
+        if payload["facts"].get("trace_file"):
+            # The post-processing child's result (probe/postprocess.py) when it ran on this
+            # machine: newer than, and preferred to, a copy the rank embedded when it last wrote.
             analysis = load_dict(analysis_path(run_dir, rank))
             if analysis is not None:
                 payload["analysis"] = analysis

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from torchdoctor.facts import CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
+from torchdoctor.facts import CompileFacts, CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.hardware import topology
 from torchdoctor.probe import collect, sysinfo, workers
 from torchdoctor.probe.errors import ERRORS
@@ -143,6 +143,18 @@ def place(probe: Probe, device: DeviceFacts, cpu: CpuFacts) -> None:
     cpu.numa_binding_available = os.path.isfile(os.path.join(torch_dir, "numa", "binding.py")) if torch_dir else None
 
 
+def _train_wall_s(probe: Probe, compiled: CompileFacts) -> float | None:
+    """Wall seconds since the first training activity, or since the first compile when that came
+    earlier: a model compiled at its first call, before any loader batch or backward the probe
+    sees, would otherwise spend more seconds compiling than the job had run."""
+    if not probe.active:
+        return None
+    since = perf_counter() - probe.wall0
+    if compiled.first_compile_at is not None:
+        since = max(since, time.time() - compiled.first_compile_at)
+    return round(since, 3)
+
+
 def rank_facts(probe: Probe) -> RankFacts:
     """Everything the probe of this process knows, as the contract struct the rules read."""
     torch = probe.torch
@@ -169,6 +181,7 @@ def rank_facts(probe: Probe) -> RankFacts:
             collect.apply_ddp_logging(facts, rec.logging_data)
         ddp_facts.append(facts)
     lr = os.environ.get("LOCAL_RANK")
+    compile_facts = collect.compile_facts()
     return RankFacts(
         rank=rank,
         local_rank=int(lr) if lr and lr.isdigit() else None,
@@ -184,13 +197,13 @@ def rank_facts(probe: Probe) -> RankFacts:
         optimizers=[facts for _, facts in probe.optimizers],
         modules_off_device=off_device,
         embeddings=collect.embedding_facts(torch, roots),
-        compile=collect.compile_facts(),
+        compile=compile_facts,
         cpu=cpu,
         device=device,
         backends=backends,
         env=collect.env_facts(),
         steps=steps,
-        train_wall_s=round(perf_counter() - probe.wall0, 3) if probe.active else None,
+        train_wall_s=_train_wall_s(probe, compile_facts),
         host_syncs_per_step=round(probe.sync_total / len(steps), 3) if steps else None,
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         probe_errors=list(ERRORS.messages),
