@@ -68,3 +68,16 @@ def test_training_busy_share_comes_from_the_threads_counters_when_the_probe_has_
     assert training_busy_pct(steps, 90.0) == 25.0
     assert training_busy_pct([StepTiming(step=0, total_ms=200.0)], 90.0) == 90.0  # no counters: the fallback
     assert training_busy_pct([], None) is None
+
+
+def test_time_blocked_in_collectives_is_not_taken_for_a_slow_store() -> None:
+    """A DDP rank of the pytorch/examples tutorial (2 CPUs, 2 ranks): a 1.4 ms step, 63% of a core
+    busy, 0.15 ms waiting for batches and 0.5 ms blocked in gloo's all-reduce. The idle time is
+    the collective's, not the loading's: CPU-bound loading, PL's formula (it was called
+    latency-bound, with a wait printed as "0 ms")."""
+    latency = advise_loading(2, 2, 1.4, 0.15, 63.0)
+    assert latency.latency_bound and "waited 0.15 ms per step" in latency.why
+    a = advise_loading(2, 2, 1.4, 0.15, 63.0, blocked_ms=0.5)
+    assert not a.latency_bound and a.why.startswith("CPU-bound loading") and a.workers == 1
+    # A rank that blocks in collectives and also waits on a slow store stays latency-bound.
+    assert advise_loading(2, 1, 50.0, 30.0, 10.0, blocked_ms=10.0).latency_bound

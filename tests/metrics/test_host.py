@@ -46,6 +46,24 @@ def test_launch_statistics(tmp_path):
     assert la.kernels_per_step == 10
 
 
+def test_launch_wait_leaves_out_what_earlier_device_work_explains(tmp_path):
+    """HTA's launch delay counts a kernel's wait for its stream's previous kernel and for another
+    stream's kernel it depends on; only the rest is the launch's."""
+    b = TraceBuilder()
+    b.step(1, 0, 2000)
+    b.kernel("long_gemm", 10, 500, stream=7, launch_at=0)  # starts 5 µs after its launch
+    b.kernel("queued_add", 510, 20, stream=7, launch_at=20)  # 485 µs behind long_gemm: explained
+    b.kernel("waits_for_7", 532, 30, stream=8, launch_at=40)  # starts 2 µs after stream 7's end
+    b.kernel("late_alone", 1400, 10, stream=8, launch_at=1000)  # 395 µs with nothing to wait for
+    r = run(b, tmp_path)
+    la = r.launches
+    assert la.launch_delay_ns_p95 > 400_000  # HTA's definition: three late kernels
+    # Waits: 5 µs, 0, 2 µs (the cross-stream event's latency) and 395 µs (late_alone's launch call
+    # ends at 1005 µs): median 3.5 µs, p95 5 + 0.85 x 390 = 336.5 µs (numpy's linear percentile).
+    assert la.launch_wait_ns_median == 3_500
+    assert round(la.launch_wait_ns_p95) == 336_500
+
+
 def test_cpu_only_step_split(tmp_path):
     b = TraceBuilder(device_name=None)
     for n in range(2):
@@ -67,3 +85,44 @@ def test_cpu_only_step_split(tmp_path):
     assert r.metrics.dataloader_exposed_pct == 20.0
     assert r.metrics.comm_pct == 10.0
     assert r.comm_ops[0].name == "gloo:all_reduce"
+
+
+def test_gradient_accumulation_splits_forward_from_backward(tmp_path):
+    """Two micro-batches per step: the second forward, between the two backward passes, is forward
+    time (it used to be backward: one span from the first node to the last), and the engine's gap
+    inside a pass stays backward."""
+    b = TraceBuilder(device_name=None)
+    for n in range(2):
+        t0 = n * 1000
+        b.step(n + 1, t0, 1000)
+        for mb in range(2):
+            m0 = t0 + mb * 400
+            b.op("aten::linear", m0, 150)  # the micro-batch's forward
+            b.op("aten::mul", m0 + 160, 40)  # its child ops are nested: they split nothing
+            b.op("aten::mul", m0 + 170, 20)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", m0 + 200, 80)
+            b.op("aten::mm", m0 + 210, 50)  # a node's child, on the same thread (CPU autograd)
+            b.op("autograd::engine::evaluate_function: MulBackward0", m0 + 300, 60)
+        b.annotation("Optimizer.step#SGD.step", t0 + 850, 100)
+    r = run(b, tmp_path, "all")
+    # Per step: forward 2 x 190 (0..150 and 160..200), backward 2 x 160 (200..360, the engine's
+    # 20 µs gap kept), optimizer 100; the old span (200..760) made it 560 µs of backward.
+    assert r.host.phases_ms == {"data": 0.0, "forward": 0.38, "backward": 0.32, "optimizer": 0.1,
+                                "comm": 0.0, "other": 0.2}
+
+
+def test_an_lbfgs_closures_forward_and_backward_inside_the_optimizer_step(tmp_path):
+    """LBFGS runs its closure (zero_grad, forward, backward) inside Optimizer.step: the passes are
+    backward, the forward after each zero_grad is forward, the rest is the optimizer's own."""
+    b = TraceBuilder(device_name=None)
+    b.step(1, 0, 1000)
+    b.annotation("Optimizer.step#LBFGS.step", 0, 1000)
+    for k in range(2):
+        c0 = 100 + k * 400
+        b.annotation("Optimizer.zero_grad#LBFGS.zero_grad", c0 - 20, 10)
+        b.op("aten::linear", c0, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", c0 + 150, 200)
+    r = run(b, tmp_path, "all")
+    # Forward 2 x 160 (from each zero_grad's end, 90 and 490 µs, to its pass), backward 2 x 200.
+    assert r.host.phases_ms == {"data": 0.0, "forward": 0.32, "backward": 0.4, "optimizer": 0.28,
+                                "comm": 0.0, "other": 0.0}

@@ -151,6 +151,18 @@ def test_ho6_silent_on_fast_launches():
     assert run("HO-6", (r, None)) == []
 
 
+def test_ho6_late_kernels_count_only_the_wait_nothing_earlier_explains():
+    # 145 µs of HTA launch delay with a shallow queue, all of it waiting for earlier device work
+    # (the A100 NCCL trace in tests/data/hta): silent. The same delay left unexplained: info.
+    r = gpu_result()
+    r.launches = LaunchStats(launches=100, launch_ns_p95=12_000.0, launch_delay_ns_p95=145_000.0,
+                             launch_wait_ns_p95=2_300.0, queue_depth_median=0.0)
+    assert run("HO-6", (r, None)) == []
+    r.launches.launch_wait_ns_p95 = 140_000.0
+    got = only(run("HO-6", (r, None)), "HO-6")
+    assert "140 µs after launch" in got.title and got.evidence[0].values["launch_wait_us_p95"] == 140.0
+
+
 def test_ho8_debug_switches():
     f = gpu_facts(env={"CUDA_LAUNCH_BLOCKING": "1"}, backends=BackendFacts(anomaly_detection=True))
     got = only(run("HO-8", (None, f)), "HO-8")

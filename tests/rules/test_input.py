@@ -28,7 +28,7 @@ def test_dl2_fires_on_num_workers_zero_fact():
     got = only(run("DL-2", (input_bound(30.0), f)), "DL-2")
     assert got.remedy == "dataloader.workers" and got.severity == "critical"
     assert 29.0 <= got.recoverable_pct <= 30.0  # 7 workers hide the whole 30 ms behind 70 ms of compute
-    assert "num_workers=7" in got.fix.snippet
+    assert "num_workers=7" in got.fix.snippet and "pin_memory=True" in got.fix.snippet
 
 
 def test_dl2_fires_on_single_process_iterator_in_trace():
@@ -118,6 +118,12 @@ def test_dl2_advises_more_workers_for_latency_bound_loading():
     busy = msgspec_replace(cpu, main_process_cpu_pct=95.0)  # CPU-bound loading: the formula holds
     got = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=busy, steps=steps))), "DL-2")
     assert "num_workers=1" in got.fix.snippet
+    assert "pin_memory" not in got.fix.snippet  # a CPU-only job: pinning only warns
+    # The same idle share spent blocked in collectives (a DDP rank waiting for its peers) is not
+    # a slow store: the loading is CPU-bound and PL's formula holds.
+    blocked = [StepTiming(step=i, total_ms=100.0, dataloader_ms=60.0, comm_ms=40.0) for i in range(12)]
+    got = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=cpu, steps=blocked))), "DL-2")
+    assert "num_workers=1" in got.fix.snippet and "CPU-bound" in got.fix.text
 
 
 def test_dl3_silent_when_workers_wait_on_io():

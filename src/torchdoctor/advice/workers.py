@@ -73,12 +73,14 @@ def worker_cap(cpus: int, local_ranks: int, mem_available_mb: float | None,
 
 def advise_loading(cpus: int, local_ranks: int, step_ms: float | None, wait_ms: float | None,
                    main_cpu_pct: float | None, mem_available_mb: float | None = None,
-                   worker_rss_mb: float | None = None) -> LoadingAdvice:
+                   worker_rss_mb: float | None = None, blocked_ms: float | None = None) -> LoadingAdvice:
     """Workers and prefetch depth for one rank's DataLoader.
 
     ``step_ms`` and ``wait_ms``: the median step and the median wait for a batch in it;
-    ``main_cpu_pct``: the training process's CPU use in percent of one core. The loading is
-    latency-bound when the step's wall time without CPU use (step x (1 - CPU share)) covers at
+    ``main_cpu_pct``: the training process's CPU use in percent of one core; ``blocked_ms``: the
+    median time per step the training thread is known to block on something else than data
+    (inside collectives: a DDP rank waiting for its peers). The loading is latency-bound when the
+    step's wall time without CPU use (step x (1 - CPU share)), less that blocked time, covers at
     least LATENCY_BOUND_IDLE of the wait. CPU-bound (or unknown): PL's formula, torch's default
     prefetch; both are capped by memory when its figures are given. Latency-bound:
     max(PL's formula, ceil(wait / rest of the step)) workers and max(2, the same ratio) batches
@@ -90,14 +92,15 @@ def advise_loading(cpus: int, local_ranks: int, step_ms: float | None, wait_ms: 
     cap, cap_why = worker_cap(cpus, local_ranks, mem_available_mb, worker_rss_mb)
     if not (step_ms and wait_ms and main_cpu_pct is not None and wait_ms > 0):
         return _cpu_bound(pl, formula, cap if mem_known else None, cap_why)
-    idle = max(0.0, step_ms * (1 - main_cpu_pct / 100.0))  # wall time per step with no CPU used
+    # Wall time per step with no CPU used that could be the loading's: not the collectives' waits.
+    idle = max(0.0, step_ms * (1 - main_cpu_pct / 100.0) - (blocked_ms or 0.0))
     if idle < LATENCY_BOUND_IDLE * wait_ms:
         return _cpu_bound(pl, f"CPU-bound loading: {formula}", cap if mem_known else None, cap_why)
     need = math.ceil(wait_ms / max(step_ms - wait_ms, 1.0))
     n = min(max(pl, need), cap)
     prefetch = min(max(DEFAULT_PREFETCH, need), cap)
     why = (f"latency-bound loading (the training process was busy {main_cpu_pct:.0f}% of a core while it "
-           f"waited {wait_ms:.0f} ms per step for data): ceil(wait / rest of the step) = {need}, "
+           f"waited {wait_ms:.3g} ms per step for data): ceil(wait / rest of the step) = {need}, "
            f"at least PL's {pl}, at most {cap} ({cap_why}); prefetch_factor {prefetch}")
     return LoadingAdvice(n, prefetch, why, latency_bound=True)
 
@@ -127,10 +130,11 @@ def training_busy_pct(steps: Sequence[Any], process_cpu_pct: float | None) -> fl
 
 def advise_workers(
     cpus: int, local_ranks: int, step_ms: float | None, wait_ms: float | None, main_cpu_pct: float | None,
-    mem_available_mb: float | None = None, worker_rss_mb: float | None = None,
+    mem_available_mb: float | None = None, worker_rss_mb: float | None = None, blocked_ms: float | None = None,
 ) -> tuple[int, str]:
     """Workers per DataLoader, and why that many (``advise_loading``'s count and sentence)."""
-    a = advise_loading(cpus, local_ranks, step_ms, wait_ms, main_cpu_pct, mem_available_mb, worker_rss_mb)
+    a = advise_loading(cpus, local_ranks, step_ms, wait_ms, main_cpu_pct, mem_available_mb, worker_rss_mb,
+                       blocked_ms)
     return a.workers, a.why
 
 

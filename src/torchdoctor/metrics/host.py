@@ -92,13 +92,52 @@ def syncs(ctx: Context) -> SyncStats:
     )
 
 
+# A kernel that starts within this long after another stream's op ends is taken to have waited
+# for it (cudaStreamWaitEvent on the event recorded after that op): the device's event latency.
+DEPENDENCY_SLACK_NS = 5_000
+
+
+def unexplained_waits(ctx: Context, kp: np.ndarray, launch_end: np.ndarray) -> np.ndarray:
+    """For kernels ``kp`` launched by calls ending at ``launch_end``: the ns between the launch
+    and the kernel's start that earlier device work does not explain.
+
+    Explained: the wait for the previous op (kernel, copy, memset) on the kernel's own stream to
+    end, and for an op on another stream of the same device that ended at most
+    DEPENDENCY_SLACK_NS before the kernel started (a cross-stream dependency). What is left is
+    the device being slow to pick the kernel up: launch latency proper.
+    """
+    tr = ctx.tr
+    work = np.flatnonzero(ctx.device_work)
+    ready = launch_end.astype(np.int64).copy()
+    starts = tr.ts[kp]
+    for dev in np.unique(tr.pid[kp]):
+        on_dev = work[tr.pid[work] == dev]
+        mine = np.flatnonzero(tr.pid[kp] == dev)
+        ends_sorted = np.sort(tr.end[on_dev])
+        # The latest end on the device at or before the start, if close: a dependency (or the
+        # same stream's predecessor, which the loop below finds exactly).
+        j = np.searchsorted(ends_sorted, starts[mine], side="right") - 1
+        near = (j >= 0) & (starts[mine] - ends_sorted[np.maximum(j, 0)] <= DEPENDENCY_SLACK_NS)
+        ready[mine] = np.where(near, np.maximum(ready[mine], ends_sorted[np.maximum(j, 0)]), ready[mine])
+        for stream in np.unique(tr.stream[kp[mine]]):
+            same = on_dev[tr.stream[on_dev] == stream]
+            order = np.argsort(tr.ts[same], kind="stable")
+            s_ts, s_end = tr.ts[same][order], np.maximum.accumulate(tr.end[same][order])
+            sel = mine[tr.stream[kp[mine]] == stream]
+            i = np.searchsorted(s_ts, starts[sel], side="left") - 1  # ops that started before it
+            prev = np.where(i >= 0, s_end[np.maximum(i, 0)], np.iinfo(np.int64).min)
+            ready[sel] = np.maximum(ready[sel], prev)
+    return np.clip(starts - ready, 0, None)
+
+
 def launches(ctx: Context) -> LaunchStats:
     """Kernel launch costs.
 
     Launch = a host call in LAUNCH_APIS (cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel(Ex)
     from Triton, hip*LaunchKernel, cudaGraphLaunch) starting in the window; joined to its kernel by
     correlation id. launch_ns = the call's duration; launch delay = max(0, kernel start − call end)
-    (HTA's definition); a *short kernel* runs shorter on the device than its launch took on the
+    (HTA's definition), and the part of it earlier device work does not explain
+    (``unexplained_waits``: launch_wait_ns); a *short kernel* runs shorter on the device than its launch took on the
     host; queue depth at a launch = kernels launched before it that have not finished yet (≤ 1
     means the device is starved by the host).
     """
@@ -135,6 +174,9 @@ def launches(ctx: Context) -> LaunchStats:
         out.short_kernels_pct = pct(short, int(found.sum()))
         out.launch_delay_ns_median = float(np.median(delay))
         out.launch_delay_ns_p95 = float(np.percentile(delay, 95))
+        wait = unexplained_waits(ctx, kp, tr.end[idx[found]]).astype(np.float64)
+        out.launch_wait_ns_median = float(np.median(wait))
+        out.launch_wait_ns_p95 = float(np.percentile(wait, 95))
         out.queue_depth_median = float(np.median(queued))
         out.queue_le1_pct = pct(int((queued <= 1).sum()), queued.size)
     n_kernels = int((tr.mask(Cat.KERNEL) & (tr.ts >= w.start) & (tr.ts < w.end)).sum())
@@ -142,13 +184,59 @@ def launches(ctx: Context) -> LaunchStats:
     return out
 
 
+def backward_passes(ctx: Context, main: np.ndarray) -> iv.Intervals:
+    """The window's backward passes: each from its first to its last autograd engine node.
+
+    Nodes (``autograd::engine::evaluate_function: ...``, any thread) belong to one pass until an
+    op of the training thread (``main``) starts outside every node: the forward of the
+    next micro-batch under gradient accumulation, or of an LBFGS closure. Those forwards are not
+    backward time, so a step holds as many passes as it called ``backward()``; the engine's own
+    gaps between the nodes of one pass stay inside it.
+    """
+    tr = ctx.tr
+    m = ctx.backward_mask & ctx.in_window
+    nodes = iv.clip(iv.union(tr.ts[m], tr.end[m]), ctx.win.start, ctx.win.end)
+    if nodes[0].size <= 1:
+        return nodes
+    others = main & ~ctx.backward_mask & ctx.in_window
+    # Any nesting level: an annotation around the whole step (or LBFGS's step around its
+    # closures) starts before the gaps it spans, and so splits nothing.
+    starts = np.sort(tr.ts[others])
+    outside = starts[iv.covered_by(starts, starts + 1, nodes) == 0]
+    # A gap [end of node k, start of node k+1) ends the pass when such an op starts inside it.
+    in_gap = np.searchsorted(outside, nodes[0][1:]) - np.searchsorted(outside, nodes[1][:-1])
+    first = np.concatenate([[0], np.flatnonzero(in_gap > 0) + 1])
+    return nodes[0][first], np.maximum.reduceat(nodes[1], first)
+
+
+def closure_forwards(ctx: Context, passes: iv.Intervals) -> iv.Intervals:
+    """Forward time of the closures an optimizer's step runs (LBFGS): inside an ``Optimizer.step#``
+    range that holds backward passes, from the end of the closure's ``Optimizer.zero_grad#`` call
+    to the start of the pass that follows it (the closure of torch's docs: zero_grad, forward,
+    loss, backward). A closure without zero_grad leaves its forward to the optimizer."""
+    tr = ctx.tr
+    opt = ctx.optimizer_mask & ctx.in_window
+    zero = opt & tr.name_mask(lambda n: n.startswith("Optimizer.zero_grad#"))
+    step_ranges = iv.union(tr.ts[opt & ~zero], tr.end[opt & ~zero])
+    if passes[0].size == 0 or not zero.any() or step_ranges[0].size == 0:
+        return iv.EMPTY
+    zero_ends = np.sort(tr.end[zero])
+    j = np.searchsorted(zero_ends, passes[0], side="right") - 1
+    z = zero_ends[np.maximum(j, 0)]
+    after_previous = z >= np.concatenate([[ctx.win.start], passes[1][:-1]])
+    keep = (j >= 0) & after_previous & (z < passes[0])
+    return iv.intersect(iv.union(z[keep], passes[0][keep]), step_ranges)
+
+
 def host_split(ctx: Context) -> tuple[HostBreakdown, list[dict[str, float]]]:
     """Host time of each step split into exclusive phases: data, forward, backward, optimizer, comm, other.
 
     Priority (first match wins): comm (host collective calls: nccl:*, gloo:*, c10d::*), data
-    (DataLoader `__next__`), optimizer (Optimizer.step/zero_grad), backward (from the first to the
-    last autograd engine function of the step, any thread), forward (other traced ops on the step's
-    thread), other (untraced Python, gaps). The phases of a step sum to its duration.
+    (DataLoader `__next__`), backward (the step's backward passes, each from its first to its last
+    autograd engine node, any thread: `backward_passes`), the forwards of closures an optimizer's
+    step runs (`closure_forwards`), optimizer (Optimizer.step/zero_grad, less those closures'
+    passes and forwards), forward (other traced ops on the step's thread), other (untraced
+    Python, gaps). The phases of a step sum to its duration.
     Returns the median ms per phase over the window's steps, shares of the window, and per-step ms.
     """
     tr = ctx.tr
@@ -158,21 +246,20 @@ def host_split(ctx: Context) -> tuple[HostBreakdown, list[dict[str, float]]]:
     comm = ctx.clipped_union(ctx.comm_host_mask)
     data = ctx.dataloader
     opt = ctx.clipped_union(ctx.optimizer_mask)
-    bwd_idx = np.flatnonzero(ctx.backward_mask & ctx.in_window)
     main = ctx.host & (tr.tid == ctx.main_tid) & tr.mask(Cat.CPU_OP, Cat.USER_ANNOTATION)
     main &= ~tr.name_mask(lambda n: n.startswith("ProfilerStep#"))
+    bwd = backward_passes(ctx, main)
+    closures = closure_forwards(ctx, bwd)
     fwd_all = ctx.clipped_union(main)
     rows: list[dict[str, float]] = []
     for s in steps:
-        b = bwd_idx[(tr.ts[bwd_idx] >= s.start) & (tr.ts[bwd_idx] < s.end)]
-        bwd = (np.array([tr.ts[b].min()]), np.array([min(tr.end[b].max(), s.end)])) if b.size else iv.EMPTY
         remaining = (np.array([s.start], np.int64), np.array([s.end], np.int64))
         row: dict[str, float] = {}
-        for phase, cover in (("comm", comm), ("data", data), ("optimizer", opt), ("backward", bwd),
-                             ("forward", fwd_all)):
+        for phase, cover in (("comm", comm), ("data", data), ("backward", bwd), ("forward", closures),
+                             ("optimizer", opt), ("forward", fwd_all)):
             got = iv.total(iv.intersect(remaining, cover))
             remaining = iv.subtract(remaining, cover)
-            row[phase] = got / 1e6
+            row[phase] = row.get(phase, 0.0) + got / 1e6
         row["other"] = iv.total(remaining) / 1e6
         rows.append({p: round(row[p], 4) for p in HOST_PHASES})
     med = {p: round(float(np.median([r[p] for r in rows])), 4) for p in HOST_PHASES}

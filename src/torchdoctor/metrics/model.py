@@ -119,6 +119,10 @@ class LaunchStats(msgspec.Struct):
     short_kernels_pct: float | None = None
     launch_delay_ns_median: float | None = None
     launch_delay_ns_p95: float | None = None
+    # The part of the launch delay that no earlier device work explains: not the wait for the
+    # previous op on the kernel's stream, nor for another stream's op it depends on (metrics/host.py).
+    launch_wait_ns_median: float | None = None
+    launch_wait_ns_p95: float | None = None
     queue_depth_median: float | None = None
     # Share of launches that found at most one kernel queued: the device starves.
     queue_le1_pct: float | None = None

@@ -65,7 +65,8 @@ def workers_for(jf: JobFacts) -> tuple[int, str]:
     """Workers per DataLoader for this job, and why that many (advice.workers.advise_workers)."""
     f = jf.first
     busy = training_busy_pct(f.steps[2:], f.cpu.main_process_cpu_pct) if f else None
-    return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"), busy)
+    return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"), busy,
+                          blocked_ms=jf.median("comm_ms"))
 
 
 def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:

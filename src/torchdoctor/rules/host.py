@@ -420,7 +420,11 @@ def launch_outliers(inputs: RuleInputs) -> list[Finding]:
             return None
         ls = v.r.launches
         slow_calls = (ls.launch_ns_p95 or 0) > RUNTIME_CUTOFF_NS
-        late = (ls.launch_delay_ns_p95 or 0) > LAUNCH_DELAY_CUTOFF_NS and (ls.queue_depth_median or 0) <= 1
+        # HTA's launch delay counts a kernel's wait for its stream's previous op or another
+        # stream's op it depends on; only the unexplained part is the launch's (older summaries
+        # have no such part: the delay stands).
+        waited = ls.launch_wait_ns_p95 if ls.launch_wait_ns_p95 is not None else ls.launch_delay_ns_p95
+        late = (waited or 0) > LAUNCH_DELAY_CUTOFF_NS and (ls.queue_depth_median or 0) <= 1
         if not (slow_calls or late):
             return None
         return finding(
@@ -428,12 +432,15 @@ def launch_outliers(inputs: RuleInputs) -> list[Finding]:
             "Kernel launches stall: " + ("5% of launch calls take over "
                                          f"{(ls.launch_ns_p95 or 0) / 1e3:.0f} µs" if slow_calls else "")
             + (" and " if slow_calls and late else "")
-            + (f"kernels start {(ls.launch_delay_ns_p95 or 0) / 1e3:.0f} µs after launch with an empty queue" if late else "")
+            + (f"kernels start {(waited or 0) / 1e3:.0f} µs after launch with an empty queue and "
+               "nothing earlier on the device to wait for" if late else "")
             + ".", 0.0, sev="info",
             evidence=[Evidence(f"Launch call p95 {(ls.launch_ns_p95 or 0) / 1e3:.0f} µs (HTA cutoff 50), launch delay "
-                               f"p95 {(ls.launch_delay_ns_p95 or 0) / 1e3:.0f} µs (cutoff 100), median queue depth "
+                               f"p95 {(ls.launch_delay_ns_p95 or 0) / 1e3:.0f} µs (cutoff 100), of which no earlier "
+                               f"device work explains {(waited or 0) / 1e3:.0f} µs, median queue depth "
                                f"{ls.queue_depth_median}.", {"launch_us_p95": round((ls.launch_ns_p95 or 0) / 1e3, 1),
                                                          "launch_delay_us_p95": round((ls.launch_delay_ns_p95 or 0) / 1e3, 1),
+                                                         "launch_wait_us_p95": round((waited or 0) / 1e3, 1),
                                                          "queue_depth_median": ls.queue_depth_median})],
             fix=Fix("Look for allocator calls (cudaMalloc/cudaFree), cross-stream waits and GIL contention "
                     "around the slow launches."),

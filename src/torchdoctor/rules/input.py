@@ -135,7 +135,8 @@ def advised_workers(v: View) -> tuple[int, str]:
     step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
     wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
     busy = training_busy_pct(timed, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
-    return advise_workers(cpus, lws, step, wait, busy)
+    blocked = float(np.median([s.comm_ms for s in timed])) if timed else None
+    return advise_workers(cpus, lws, step, wait, busy, blocked_ms=blocked)
 
 
 def suggested_workers(v: View) -> int:
@@ -182,6 +183,12 @@ def _dl_evidence(v: View, wait: float) -> list[Evidence]:
                            {"worst_step": worst.step, "worst_wait_ms": worst.dataloader_exposed_ms},
                            items + [{"step": worst.step, "ts_ns": worst.start_ns}]))
     return ev
+
+
+def _pin(v: View) -> str:
+    """The snippet's pin_memory argument: only for a model on an accelerator (on a CPU-only job
+    pinning does nothing but print torch's "no accelerator is found" warning)."""
+    return " pin_memory=True," if v.accel else ""
 
 
 def _call_site(v: View) -> str:
@@ -247,7 +254,7 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
             gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).",
                                                                  {"advised_workers": n})],
             fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} ({how}), then tune.",
-                    f"DataLoader(dataset, batch_size=..., num_workers={n}, pin_memory=True,\n"
+                    f"DataLoader(dataset, batch_size=..., num_workers={n},{_pin(v)}\n"
                     f"           persistent_workers=True, prefetch_factor=2)"),
             confidence="high" if v.f is not None else "medium",
             confirm="" if v.f is not None else "run under `torchdoctor run` to read the DataLoader settings",
@@ -311,7 +318,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             rest, evidence=evidence,
             fix=Fix(fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
                     "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)" if epoch_bound else
-                    "DataLoader(dataset, num_workers=N, pin_memory=True, persistent_workers=True)"),
+                    f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
             remedy=None if nw == 0 or epoch_bound else "dataloader.workers",
