@@ -142,6 +142,10 @@ def test_unknown_accelerator_is_named(tmp_path):
 def test_category_scan_is_exact_across_block_boundaries(tmp_path):
     path = range_profiler_trace(tmp_path / "t.json")
     doc = json.loads(path.read_text())
+    # A key that ends in an escaped `"cat` is no category (it reads `"x\\"cat": "fake"` in the file).
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1,
+                               "ts": 1.0, "dur": 1.0, "args": {'x"cat': "fake"}})
+    path.write_text(json.dumps(doc))
     want: dict[str, int] = {}
     for e in doc["traceEvents"]:
         if "cat" in e:

@@ -59,6 +59,35 @@ def test_epoch_scale_timestamps_keep_nanoseconds(tmp_path):
     assert sorted(tr.dur.tolist()) == [3, 1500, 5000]
 
 
+def test_vectorised_exact_timestamps_match_the_one_by_one_parse():
+    """raw_ts_to_ns (numpy string functions) gives _raw_to_ns's ns for every text, and reads a
+    value outside int64 as missing (one by one it raised OverflowError)."""
+    import random
+
+    import msgspec
+
+    texts = [b"5611579153203.755", b"1712195495519689.047", b"0", b"12", b"1.5", b"1.9999", b"1.99949",
+             b"7.0005", b"-3.25", b"1e3", b"1.5E3", b"", b"1.", b".5", b"1.2.3", b" 1.5", b"1.2345678",
+             b"9223372036854775.807", b"9223372036854775.808", b"99999999999999999.9999",
+             b"123456789012345678.123", b"0000000000000000001.5", b"1" * 45]
+    rnd = random.Random(0)
+    for _ in range(5000):
+        whole = str(rnd.randrange(0, 10 ** rnd.randrange(1, 19)))
+        decimals = "".join(rnd.choice("0123456789") for _ in range(rnd.randrange(0, 7)))
+        texts.append((whole + ("." + decimals if rnd.random() < 0.8 else "")).encode())
+    raws = [msgspec.Raw(t) for t in texts]
+
+    def one(raw):
+        ns = decode._raw_to_ns(raw)
+        return ns if -(2**63) < ns < 2**63 else decode._MISSING_NS
+
+    got = decode.raw_ts_to_ns(raws)
+    assert got.tolist() == [one(r) for r in raws]
+    assert got[0] == 5611579153203755 and got[6] == 1_999 and got[5] == 2_000  # the 4th decimal rounds
+    assert got[17] == 2**63 - 1
+    assert got[18] == decode._MISSING_NS  # 9223372036854775808 ns: past int64
+
+
 def test_integer_epoch_microseconds_scale_exactly(tmp_path):
     b = TraceBuilder()
     b.op("aten::add", 1661203462598738, 19)
