@@ -25,6 +25,7 @@ from torchdoctor.probe import core, output
 from torchdoctor.report.console import print_report
 from torchdoctor.report.html import render_html
 from torchdoctor.session import analyze_paths, report_from_run_dir, scan_categories
+from torchdoctor.trace.load import load_trace
 
 
 def host_steps(b: TraceBuilder, n: int = 4, dur: float = 1000.0) -> TraceBuilder:
@@ -123,6 +124,20 @@ def test_range_profiler_trace_says_counters_not_timeline(tmp_path):
     assert "hardware counters" in spot["text"] and "not a timeline" in spot["text"]
     assert rep.healthy is None
     assert main(["analyze", str(tmp_path / "t.json.gz"), "-q"]) == EXIT_BLIND
+
+
+def test_the_sight_reads_the_categories_counted_while_decoding(tmp_path, monkeypatch):
+    """No second pass over the file: the decoder's counts give the same blind spot."""
+    import torchdoctor.session as session
+
+    def no_rescan(*_args, **_kwargs):
+        raise AssertionError("the file was scanned again")
+
+    monkeypatch.setattr(session, "scan_categories", no_rescan)
+    path = range_profiler_trace(tmp_path / "t.json.gz")
+    tr = load_trace(str(path))
+    assert tr.categories["cuda_profiler_range"] == 6
+    assert session.trace_sight(tr).range_events == 6
 
 
 # --- 3. unknown accelerator ----------------------------------------------------------------------

@@ -89,11 +89,15 @@ def trace_sight(tr: RankTrace) -> TraceSight:
     device_rows = (tr.cat == Cat.OTHER) & (tr.pid >= 0) & ~np.isin(tr.pid, np.unique(tr.pid[host]))
     if sight.device_events and not device_rows.any():
         return sight
-    try:
-        cats = scan_categories(tr.path)
-    except (OSError, EOFError, ValueError) as e:  # the analysis stands; say what was not checked
-        sight.problem = f"range-profiler and unknown-device events not checked: {type(e).__name__}: {e}"
-        return sight
+    cats: dict[str, int] | Counter[str]
+    if tr.categories is not None:  # counted while decoding: no second pass over the file
+        cats = tr.categories
+    else:
+        try:
+            cats = scan_categories(tr.path)
+        except (OSError, EOFError, ValueError) as e:  # the analysis stands; say what was not checked
+            sight.problem = f"range-profiler and unknown-device events not checked: {type(e).__name__}: {e}"
+            return sight
     sight.range_events = sum(n for c, n in cats.items() if c.lower() in RANGE_CATEGORIES)
     if device_rows.any():
         sight.unknown_device = {c: n for c, n in sorted(cats.items()) if c.lower() not in CATEGORY_NAMES

@@ -227,6 +227,8 @@ class Columns:
     # The device allocator's `[memory]` records, per piece: (ts ns, bytes, allocated, reserved, device id).
     memory: list[np.ndarray] = field(default_factory=list)
     unknown_cats: dict[str, int] = field(default_factory=dict)
+    # Complete events per category name as the file writes it (set by finish).
+    category_counts: dict[str, int] = field(default_factory=dict)
     dec: Decoders = FAST
     # Set when float timestamps were too large for ns precision: the file is decoded again exactly.
     needs_exact: bool = False
@@ -459,6 +461,7 @@ class Columns:
         for c, i in self.cats.items():
             code_of[i] = int(CATEGORY_NAMES.get(c.lower(), Cat.OTHER))
         counts = np.bincount(cols[0], minlength=len(self.cats))
+        self.category_counts = {c: int(counts[i]) for c, i in self.cats.items() if counts[i]}
         for c, i in self.cats.items():
             if code_of[i] == Cat.OTHER and c not in IGNORED_CATEGORIES and counts[i]:
                 self.unknown_cats[c] = int(counts[i])

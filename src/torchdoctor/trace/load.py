@@ -112,7 +112,7 @@ def load_trace(path: str, jobs: int = 1) -> RankTrace:
         world_size=ws if isinstance(ws, int) else None,
         backend=backend if isinstance(backend, str) else None,
         device_name=_device_name(props), device_properties=props, warnings=warnings,
-        instant_events=cols.instants, memory=memory,
+        instant_events=cols.instants, memory=memory, categories=cols.category_counts,
     )
 
 
