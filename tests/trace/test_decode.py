@@ -86,6 +86,14 @@ def test_vectorised_exact_timestamps_match_the_one_by_one_parse():
     assert got[0] == 5611579153203755 and got[6] == 1_999 and got[5] == 2_000  # the 4th decimal rounds
     assert got[17] == 2**63 - 1
     assert got[18] == decode._MISSING_NS  # 9223372036854775808 ns: past int64
+    # One shape for all (a trace's timestamps): the digit-matrix path, and its way out when one
+    # text differs in sign, exponent or place of the point.
+    for odd in (None, b"-712195495519689.047", b"1712195495519689e047", b"17121954955196.89047"):
+        same = [b"17121954955196%02d.%03d" % (i % 100, (7 * i) % 1000) for i in range(200)]
+        if odd is not None:
+            same[57] = odd
+        raws = [msgspec.Raw(t) for t in same]
+        assert decode.raw_ts_to_ns(raws).tolist() == [one(r) for r in raws]
 
 
 def test_integer_epoch_microseconds_scale_exactly(tmp_path):

@@ -631,13 +631,46 @@ _MAX_WHOLE_US = (np.iinfo(np.int64).max - 1000) // 1000
 def raw_ts_to_ns(raws: list[msgspec.Raw]) -> np.ndarray:
     """`_raw_to_ns` of every text in ``raws``, vectorised with numpy's string functions. Modern
     Kineto writes every timestamp as µs with ns decimals, so this runs on each event of such a
-    trace (6.4 M events: 12.8 s one by one, ~2.6x less this way). Rows that are not plain
+    trace (6.4 M events: 12.8 s one by one, about 5x less this way). Rows that are not plain
     ``digits[.digits]`` within int64's range go through ``_raw_to_ns`` one by one.
     """
     n = len(raws)
     if n == 0:
         return np.zeros(0, np.int64)
-    texts = np.array(list(map(bytes, raws)))
+    texts = list(map(bytes, raws))
+    same = _same_shape_ts_to_ns(texts)
+    if same is not None:
+        return same
+    return _any_shape_ts_to_ns(raws, np.array(texts))
+
+
+def _same_shape_ts_to_ns(texts: list[bytes]) -> np.ndarray | None:
+    """The common case, all texts ``digits.digits`` of one length with the point in one place
+    (a trace's timestamps): a digit matrix and a dot product. None when the texts differ."""
+    first = texts[0]
+    width, point = len(first), first.find(b".")
+    if not 1 <= point <= 16 or width > 40 or len(set(map(len, texts))) != 1:
+        return None
+    m = np.frombuffer(b"".join(texts), np.uint8).reshape(len(texts), width)
+    digits = np.delete(m, point, axis=1) - np.uint8(48)  # uint8: a non-digit wraps to >= 10
+    if not ((m[:, point] == 46).all() and (digits < 10).all()):
+        return None
+    d = digits.astype(np.int64)
+    whole = d[:, :point] @ (10 ** np.arange(point - 1, -1, -1, dtype=np.int64))
+    if (whole > _MAX_WHOLE_US).any():
+        return None
+    decimals = width - point - 1
+    ns = whole * 1000
+    for k in range(min(decimals, 3)):  # the first three decimals are the ns
+        ns += d[:, point + k] * 10 ** (2 - k)
+    if decimals > 3:  # the fourth rounds half up, as `_raw_to_ns`
+        ns += d[:, point + 3] >= 5
+    return ns
+
+
+def _any_shape_ts_to_ns(raws: list[msgspec.Raw], texts: np.ndarray) -> np.ndarray:
+    """`raw_ts_to_ns` for texts of any shape, with numpy's string functions."""
+    n = len(raws)
     if texts.dtype.kind != "S" or texts.dtype.itemsize > 40:
         return _raw_to_ns_each(raws, np.ones(n, bool), np.zeros(n, np.int64))
     whole, point, frac = _strings.partition(texts, b".")
