@@ -1,5 +1,6 @@
-"""An optimizer that runs forward and backward inside ``step(closure)`` (LBFGS): the step is the
-optimizer's step, from the first one on, and the profiler window records it once."""
+"""What marks a step when optimizers are unusual: one that runs forward and backward inside
+``step(closure)`` (LBFGS), and several optimizers, alternating (a GAN) or one after the other
+(layer-wise training)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,35 @@ def test_lbfgs_steps_are_optimizer_steps_and_the_window_is_recorded_once(tmp_pat
     probed = sorted(row["backward_ms"] for row in facts["steps"] if row["step"] >= 1)
     assert backward > 0.25 * traced["dur_ms"]
     assert 0.3 * probed[0] < backward < 3 * probed[-1] + 20
+
+
+SEVERAL = """
+import torch
+
+torch.manual_seed(0)
+x = torch.randn(256, 32)
+a, b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.01), torch.optim.SGD(b.parameters(), lr=0.01)
+for _ in range(6):  # alternating, as a GAN's two optimizers: one step each per iteration
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+for _ in range(8):  # then b alone, as layer-wise training moves on to the next layer
+    b(x).pow(2).mean().backward()
+    opt_b.step()
+    opt_b.zero_grad()
+print("ok")
+"""
+
+
+def test_the_optimizer_that_keeps_stepping_marks_the_steps(tmp_path):
+    """Alternating optimizers: the first marks the steps (0-5). Then only the second steps: at its
+    second step in a row (the last alternating one counts) it takes over and marks steps 6-13, so
+    its 8 steps are not one long last step (they were: the first optimizer never stepped again)."""
+    result = run_wrapped(tmp_path / "run", script(tmp_path, SEVERAL), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    (entry,) = load_run(tmp_path / "run")["ranks"]
+    facts = entry["facts"]
+    assert facts["step_source"] == "optimizer"
+    assert facts["last_step"] == 13 and len(facts["steps"]) == 14

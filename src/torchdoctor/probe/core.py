@@ -56,6 +56,9 @@ class Probe:
         self.sites: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
+        # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).
+        self.other_opt: weakref.ref[Any] | None = None
+        self.other_steps = 0
         self.ddps: list[summary.DDPRecord] = []
         self.roots: list[weakref.ref[Any]] = []  # top-level modules whose forward is timed
         # (module, pre-hook id, forward-hook id) of the hooks on them, to take off around a save.

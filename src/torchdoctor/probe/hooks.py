@@ -48,6 +48,8 @@ from torchdoctor.probe.errors import ERRORS, fault_point
 from torchdoctor.probe.summary import DDPRecord, LoaderRecord, code_of
 
 _MAX_LOADERS = 20
+# Steps in a row another optimizer takes, the step-marking one taking none, before it marks steps.
+_TAKE_OVER_STEPS = 2
 BROKEN = ERRORS.broken
 
 
@@ -365,9 +367,18 @@ def _optimizer(probe: Probe) -> None:
         if start is not None:
             nested = clock_acc[Phase.FORWARD] + clock_acc[Phase.BACKWARD] - start[1]
             probe.clock.add(Phase.OPTIMIZER, max(0.0, now - start[0] - nested))
-        if probe.primary_optimizer is None or probe.primary_optimizer() is None:
-            probe.primary_optimizer = weakref.ref(opt)
-        if probe.primary_optimizer() is opt:  # with several optimizers, the first one marks steps
+        primary = probe.primary_optimizer() if probe.primary_optimizer is not None else None
+        if primary is not opt:
+            # With several optimizers, one marks steps: the first, while it keeps stepping (a
+            # GAN's generator and discriminator alternate). One that steps twice while the
+            # marker does not takes over: training moved on to it (layer by layer, or stages).
+            same = probe.other_opt is not None and probe.other_opt() is opt
+            probe.other_steps = probe.other_steps + 1 if same else 1
+            probe.other_opt = weakref.ref(opt)
+            if primary is None or probe.other_steps >= _TAKE_OVER_STEPS:
+                probe.primary_optimizer, primary = weakref.ref(opt), opt
+        if primary is opt:
+            probe.other_steps, probe.other_opt = 0, None
             probe.boundary(Source.OPTIMIZER, now)
 
     optim.register_optimizer_step_pre_hook(_guard("optimizer.pre", pre))
