@@ -114,7 +114,17 @@ def test_a_discarded_window_takes_its_working_child_and_files_with_it(tmp_path):
     stays behind, so the next window's trace and analysis cannot be mixed with it."""
     raw, gz, pending, analysis = postprocess.paths(str(tmp_path), 0)
     raw_trace(tmp_path)
-    working = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A process that took a dead child's pid is left alone: only one running this module is killed.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(pending, "w") as f:
+        f.write(str(stranger.pid))
+    postprocess.discard(str(tmp_path), 0)
+    assert stranger.poll() is None
+    stranger.kill()
+    stranger.wait()
+    raw_trace(tmp_path)
+    sleep = "import time; time.sleep(60)"
+    working = subprocess.Popen([sys.executable, "-c", sleep, "torchdoctor.probe.postprocess"])
     with open(pending, "w") as f:
         f.write(str(working.pid))
     os.makedirs(os.path.dirname(analysis))

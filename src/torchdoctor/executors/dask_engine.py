@@ -5,11 +5,11 @@ driver, 1.38x (benchmarks/results/scale.md). Turning off work stealing and the w
 monitor changed nothing measurable (512 ranks: 16.9 s with, 17.5 s without).
 
 `address` None starts a local cluster for the run: one single-threaded worker process per CPU (the
-decoder holds the GIL), no dashboard. On Linux its workers are forked from this process (Dask's
-`multiprocessing-method` "fork", as the local executor's are) rather than spawned: a spawned worker
-imports Python, Dask and torchdoctor afresh, 0.6 s of a 64-rank run's 3.2 s on 2 CPUs, and a forked one
-also inherits the allocator setting `cmd_analyze` made (`advice.host_allocator`). A method set in the
-user's Dask config other than the default "spawn" is kept.
+decoder holds the GIL), no dashboard. Its workers are spawned (Dask's default `multiprocessing-method`),
+not forked: forking saved 0.45 s of start-up (0.16 s against 0.61 s on 2 CPUs), but the cluster's
+event-loop thread runs while the workers start, and a worker forked while that thread held a lock
+waited on it forever (seen once in a full test-suite run on 2026-12-05: the worker's main thread
+blocked in a lock acquire, the cluster's start hung). The user's Dask config decides otherwise.
 
 A worker that dies takes down every task it was processing, the one that killed it and the ones queued
 beside it, and Dask counts that death against all of them. So the local cluster gives up on them at
@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 
 from . import ExecutorError
 from .task import Keep, Task, TaskOutcome, batch_size, decode, failed, lost, run_batch, run_task, same
-
-_START_METHOD = "distributed.worker.multiprocessing-method"
 
 
 @contextlib.contextmanager
@@ -60,8 +57,6 @@ def _client(address: str | None, workers: int):
         if address:
             return Client(address, timeout="20s"), None
         settings: dict[str, object] = {"distributed.scheduler.allowed-failures": 0}
-        if sys.platform.startswith("linux") and dask.config.get(_START_METHOD, "spawn") == "spawn":
-            settings[_START_METHOD] = "fork"
         with dask.config.set(settings), _interrupts_left_to_this_process():
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None, silence_logs=50)

@@ -110,7 +110,7 @@ def discard(run_dir: str, rank: int) -> None:
     raw, gz, pending, analysis = paths(run_dir, rank)
     with contextlib.suppress(OSError, ValueError), open(pending, encoding="utf-8") as f:
         pid = int(f.read().strip() or 0)
-        if pid > 0:
+        if pid > 0 and _is_our_child(pid):
             os.kill(pid, signal.SIGKILL)
     folder = os.path.dirname(gz)
     leftovers = [raw, gz, pending, analysis, _log_path(raw)]
@@ -120,6 +120,18 @@ def discard(run_dir: str, rank: int) -> None:
     for path in leftovers:
         with contextlib.suppress(OSError):
             os.remove(path)
+
+
+def _is_our_child(pid: int) -> bool:
+    """Whether ``pid`` still runs this module (not a process that reused a dead child's pid);
+    True where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"torchdoctor.probe.postprocess" in f.read()
+    except FileNotFoundError:
+        return False  # gone already
+    except OSError:
+        return True
 
 
 def settle(run_dir: str, timeout_s: float = 300.0) -> None:
