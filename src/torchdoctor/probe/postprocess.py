@@ -124,10 +124,12 @@ def discard(run_dir: str, rank: int) -> None:
 
 def _is_our_child(pid: int) -> bool:
     """Whether ``pid`` still runs this module (not a process that reused a dead child's pid);
-    True where /proc cannot tell."""
+    True where /proc cannot tell, and while the command line is still empty: a child that has
+    just called execve has no arguments mapped yet (the suite caught that window)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"torchdoctor.probe.postprocess" in f.read()
+            cmdline = f.read()
+        return not cmdline or b"torchdoctor.probe.postprocess" in cmdline
     except FileNotFoundError:
         return False  # gone already
     except OSError:
