@@ -227,3 +227,32 @@ def test_dataloader_workers_keep_the_probe_quiet(tmp_path):
     job = script(tmp_path, WORKERS_JOB)
     result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == "fork True\nspawn True\n", result.stderr
+
+
+SYNCS_AROUND_THE_LOOP = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(96, 8), torch.randint(0, 4, (96,))), batch_size=8)
+x, y = next(iter(loader))  # the first training activity: the probe counts syncs from here
+labels = [v.item() for v in torch.randint(0, 4, (500,))]  # set-up, one conversion per sample
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:  # 12 steps, one loss.item() each
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    loss.item()
+scores = [v.item() for v in model(torch.randn(200, 8)).argmax(1)]  # evaluation after the loop
+print("ok")
+"""
+
+
+def test_syncs_per_step_count_the_loop_not_its_set_up_or_evaluation(tmp_path):
+    """pytorch/examples mnist_forward_forward converts 5,000 labels one by one before training:
+    "51 host syncs per step" for a loop that makes one every 10 steps."""
+    result = run_wrapped(tmp_path / "run", script(tmp_path, SYNCS_AROUND_THE_LOOP), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    assert facts_of(tmp_path / "run")["host_syncs_per_step"] == 1.0

@@ -124,6 +124,12 @@ def test_dl2_advises_more_workers_for_latency_bound_loading():
     blocked = [StepTiming(step=i, total_ms=100.0, dataloader_ms=60.0, comm_ms=40.0) for i in range(12)]
     got = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=cpu, steps=blocked))), "DL-2")
     assert "num_workers=1" in got.fix.snippet and "CPU-bound" in got.fix.text
+    # DDP's comm time is only read on the iterations it samples (1-10, then 2 in every 100): the
+    # steps between read 0, and a median over all of them said nothing was blocked.
+    sampled = [StepTiming(step=i, total_ms=100.0, dataloader_ms=60.0, comm_ms=40.0 if i < 12 else 0.0)
+               for i in range(60)]
+    got = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=cpu, steps=sampled))), "DL-2")
+    assert "num_workers=1" in got.fix.snippet and "CPU-bound" in got.fix.text
 
 
 def test_dl3_silent_when_workers_wait_on_io():

@@ -67,6 +67,8 @@ class Probe:
         self.roots_attached = False
         self.sync_sites: Counter[tuple[str, int]] = Counter()
         self.sync_total = 0
+        # sync_total when step 0 closed, when the last step closed, and the steps in between.
+        self.sync_base = self.sync_upto = self.sync_steps = 0
         self.autocast_dtype: str | None = None
         # Nesting depths and start times of the phases in progress.
         self.next_depth = 0
@@ -205,6 +207,13 @@ class Probe:
 
     def _after_step(self, closed: int) -> None:
         self.last_step = closed
+        # Syncs per step count the steps after step 0 only: step 0's start-up and whatever runs
+        # after the last step (evaluation, a per-sample loop before training) are not the loop's.
+        if closed == 0:
+            self.sync_base, self.sync_steps = self.sync_total, 0
+        elif not self.window_active:  # the window's steps count no syncs (on_sync)
+            self.sync_steps += 1
+        self.sync_upto = self.sync_total
         self._write_progress()
         if closed == 0 and not self.roots_attached:
             # Once: step 0 closes again when a better step source folds the first steps into it.
@@ -387,6 +396,7 @@ class Probe:
         self.window = None  # the profiler session belongs to the parent
         self.sync_sites = Counter()
         self.sync_total = 0
+        self.sync_base = self.sync_upto = self.sync_steps = 0
         self.next_depth = self.fwd_depth = self.bwd_depth = self.loader_setup = 0
         self.optimizer_depth = 0
         self.current_loader = self.last_iter = self.last_iter_record = None

@@ -143,6 +143,15 @@ def place(probe: Probe, device: DeviceFacts, cpu: CpuFacts) -> None:
     cpu.numa_binding_available = os.path.isfile(os.path.join(torch_dir, "numa", "binding.py")) if torch_dir else None
 
 
+def _syncs_per_step(probe: Probe, steps: list) -> float | None:
+    """Host syncs per step of the training loop: those counted between the end of step 0 and the
+    end of the last step, over the steps after step 0 (the window's excluded, as its syncs are).
+    Without such steps: every sync over the steps recorded."""
+    if probe.sync_steps:
+        return round((probe.sync_upto - probe.sync_base) / probe.sync_steps, 3)
+    return round(probe.sync_total / len(steps), 3) if steps else None
+
+
 def _train_wall_s(probe: Probe, compiled: CompileFacts) -> float | None:
     """Wall seconds since the first training activity, or since the first compile when that came
     earlier: a model compiled at its first call, before any loader batch or backward the probe
@@ -204,7 +213,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         env=collect.env_facts(),
         steps=steps,
         train_wall_s=_train_wall_s(probe, compile_facts),
-        host_syncs_per_step=round(probe.sync_total / len(steps), 3) if steps else None,
+        host_syncs_per_step=_syncs_per_step(probe, steps),
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         probe_errors=list(ERRORS.messages),
         trace_file=probe.trace_file,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers, training_busy_pct
 from ..facts import RankFacts
+from ..rules._common import sampled_comm_median
 from ..rules.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
 
@@ -66,7 +67,7 @@ def workers_for(jf: JobFacts) -> tuple[int, str]:
     f = jf.first
     busy = training_busy_pct(f.steps[2:], f.cpu.main_process_cpu_pct) if f else None
     return advise_workers(jf.cpus, jf.local_ranks, jf.median("total_ms"), jf.median("dataloader_ms"), busy,
-                          blocked_ms=jf.median("comm_ms"))
+                          blocked_ms=sampled_comm_median([s for r in jf.ranks for s in r.steps[2:]]))
 
 
 def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:

@@ -80,7 +80,7 @@ def exposed_comm_ms(v: View) -> float:
     d = ddp(v)
     if d is not None and d.avg_backward_comm_time_ns is not None:
         return max(0.0, (d.avg_backward_comm_time_ns - (d.avg_backward_compute_comm_overlap_time_ns or 0)) / 1e6)
-    return v.facts_median("comm_ms") or 0.0
+    return v.comm_median() or 0.0
 
 
 def hideable_ms(v: View) -> float:
@@ -183,7 +183,7 @@ def facts_waits(inputs: RuleInputs) -> dict[int, float]:
     if "facts_waits" not in inputs.memo:
         out = {}
         for ri, v in zip(inputs.ranks, views(inputs), strict=True):
-            if not ri.has_result and v.rank is not None and (w := v.facts_median("comm_ms")) is not None:
+            if not ri.has_result and v.rank is not None and (w := v.comm_median()) is not None:
                 out[v.rank] = w
         inputs.memo["facts_waits"] = out if len(out) >= 2 else {}
     return inputs.memo["facts_waits"]

@@ -23,6 +23,7 @@ from ._common import (
     handoff_share,
     pageable_h2d_idle_ms,
     per_rank,
+    sampled_comm_median,
     tops_text,
     ts_item,
     worker_loader,
@@ -135,7 +136,7 @@ def advised_workers(v: View) -> tuple[int, str]:
     step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
     wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
     busy = training_busy_pct(timed, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
-    blocked = float(np.median([s.comm_ms for s in timed])) if timed else None
+    blocked = sampled_comm_median(timed) if timed else None
     return advise_workers(cpus, lws, step, wait, busy, blocked_ms=blocked)
 
 
