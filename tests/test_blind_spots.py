@@ -84,6 +84,20 @@ def test_cpu_only_machine_with_steps_can_be_healthy(tmp_path):
     assert "No findings: nothing in this run points to lost accelerator time." in console_text(rep)
 
 
+def test_one_step_without_a_trace_is_no_healthy_verdict():
+    """A one-step job (pytorch/examples distributed/ddp) leaves only step 0, start-up, and no
+    window: it was called healthy."""
+    from torchdoctor.facts import RankFacts, StepTiming
+    from torchdoctor.rules.engine import RankInputs
+    from torchdoctor.session import verdict_gap
+
+    one = RankInputs(0, facts=RankFacts(rank=0, steps=[StepTiming(step=0, total_ms=900.0)]))
+    assert "only step 0" in verdict_gap(one)
+    two = RankInputs(0, facts=RankFacts(rank=0, steps=[StepTiming(step=0, total_ms=900.0),
+                                                       StepTiming(step=1, total_ms=9.0)]))
+    assert verdict_gap(two) is None
+
+
 def test_gpu_trace_with_kernels_has_no_blind_spot(tmp_path):
     rep = analyze_paths([str(gpu_steps(TraceBuilder()).write(tmp_path / "t.json"))])
     assert rep.blind_spots == []

@@ -544,6 +544,8 @@ def verdict_gap(ri: RankInputs) -> str | None:
             return f"rank {ri.rank} has no analysed profiler window, so its device activity was not seen"
         if not facts.steps:
             return f"rank {ri.rank} recorded no training step"
+        if not any(s.step >= 1 for s in facts.steps):  # step 0 is start-up: nothing steady to judge
+            return f"rank {ri.rank} recorded only step 0 (start-up) and no profiler window: too little to judge"
         return None
     return f"rank {ri.rank} has nothing recorded"
 
