@@ -24,7 +24,7 @@ from torchdoctor.cli import EXIT_BLIND, EXIT_OK, main
 from torchdoctor.probe import core, output
 from torchdoctor.report.console import print_report
 from torchdoctor.report.html import render_html
-from torchdoctor.session import analyze_paths, report_from_run_dir, scan_categories
+from torchdoctor.session import analyze_paths, report_from_run_dir, trace_sight
 from torchdoctor.trace.load import load_trace
 
 
@@ -140,18 +140,12 @@ def test_range_profiler_trace_says_counters_not_timeline(tmp_path):
     assert main(["analyze", str(tmp_path / "t.json.gz"), "-q"]) == EXIT_BLIND
 
 
-def test_the_sight_reads_the_categories_counted_while_decoding(tmp_path, monkeypatch):
-    """No second pass over the file: the decoder's counts give the same blind spot."""
-    import torchdoctor.session as session
-
-    def no_rescan(*_args, **_kwargs):
-        raise AssertionError("the file was scanned again")
-
-    monkeypatch.setattr(session, "scan_categories", no_rescan)
+def test_the_sight_reads_the_categories_counted_while_decoding(tmp_path):
+    """No second pass over the file: the decoder's counts give the blind spot."""
     path = range_profiler_trace(tmp_path / "t.json.gz")
     tr = load_trace(str(path))
     assert tr.categories["cuda_profiler_range"] == 6
-    assert session.trace_sight(tr).range_events == 6
+    assert trace_sight(tr).range_events == 6
 
 
 # --- 3. unknown accelerator ----------------------------------------------------------------------
@@ -168,7 +162,7 @@ def test_unknown_accelerator_is_named(tmp_path):
     assert rep.healthy is None
 
 
-def test_category_scan_is_exact_across_block_boundaries(tmp_path):
+def test_category_counts_are_exact(tmp_path):
     path = range_profiler_trace(tmp_path / "t.json")
     doc = json.loads(path.read_text())
     # A key that ends in an escaped `"cat` is no category (it reads `"x\\"cat": "fake"` in the file).
@@ -177,10 +171,9 @@ def test_category_scan_is_exact_across_block_boundaries(tmp_path):
     path.write_text(json.dumps(doc))
     want: dict[str, int] = {}
     for e in doc["traceEvents"]:
-        if "cat" in e:
+        if "cat" in e and e.get("ph") == "X":  # complete events: the ones the decoder keeps
             want[e["cat"]] = want.get(e["cat"], 0) + 1
-    for block in (7, 64, 301, 1 << 20):
-        assert dict(scan_categories(str(path), block=block)) == want
+    assert load_trace(str(path)).categories == want
 
 
 # --- 4 and 5: live jobs that end early ----------------------------------------------------------

@@ -18,7 +18,6 @@ import gzip
 import os
 import re
 import signal
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,11 +47,6 @@ from .trace.remote import is_url
 
 RUN_MANIFEST = "run.json"
 _PEEK_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
-# An event's category as Kineto writes it; a quote inside a JSON string is escaped, so an
-# unescaped `"cat": "..."` is always a key. The escaped form (a key ending in `\"cat`) is counted
-# apart and taken off: a lookbehind in the pattern would cost re its literal-prefix search (10x).
-_CATEGORY = re.compile(rb'"cat"\s*:\s*"([^"\\]{1,64})"')
-_ESCAPED_CATEGORY = re.compile(rb'\\"cat"\s*:\s*"([^"\\]{1,64})"')
 # Kineto's CUPTI range profiler (ActivityType::CUDA_PROFILER_RANGE): counters per kernel or range.
 RANGE_CATEGORIES = frozenset({"cuda_profiler_range"})
 # Blind spot kinds (Report.blind_spots); all but NO_VERDICT mean the tool could not judge the run.
@@ -69,67 +63,31 @@ class TraceSight:
     `device_events`: kernel, memcpy and memset events with a non-zero duration (a timeline);
     `range_events`: CUPTI range-profiler events (`cuda_profiler_range`: counters, not times);
     `unknown_device`: categories the decoder cannot classify, by event count, when such events sit
-    on device rows (pids without host events); empty otherwise. `problem`: why the category names
-    could not be read again ("" when they could, or did not need to be).
+    on device rows (pids without host events); empty otherwise.
     """
 
     device_properties: int = 0
     device_events: int = 0
     range_events: int = 0
     unknown_device: dict[str, int] = field(default_factory=dict)
-    problem: str = ""
 
 
 def trace_sight(tr: RankTrace) -> TraceSight:
-    """The `TraceSight` of a loaded trace. The file's category names are read again (one pass over
-    the text) only when the columns show no device timeline or unclassified device rows."""
+    """The `TraceSight` of a loaded trace. Range-profiler and unknown-device categories are looked
+    for (in the decoder's per-category counts) only when the columns show no device timeline or
+    unclassified device rows."""
     host = np.isin(tr.cat, [int(c) for c in HOST_CATS])
     device = np.isin(tr.cat, [int(c) for c in DEVICE_WORK])
     sight = TraceSight(len(tr.device_properties), int((device & (tr.end > tr.ts)).sum()))
     device_rows = (tr.cat == Cat.OTHER) & (tr.pid >= 0) & ~np.isin(tr.pid, np.unique(tr.pid[host]))
     if sight.device_events and not device_rows.any():
         return sight
-    cats: dict[str, int] | Counter[str]
-    if tr.categories is not None:  # counted while decoding: no second pass over the file
-        cats = tr.categories
-    else:
-        try:
-            cats = scan_categories(tr.path)
-        except (OSError, EOFError, ValueError) as e:  # the analysis stands; say what was not checked
-            sight.problem = f"range-profiler and unknown-device events not checked: {type(e).__name__}: {e}"
-            return sight
+    cats = tr.categories
     sight.range_events = sum(n for c, n in cats.items() if c.lower() in RANGE_CATEGORIES)
     if device_rows.any():
         sight.unknown_device = {c: n for c, n in sorted(cats.items()) if c.lower() not in CATEGORY_NAMES
                                 and c not in IGNORED_CATEGORIES and c.lower() not in RANGE_CATEGORIES}
     return sight
-
-
-def scan_categories(path: str, block: int = 1 << 22) -> Counter[str]:
-    """Events per category name in a trace file (.json or .json.gz), by a streaming text scan."""
-    raw: Counter[bytes] = Counter()
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    with (gzip.open if gz else open)(path, "rb") as f:
-        tail = b""
-        while True:
-            chunk = f.read(block)
-            buf = tail + chunk
-            # Every match begins with a `"cat"` key (or the byte before it) and its value holds no
-            # quote, so the matches before the last key of the block are whole; that key and the
-            # byte before it wait for the next block (or the block's last bytes do, when it has
-            # no key: one may straddle the boundary).
-            last = buf.rfind(b'"cat"')
-            cut = len(buf) if not chunk else (max(0, last - 1) if last >= 0 else max(0, len(buf) - 256))
-            raw.update(_CATEGORY.findall(buf, 0, cut))  # C-level: one Python step per block
-            raw.subtract(_ESCAPED_CATEGORY.findall(buf, 0, cut))
-            if not chunk:
-                counts: Counter[str] = Counter()
-                for name, n in raw.items():
-                    if n > 0:
-                        counts[name.decode("utf-8", "replace")] += n
-                return counts
-            tail = buf[cut:]
 
 
 def analyze_rank_file(path: str, steps: str | None = None, jobs: int = 1) -> RankResult:
@@ -144,10 +102,7 @@ def analyze_rank_file_seen(path: str, steps: str | None = None, jobs: int = 1
                            ) -> tuple[RankResult, TraceSight]:
     """`analyze_rank_file` plus what the trace let the tool see of the device."""
     tr = load_trace(path, jobs)
-    result, sight = analyze_rank(tr, steps), trace_sight(tr)
-    if sight.problem:
-        result.warnings.append(sight.problem)
-    return result, sight
+    return analyze_rank(tr, steps), trace_sight(tr)
 
 
 # ("ok", the rank's result or its handle in a SummaryStore, what it saw) or ("error", why, None).

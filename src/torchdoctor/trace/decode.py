@@ -462,9 +462,8 @@ class Columns:
             code_of[i] = int(CATEGORY_NAMES.get(c.lower(), Cat.OTHER))
         counts = np.bincount(cols[0], minlength=len(self.cats))
         self.category_counts = {c: int(counts[i]) for c, i in self.cats.items() if counts[i]}
-        for c, i in self.cats.items():
-            if code_of[i] == Cat.OTHER and c not in IGNORED_CATEGORIES and counts[i]:
-                self.unknown_cats[c] = int(counts[i])
+        self.unknown_cats.update({c: n for c, n in self.category_counts.items()
+                                  if code_of[self.cats[c]] == Cat.OTHER and c not in IGNORED_CATEGORIES})
         cols[0] = code_of[cols[0]]
         order = np.argsort(cols[2], kind="stable")
         # Sparse rows follow their events through the sort: new position = rank of the old one.

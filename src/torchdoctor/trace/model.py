@@ -157,9 +157,8 @@ class RankTrace:
     # Problems with parts of the trace that did not stop its analysis (dropped events, ...).
     warnings: list[str] = field(default_factory=list)
     instant_events: int = 0
-    # Complete events per category name as the file wrote it (None: not known, e.g. a trace
-    # built in memory); what the sight checks read instead of scanning the file again.
-    categories: dict[str, int] | None = None
+    # Complete events per category name as the file wrote it (the sight checks read them).
+    categories: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.ts.size)
