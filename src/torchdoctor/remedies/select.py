@@ -13,8 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers, training_busy_pct
-from ..facts import RankFacts
-from ..rules._common import sampled_comm_median
+from ..facts import RankFacts, sampled_comm_median
 from ..rules.model import Finding
 from .catalogue import BY_ID, REMEDIES, SAFETY_RANK, Spec
 

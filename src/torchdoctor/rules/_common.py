@@ -12,12 +12,11 @@ through the engine's claims ledger (rules/ledger.py); the budgets' sizes are def
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..facts import DataLoaderFacts, RankFacts, StepTiming
+from ..facts import DataLoaderFacts, RankFacts, StepTiming, sampled_comm_median
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
 from .engine import RankInputs, RuleInputs
@@ -128,18 +127,8 @@ class View:
         return float(np.median([getattr(s, attr) for s in self.timed]))
 
     def comm_median(self) -> float | None:
-        """Median ``comm_ms`` over the steady-state steps that have one: DDP's communication time
-        is read from its logging data on the iterations DDP samples (1-10, then 2 in every 100),
-        and the other steps read 0; their median was 0 past a few dozen steps."""
-        if not self.timed:
-            return None
-        return sampled_comm_median(self.timed)
-
-
-def sampled_comm_median(steps: Sequence[Any]) -> float:
-    """Median of the positive ``comm_ms`` of ``steps`` (0.0 when none has any): see View.comm_median."""
-    vals = [s.comm_ms for s in steps if s.comm_ms and s.comm_ms > 0]
-    return float(np.median(vals)) if vals else 0.0
+        """``facts.sampled_comm_median`` over the steady-state steps (None without any)."""
+        return sampled_comm_median(self.timed) if self.timed else None
 
 
 def checkpoint_saves(v: View) -> tuple[int, float, int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..advice.workers import advise_workers, training_busy_pct, workers_wait_on_io
-from ..facts import StepTiming
+from ..facts import StepTiming, sampled_comm_median
 from ._common import (
     View,
     at,
@@ -23,7 +23,6 @@ from ._common import (
     handoff_share,
     pageable_h2d_idle_ms,
     per_rank,
-    sampled_comm_median,
     tops_text,
     ts_item,
     worker_loader,
@@ -136,7 +135,7 @@ def advised_workers(v: View) -> tuple[int, str]:
     step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
     wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
     busy = training_busy_pct(timed, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
-    blocked = sampled_comm_median(timed) if timed else None
+    blocked = sampled_comm_median(timed)
     return advise_workers(cpus, lws, step, wait, busy, blocked_ms=blocked)
 
 
