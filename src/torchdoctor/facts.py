@@ -10,7 +10,7 @@ from JSON.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -298,6 +298,14 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # faults per step: the allocator gives memory back to the kernel and faults it in again (HO-15).
     minor_faults: int | None = None
     thread_sys_ms: float | None = None
+
+
+def forward_unseen(steps: Sequence[StepTiming]) -> bool:
+    """True when the probe timed no forward in any step after step 0 although backward passes ran:
+    the model is called as ``model.forward(x)``, not ``model(x)``, and module hooks run only through
+    ``__call__``. Its forward time is then part of ``other_ms`` on every step."""
+    steady = [s for s in steps if s.step >= 1]
+    return bool(steady) and all(s.forward_ms == 0 for s in steady) and any(s.backward_ms > 0 for s in steady)
 
 
 

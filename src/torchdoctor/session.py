@@ -30,7 +30,7 @@ from .compile import fusion, torch_trace
 from .compile import history as compile_history
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
-from .facts import CompileFacts, RankFacts
+from .facts import CompileFacts, RankFacts, forward_unseen
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -343,7 +343,22 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
         res = ri.view  # a stored rank: only the fields read are decoded
         spots.extend(trace_blind_spots(ri, sights.get(res.file) if res else None, warnings))
     spots.extend(own_profiler_spots(ranks, warnings))
+    unseen_forward_remark(ranks, warnings)
     return spots
+
+
+def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
+    """Ranks whose probe timed no forward (`facts.forward_unseen`): their per-step split is partly
+    blind, so say so rather than let "other" stand for the forward."""
+    blind = [ri.rank for ri in ranks if ri.facts is not None and forward_unseen(ri.facts.steps)]
+    if not blind:
+        return
+    names = ", ".join(str(r) for r in blind[:8]) + (" …" if len(blind) > 8 else "")
+    warnings.append(ErrorEntry("torchdoctor", (
+        f"rank {names}: the probe timed no forward, although backward passes ran. Its hooks sit on the "
+        "top-level modules that exist at the end of step 0 and run only when a module is called as "
+        "module(x): a model called as model.forward(x), or built after the first step, is not timed. "
+        "The probe's per-step split counts that forward as 'other'; a profiler trace's split does not.")))
 
 
 def _rank_label(ri: RankInputs) -> str:

@@ -98,3 +98,22 @@ def test_a_transient_straggler_s_events_are_its_late_steps_not_the_jitter_betwee
     s = straggler_series({0: ddp_steps(40, own, longer=longer), 1: ddp_steps(40, [0.0], longer=longer)})
     assert s.straggler == 0 and s.late_steps == [7, 15, 23, 31, 39] and s.period == 8
     assert abs(s.gain_ms - 5 * 150.0 / 39) < 1e-3
+
+
+def test_a_straggler_whose_forward_the_probe_could_not_time_says_other_holds_it():
+    """A model called as model.forward(x): its forward is in other_ms on every rank, and the cause
+    must not read as logging or evaluation only."""
+    from torchdoctor.rules.distributed import series_cause
+
+    def blind(steps: list[StepTiming]) -> list[StepTiming]:
+        for s in steps:
+            s.other_ms, s.forward_ms = s.other_ms + s.forward_ms, 0.0
+        return steps
+
+    seen = {0: ddp_steps(40, [0.0]), 1: ddp_steps(40, [30.0], phase="forward_ms")}
+    s = straggler_series(seen)
+    assert not s.forward_unseen and series_cause(s)[0] == "forward"
+    s = straggler_series({r: blind(steps) for r, steps in seen.items()})
+    assert s.forward_unseen and s.straggler == 1 and s.lead_by_phase["other"] == 30.0
+    phase, words = series_cause(s)
+    assert phase == "other" and "its forward included" in words

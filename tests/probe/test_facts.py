@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from probe.livejob import facts_of, load_run, run_wrapped, script
 
 JOB = """
@@ -256,3 +258,41 @@ def test_syncs_per_step_count_the_loop_not_its_set_up_or_evaluation(tmp_path):
     result = run_wrapped(tmp_path / "run", script(tmp_path, SYNCS_AROUND_THE_LOOP), options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     assert facts_of(tmp_path / "run")["host_syncs_per_step"] == 1.0
+
+
+# pytorch/examples mnist_forward_forward: each layer's forward() is called directly, so no module
+# hook runs on the model, and the forward was silently reported as "other".
+FORWARD_CALLED_DIRECTLY = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(512, 64), torch.randint(0, 8, (512,))
+for step in range(12):
+    out = model.forward(x) if CALL == "forward" else model(x)
+    loss = torch.nn.functional.cross_entropy(out, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("call", ["forward", "module"])
+def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
+    from torchdoctor.session import report_from_run_dir
+
+    job = script(tmp_path, f"CALL = {call!r}\n" + FORWARD_CALLED_DIRECTLY)
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    steady = [s for s in facts_of(tmp_path / "run")["steps"] if s["step"] >= 1]
+    assert len(steady) == 11 and all(s.get("backward_ms", 0) > 0 for s in steady)
+    remarks = [w.message for w in report_from_run_dir(str(tmp_path / "run")).warnings]
+    said = [m for m in remarks if "the probe timed no forward" in m]
+    if call == "forward":
+        assert all(s.get("forward_ms", 0) == 0 for s in steady)
+        assert len(said) == 1 and said[0].startswith("rank 0:") and "model.forward(x)" in said[0]
+    else:
+        assert all(s["forward_ms"] > 0 for s in steady)
+        assert not said, remarks

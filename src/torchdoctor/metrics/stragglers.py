@@ -43,7 +43,7 @@ from collections.abc import Collection, Mapping, Sequence
 import msgspec
 import numpy as np
 
-from ..facts import StepTiming
+from ..facts import StepTiming, forward_unseen
 
 # A rank is late in a step when it arrives this share of the median step after every other rank
 # (metrics/ranks.py uses the same 5% for the spread of waiting in a trace).
@@ -84,6 +84,8 @@ class StragglerSeries(msgspec.Struct):
     lead_ms_mean: float = 0.0  # ... and its mean (what lead_by_phase splits)
     gain_ms: float = 0.0  # its total lead / steps
     lead_by_phase: dict[str, float] = {}
+    # The probe timed no forward on some rank (facts.forward_unseen): "other" holds its forward.
+    forward_unseen: bool = False
 
 
 # The straggler's own work, by phase: StepTiming fields ("other" is other_ms less the checkpoint
@@ -126,7 +128,8 @@ def straggler_series(steps_by_rank: Mapping[int, Sequence[StepTiming]], sharded:
         steps=len(common), step_ms_median=round(step_ms, 3),
         step_ms_mean=round(float(np.median(total, axis=0).mean()), 3),
         ranks=[RankSeries(r, round(float(np.median(own[i])), 3), int(late[i].sum()), round(float(lead[i].sum()), 3))
-               for i, r in enumerate(ranks)])
+               for i, r in enumerate(ranks)],
+        forward_unseen=any(forward_unseen(rows) for rows in steps_by_rank.values()))
     i = int(np.argmax(lead.sum(axis=1)))
     persistent = bool(np.median(lead[i]) > threshold)
     mine = late[i] if persistent else late[i] & outliers(np.median(total, axis=0), threshold)

@@ -350,8 +350,10 @@ def series_cause(s: StragglerSeries) -> tuple[str | None, str]:
     phase, ms = max(s.lead_by_phase.items(), key=lambda kv: kv[1])
     if ms < CAUSE_COVERAGE * s.lead_ms_mean:
         return None, ""
-    return phase, (f"in those steps rank {s.straggler} " + _PHASE_CAUSE[phase].format(ms=fmt_ms(ms))
-                   + " than the other ranks")
+    cause = _PHASE_CAUSE[phase].format(ms=fmt_ms(ms)) + " than the other ranks"
+    if phase == "other" and s.forward_unseen:
+        cause += " (its forward included: the probe could not time the forward, see the remarks)"
+    return phase, f"in those steps rank {s.straggler} " + cause
 
 
 def fault_lead_ms(inputs: RuleInputs, s: StragglerSeries) -> float | None:

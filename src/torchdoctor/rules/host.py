@@ -9,6 +9,7 @@ the host-op, untraced and optimizer idle.
 
 from __future__ import annotations
 
+from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
 from ._common import (
@@ -651,7 +652,9 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
         k = demand / cpus
         compute = sum(x for x in (v.facts_median("forward_ms"), v.facts_median("backward_ms"),
                                   v.facts_median("optimizer_ms")) if x)
-        if not compute and v.r is not None and v.r.host.phases_ms:
+        # A forward the probe could not time counts as "other" in its split: the trace's split has it.
+        blind = v.f is not None and forward_unseen(v.f.steps)
+        if (not compute or blind) and v.r is not None and v.r.host.phases_ms:
             compute = sum(v.r.host.phases_ms.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
         rd = None if v.accel else run_delay(v, all_views)
         measured = ""
