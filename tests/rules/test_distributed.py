@@ -392,6 +392,26 @@ def test_the_profilers_own_inflation_of_the_window_is_not_exposed_communication(
     assert exposed_comm_ms(v) == pytest.approx(28.0)
 
 
+def test_the_reports_say_what_the_profilers_inflation_took_from_a_measured_wait():
+    """pytorch/examples ddp: DI-5's title stated the budget-capped gain (1.2 ms) as the wait while
+    its evidence showed 2.07 ms, and DI-3's 22% contradicted the table's 91% without a word."""
+    # Rank 1 waits 24 ms more per step than rank 0 in a 70 ms profiled step; unprofiled, the
+    # probe timed 50 ms steps, so 20 ms of the window is the profiler's and 8 ms can be claimed.
+    f = [gpu_facts(rank=r, steps=[StepTiming(step=i, total_ms=50.0) for i in range(20)]) for r in (0, 1)]
+    a = gpu_result(step_ms=70.0, comm_exposed_pct=6.0, comm_pct=6.0, rank=0)
+    b = gpu_result(step_ms=70.0, comm_exposed_pct=40.0, comm_pct=40.0, rank=1)
+    cross = CrossRank(ranks=2, step_ms_median=70.0, straggler=0, straggler_lead_ms=24.0, victims=[1],
+                      per_rank=[RankWait(0, 70.0, 4.0, 0.0), RankWait(1, 70.0, 28.0, 24.0)])
+    found = run_all((a, f[0]), (b, f[1]), cross=cross)
+    di5 = only(found, "DI-5")
+    assert "rank 1 waits 24.0 ms more per step" in di5.title and "8.0 ms of it counted as gain" in di5.title
+    assert di5.recoverable_pct == pytest.approx(100 * 8.0 / 70.0, abs=0.1)
+    di3 = [x for x in found if x.id == "DI-3" and 1 in x.ranks]
+    text = di3[0].evidence[0].text if di3 else ""
+    assert "the profiled steps expose 28.0 ms, but ran 20.0 ms longer than the unprofiled ones" in text
+    assert di3[0].evidence[0].values["profiler_inflation_ms"] == 20.0
+
+
 def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
     """The same exposed communication, advised by how the model is sharded: FSDP2 (fully_shard,
     from the live facts) gets units, reshard and prefetch advice and set_requires_gradient_sync;

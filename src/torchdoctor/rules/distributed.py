@@ -264,10 +264,14 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
         if v.pct(ms) < 0.5:
             return None
         culprit, cause, shared = blame()
+        # The title says the wait measured; the gain is what the exposed-comm budget grants of it
+        # (less when the profiler's slowdown is deducted or earlier rules claimed part of it).
+        measured = next((w.excess_wait_ms for w in waits if w.rank == v.rank), ms)
+        granted = "" if measured <= ms * 1.05 else f"; {fmt_ms(ms)} of it counted as gain (the exposed-comm budget)"
         return finding(
             v, "DI-5", "distributed",
-            f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(ms)} more per step inside collectives"
-            + (f" ({cause})" if cause else "") + ".",
+            f"Rank {culprit} is a straggler: rank {v.rank} waits {fmt_ms(max(ms, measured))} more per step inside "
+            "collectives" + (f" ({cause})" if cause else "") + granted + ".",
             ms, warn=10.0 if v.n_steps >= STRAGGLER_WARN_STEPS else 101.0,
             crit=20.0 if v.n_steps >= TML_CRITICAL_STEPS else 101.0,
             sev="info" if shared is not None else None,
