@@ -233,15 +233,26 @@ def fsdp2_reshards(root: Any, unit_type: type) -> bool | None:
 
 def fsdp2_unit_mb(root: Any, unit_type: type) -> list[float]:
     """Unsharded MB of parameters each fully_shard unit under ``root`` all-gathers: its own
-    parameters, those of nested units left out (a DTensor's numel is the global one)."""
+    parameters, those of nested units left out (a DTensor's numel is the global one), in the
+    dtype they are gathered in (a MixedPrecisionPolicy's param_dtype for floating-point ones)."""
     units = [m for m in root.modules() if isinstance(m, unit_type)]
     nested: set[int] = set()
     sizes = []
     for unit in reversed(units):  # innermost first: their parameters are theirs
         own = [p for p in unit.parameters() if id(p) not in nested]
         nested.update(id(p) for p in own)
-        sizes.append(sum(p.numel() * p.element_size() for p in own) / 1e6)
+        cast = attempt(lambda u=unit: _gathered_itemsize(u))
+        sizes.append(sum(p.numel() * (cast if cast and p.is_floating_point() else p.element_size())
+                         for p in own) / 1e6)
     return sizes
+
+
+def _gathered_itemsize(unit: Any) -> int | None:
+    """Bytes per element of the unit's floating-point parameters once all-gathered: its mixed
+    precision policy's param_dtype (private FSDP2 state; None without a cast or where unreadable)."""
+    group = getattr(unit._get_fsdp_state(), "_fsdp_param_group", None)
+    dtype = getattr(getattr(group, "mp_policy", None), "param_dtype", None)
+    return getattr(dtype, "itemsize", None)
 
 
 def _majority_device(module: Any) -> str | None:

@@ -1,0 +1,33 @@
+"""Facts the probe reads off live torch objects (probe/collect.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("param_dtype, itemsize", [(None, 4), (torch.bfloat16, 2)])
+def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, itemsize):
+    """pytorch/examples FSDP2 --mixed-precision (param_dtype=bf16): DI-16 priced keeping the
+    parameters unsharded at their fp32 size, twice the memory it would take."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    from torchdoctor.probe.collect import fsdp_facts
+
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 500))
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype)
+        fully_shard(model[0], mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        model(torch.randn(2, 1000)).sum().backward()
+        (facts,) = fsdp_facts(torch, [model])
+        assert isinstance(model, FSDPModule) and facts.version == 2 and facts.units == 2
+        # The inner unit: 1000 x 1000 + 1000 elements; the root: 1000 x 500 + 500 (MB rounded to 3 places).
+        assert facts.unit_mb_max == pytest.approx(1_001_000 * itemsize / 1e6, abs=1e-3)
+        assert facts.model_mb == pytest.approx(1_501_500 * itemsize / 1e6, abs=1e-3)
+    finally:
+        dist.destroy_process_group()
