@@ -269,7 +269,8 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     backward_ms: float = 0.0
     optimizer_ms: float = 0.0
     # DDP's communication time, read from its logging data on the iterations DDP samples (1-10,
-    # then 2 in every 100): 0 on the other steps (see `sampled_comm_median`).
+    # then 2 in every 100; `comm_sampled`): 0 on the other steps, whose collectives are part of
+    # backward_ms (see `sampled_comm_median`). No probe timing for FSDP: 0 on every step.
     comm_ms: float = 0.0
     other_ms: float = 0.0
     samples: int | None = None
@@ -298,6 +299,9 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # faults per step: the allocator gives memory back to the kernel and faults it in again (HO-15).
     minor_faults: int | None = None
     thread_sys_ms: float | None = None
+    # True on the steps whose comm_ms DDP's logging data measured (absent in run directories
+    # written before 2026-12-05: `sampled_comm_median` then takes the steps with comm_ms > 0).
+    comm_sampled: bool = False
 
 
 def forward_unseen(steps: Sequence[StepTiming]) -> bool:
@@ -310,9 +314,13 @@ def forward_unseen(steps: Sequence[StepTiming]) -> bool:
 
 
 def sampled_comm_median(steps: Iterable[StepTiming]) -> float:
-    """Median ``comm_ms`` over the steps that have one (0.0 when none does): over all steps, DDP's
-    unsampled ones made it 0 past a few dozen steps."""
-    vals = [s.comm_ms for s in steps if s.comm_ms and s.comm_ms > 0]
+    """Median ``comm_ms`` over the steps DDP sampled (``comm_sampled``; in older run directories,
+    the steps with comm_ms > 0), 0.0 when none was: over all steps, DDP's unsampled ones made it 0
+    past a few dozen steps."""
+    steps = list(steps)
+    vals = [s.comm_ms for s in steps if s.comm_sampled]
+    if not vals:
+        vals = [s.comm_ms for s in steps if s.comm_ms and s.comm_ms > 0]
     return float(statistics.median(vals)) if vals else 0.0
 
 

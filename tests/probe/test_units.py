@@ -28,6 +28,7 @@ def test_clock_optimizer_steps_and_skipped_window():
     assert (step.total_ms, step.forward_ms, step.backward_ms, step.other_ms) == (100.0, 10.0, 20.0, 70.0)
     clock.attribute_comm(2, 0.005)
     assert (clock.steps[1].comm_ms, clock.steps[1].backward_ms) == (5.0, 15.0)
+    assert clock.steps[1].comm_sampled and not clock.steps[0].comm_sampled  # DDP timed step 2 only
 
 
 def test_clock_folds_micro_batches_into_the_first_optimizer_step():

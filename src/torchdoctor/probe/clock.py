@@ -55,6 +55,9 @@ class Phase(enum.IntEnum):
     # outside the split: part of ON_CPU.
     MINOR_FAULTS = 13
     SYS_CPU = 14
+    # 1 when DDP's logging data timed this step's communication (it samples iterations: COMM is 0
+    # on the others, and their collectives sit in BACKWARD).
+    COMM_SAMPLED = 15
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -166,6 +169,7 @@ class StepClock:
                 comm = min(seconds, acc[Phase.BACKWARD])
                 acc[Phase.COMM] = comm
                 acc[Phase.BACKWARD] -= comm
+                acc[Phase.COMM_SAMPLED] = 1.0
                 return
 
     def _fold_into_step_zero(self) -> None:
@@ -205,6 +209,7 @@ class StepClock:
                     checkpoint_saves=int(acc[Phase.CHECKPOINT_SAVES]),
                     minor_faults=int(acc[Phase.MINOR_FAULTS]) if self.has_faults else None,
                     thread_sys_ms=ms[Phase.SYS_CPU] if self.has_faults else None,
+                    comm_sampled=bool(acc[Phase.COMM_SAMPLED]),
                 )
             )
         return out
