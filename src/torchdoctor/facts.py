@@ -381,4 +381,7 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # The job ran its own torch.profiler (the probe's window stood aside), and the trace files or
     # tensorboard_trace_handler directories it named (absolute paths).
     own_profiler: bool = False
+    # The name of the thread the job trains on, when it is not the main thread (probe.core's
+    # `on_training_thread`): the probe times that thread's steps.
+    training_thread: str | None = None
     own_traces: list[str] = []

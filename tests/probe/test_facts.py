@@ -296,3 +296,40 @@ def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
     else:
         assert all(s["forward_ms"] > 0 for s in steady)
         assert not said, remarks
+
+
+# A loop run in a threading.Thread (Ray Train runs the user's loop in one): every phase of every
+# step was 0 and the report said "healthy". A second thread that steps its own copy afterwards
+# (Hogwild-style) must not take the role over or add steps.
+TRAINS_IN_A_THREAD = """
+import threading
+import torch
+
+def train(steps):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(256, 64), torch.randint(0, 8, (256,))
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+for name, steps in (("trainer", 12), ("helper", 5)):
+    t = threading.Thread(target=train, args=(steps,), name=name)
+    t.start()
+    t.join()
+print("ok")
+"""
+
+
+def test_a_loop_on_another_thread_is_the_one_timed(tmp_path):
+    result = run_wrapped(tmp_path / "run", script(tmp_path, TRAINS_IN_A_THREAD), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert facts["training_thread"] == "trainer"
+    steps = facts["steps"]
+    assert [s["step"] for s in steps] == list(range(12))  # the helper's 5 steps are not the loop's
+    steady = steps[1:]
+    assert all(s["forward_ms"] > 0 and s["backward_ms"] > 0 and s["optimizer_ms"] > 0 for s in steady)

@@ -43,7 +43,9 @@ class Probe:
         self.config = config
         self.pid = os.getpid()
         self.torch_dir = os.path.dirname(torch.__file__) + os.sep
+        # The training thread: the main one, unless another thread trains first (`on_training_thread`).
         self.main_thread = threading.get_ident()
+        self.training_thread: str | None = None  # its name when it is not the main thread
         self.schedstat = sysinfo.ThreadSchedstat()
         self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read,
                                faults=sysinfo.thread_faults)
@@ -114,6 +116,21 @@ class Probe:
     @property
     def window_active(self) -> bool:
         return self.window is not None and self.window.active
+
+    def on_training_thread(self) -> bool:
+        """Whether the calling thread is the training thread. A thread other than the main one that
+        runs a backward or an optimizer step before the main thread did anything of training becomes
+        it: a loop run in a ``threading.Thread`` (Ray Train's runner thread, a GUI's worker) would
+        otherwise have steps with no phase in them. Called only from those two hooks: a thread that
+        merely iterates a DataLoader (a prefetcher started before the loop) never takes the role."""
+        ident = threading.get_ident()
+        if ident == self.main_thread:
+            return True
+        if self.clock.first_activity is not None or self.main_thread == -1:  # -1: a DataLoader worker
+            return False
+        self.main_thread = ident
+        self.training_thread = threading.current_thread().name
+        return True
 
     def activity(self, now: float) -> None:
         """Training activity at ``now``: the first one starts the clock and the CPU baselines."""

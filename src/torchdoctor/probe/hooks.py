@@ -345,6 +345,8 @@ def _optimizer(probe: Probe) -> None:
     known: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        if not probe.on_training_thread():  # another thread's optimizer (Hogwild-style threads)
+            return
         fault_point("optimizer.pre")
         now = perf_counter()
         probe.activity(now)
@@ -359,6 +361,8 @@ def _optimizer(probe: Probe) -> None:
             )
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != probe.main_thread:
+            return
         fault_point("optimizer.post")
         now = perf_counter()
         start = starts.pop(id(opt), None)
@@ -389,7 +393,7 @@ def _backward(probe: Probe) -> None:
     import torch.autograd as autograd
 
     def before(args: tuple[Any, ...]) -> float | None:
-        if "backward" in BROKEN or threading.get_ident() != probe.main_thread:
+        if "backward" in BROKEN or not probe.on_training_thread():
             return None
         fault_point("backward")
         now = perf_counter()

@@ -218,5 +218,6 @@ def rank_facts(probe: Probe) -> RankFacts:
         probe_errors=list(ERRORS.messages),
         trace_file=probe.trace_file,
         step_source=probe.clock.source.name.lower() if probe.clock.source else None,
+        training_thread=probe.training_thread,
         profile_steps=list(probe.profiled),
     )
