@@ -272,8 +272,10 @@ def execute(
     manifest = write_manifest(run_dir, command, job)
     if not manifest["ranks"]:
         print(
-            "torchdoctor: no rank wrote a summary: the job never trained with torch, or Python ran "
-            "with -I/-S/-E (the probe loads through PYTHONPATH and sitecustomize)",
+            "torchdoctor: no rank wrote a summary: the probe saw no training (it follows torch.optim "
+            "optimizers, autograd's backward and DataLoaders, not torch.distributed.rpc's distributed "
+            "autograd and optimizer), or Python ran with -I/-S/-E (the probe loads through PYTHONPATH "
+            "and sitecustomize)",
             file=sys.stderr,
         )
     emitted = report_run(run_dir, args)

@@ -41,6 +41,11 @@ def test_kernel_names_split_back_into_op_names():
     assert fusion.ops_from_name("triton_per_fused_native_layer_norm_0") == ["native_layer_norm"]
     assert fusion.ops_from_name("cpp_fused__unsafe_view_add_clone_1") == ["unsafe_view", "add", "clone"]
     assert fusion.ops_from_name("cpp_fused_abs_add_max_mean_mul_0") == ["abs", "add", "max", "mean", "mul"]
+    # nanoGPT's loss on a CPU (torch 2.14.1): "nll, loss, forward" before.
+    assert fusion.ops_from_name("cpp_fused__log_softmax__unsafe_view_nll_loss_forward_view_6") == [
+        "log_softmax", "unsafe_view", "nll_loss_forward", "view"]
+    assert fusion.ops_from_name("cpp_fused__to_copy_mse_loss_smooth_l1_loss_backward_2") == [
+        "to_copy", "mse_loss", "smooth_l1_loss_backward"]
 
 
 def test_a_run_s_report_ties_kernels_to_user_lines(tmp_path):

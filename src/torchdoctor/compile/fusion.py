@@ -31,10 +31,11 @@ MAX_OPS = 12
 
 # Words of multi-word ATen op names: joined to the word before (SUFFIXES) or after (PREFIXES) when a
 # kernel's name is split back into ops ("gelu_gelu_backward_sum" -> gelu, gelu_backward, sum).
-SUFFIXES = frozenset({"backward", "with", "indices", "norm", "dense", "put", "like", "pool2d", "pool3d", "pool1d",
-                      "nd", "scatter", "reduce", "grad", "logits", "entropy", "bag"})
+SUFFIXES = frozenset({"backward", "forward", "with", "indices", "norm", "dense", "put", "like", "pool2d", "pool3d",
+                      "pool1d", "nd", "scatter", "reduce", "grad", "logits", "entropy", "bag", "loss"})
 PREFIXES = frozenset({"native", "layer", "batch", "group", "instance", "adaptive", "index", "unsafe",
-                      "log", "scaled", "binary", "cross", "upsample", "constant", "reflection", "replication", "where"})
+                      "log", "scaled", "binary", "cross", "upsample", "constant", "reflection", "replication", "where",
+                      "nll", "smooth", "to", "new"})
 
 
 def ops_from_name(name: str) -> list[str]:
