@@ -36,6 +36,9 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     ready_share: float | None = None
     ready_wait_ms_mean: float | None = None
     dataset_len: int | None = None
+    # Batches one epoch of this rank yields: len() of its batch sampler, so a DistributedSampler's
+    # share and drop_last count (None for an IterableDataset, whose length only its end tells).
+    batches_per_epoch: int | None = None
     # Mean wall time per batch spent in __next__ (ms), measured by the probe.
     next_ms_mean: float | None = None
     # Workers only, measured inside them (probe/workers.py), per batch: ms in the dataset's reads

@@ -31,3 +31,30 @@ def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, it
         assert facts.model_mb == pytest.approx(1_501_500 * itemsize / 1e6, abs=1e-3)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_loaders_epoch_is_its_own_ranks_batches():
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from torchdoctor.probe.collect import dataloader_facts
+
+    data = TensorDataset(torch.zeros(4903, 1))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=False)  # 2,452 samples on this rank
+    facts = dataloader_facts(DataLoader(data, batch_size=32, sampler=sampler), None)
+    assert (facts.dataset_len, facts.batches_per_epoch) == (4903, 77)
+    assert dataloader_facts(DataLoader(data, batch_size=32, drop_last=True), None).batches_per_epoch == 153
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+        def __len__(self):
+            return 10
+
+    loader = DataLoader(Stream(), batch_size=4)
+    facts = dataloader_facts(loader, None)
+    # len(loader) would record the length on the loader and change the warnings it gives later.
+    assert facts.batches_per_epoch is None and loader._IterableDataset_len_called is None
+    len(loader)
+    assert loader._IterableDataset_len_called == 10  # what the check above would catch

@@ -242,6 +242,19 @@ def test_dl6_prices_the_timed_epoch_starts_and_claims_their_wait_once():
     assert not [x for x in run_all((None, f)) if x.id == "DL-1" and x.severity != "info"]
 
 
+def test_dl6_counts_a_ranks_epoch_in_its_own_batches():
+    """pytorch/examples minGPT-ddp on 2 ranks: 4,903 samples in batches of 32 are 77 steps per rank
+    under a DistributedSampler, not 153 (the whole dataset's); the one later epoch starts at step 77."""
+    steps = [StepTiming(step=i, total_ms=1600.0 if i == 77 else 260.0, epoch_starts=int(i == 77)) for i in range(154)]
+    dl = loader(num_workers=2, persistent_workers=False, dataset_len=4903, batch_size=32, batches_per_epoch=77)
+    got = only(run("DL-6", (None, cpu_facts(dataloaders=[dl], steps=steps))), "DL-6")
+    assert "every 77 steps; 1 such start(s) in this run" in got.title
+    # Without the loader's length (an old run directory), the start's own step number says it.
+    dl.batches_per_epoch = None
+    got = only(run("DL-6", (None, cpu_facts(dataloaders=[dl], steps=steps))), "DL-6")
+    assert "every 77 steps" in got.title
+
+
 def test_dl6_without_a_timed_epoch_start_assumes_and_says_so():
     f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=6400, batch_size=64)],
                   steps=[StepTiming(step=i, total_ms=50.0) for i in range(40)])

@@ -114,7 +114,16 @@ def dataloader_facts(loader: Any, call_site: str | None) -> DataLoaderFacts:
         collate_fn=attempt(lambda: qualname(loader.collate_fn)),
         call_site=call_site,
         dataset_len=attempt(lambda: len(loader.dataset)),
+        batches_per_epoch=attempt(lambda: batches_per_epoch(loader)),
     )
+
+
+def batches_per_epoch(loader: Any) -> int | None:
+    """len() of the loader's batch sampler (its sampler with batch_size=None): what len(loader) says
+    for a map-style dataset, without calling len(loader), which on an IterableDataset records the
+    length and changes the warnings the loader gives later. An iterable one's sampler has no len()."""
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    return len(sampler) if type(sampler).__name__ != "_InfiniteConstantSampler" else None
 
 
 def optimizer_facts(opt: Any, call_site: str | None) -> OptimizerFacts:

@@ -66,7 +66,7 @@ class EpochStarts:
     wait_share: float  # sum over epoch starts of (data wait - median data wait) / total time
     unready_at_starts: float  # share of all unready data wait that falls in epoch-start steps
     excess_ms: float  # mean excess of one epoch start, ms
-    every: float  # steps per epoch: the median spacing of epoch starts (steps / starts if one)
+    every: float  # steps per epoch: the median spacing of epoch starts, the first one counted from step 0
 
 
 def epoch_starts(v: View) -> EpochStarts | None:
@@ -82,7 +82,7 @@ def epoch_starts(v: View) -> EpochStarts | None:
     at_starts = sum(unready_ms(s) for s in starts)
     excess = sum(max(0.0, s.total_ms - med_step) for s in starts)
     wait = sum(max(0.0, s.dataloader_ms - med_wait) for s in starts)
-    gaps = np.diff([s.step for s in starts])
+    gaps = np.diff([0, *(s.step for s in starts)])  # the first epoch started in step 0
     return EpochStarts(len(timed), len(starts), excess / total, min(excess, wait) / total,
                        at_starts / unready if unready > 0 else 0.0, excess / len(starts),
                        float(np.median(gaps)) if gaps.size else len(timed) / len(starts))
@@ -518,17 +518,20 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
         for d in v.f.dataloaders:
             if not (d.num_workers and d.persistent_workers is False):
                 continue
-            per_epoch = max(1, d.dataset_len // d.batch_size) if d.dataset_len and d.batch_size else None
+            per_epoch = d.batches_per_epoch or (
+                max(1, d.dataset_len // d.batch_size) if d.dataset_len and d.batch_size else None)
             ep = epoch_starts(v)
             facts = {"num_workers": d.num_workers, "steps_per_epoch": per_epoch}
             if ep is not None and v.step_ms:
                 gain, wait = ep.excess_share * v.step_ms, ep.wait_share * v.step_ms
-                every = per_epoch or round(ep.every)
+                # The steps between epoch starts as timed (the first epoch started in step 0); with
+                # one later start only, the loader's own length when known.
+                every = round(ep.every) if ep.starts > 1 or not d.batches_per_epoch else d.batches_per_epoch
                 return finding(
                     v, "DL-6", "input",
                     f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False): "
-                    f"each epoch's first step takes {fmt_ms(ep.excess_ms)} longer, every {every} steps "
-                    f"({v.pct(gain):.0f}% of the average step).",
+                    f"each epoch after the first starts with a step {fmt_ms(ep.excess_ms)} longer, every {every} "
+                    f"steps; {ep.starts} such start(s) in this run, {v.pct(gain):.0f}% of its average step.",
                     gain, evidence=[Evidence(
                         f"{ep.starts} epoch start(s) in {ep.steps} steady steps; each took {fmt_ms(ep.excess_ms)} more "
                         "than the median step (worker start-up, worker_init_fn, shutdown), of which the batch "
