@@ -226,6 +226,16 @@ def test_job_that_crashes_before_its_first_step(tmp_path):
     assert main(["analyze", str(tmp_path / "run"), "-q"]) == EXIT_BLIND
 
 
+def test_job_that_fails_before_any_torch_work_gets_one_explanation(tmp_path):
+    """pytorch/examples minGPT-ddp without boto3: the ImportError, then "the probe saw no training"
+    beside the report's own "ended before its first training step"."""
+    job = script(tmp_path, "import torch\nimport a_module_that_is_not_installed\n")
+    result = run_reported(tmp_path, job)
+    assert result.returncode == 1 and "ModuleNotFoundError" in result.stderr
+    assert "no rank wrote a summary" not in result.stderr
+    assert "The job ended (exit code 1) before its first training step" in result.stderr
+
+
 @pytest.mark.parametrize(("how", "code", "said"), [("kill", -signal.SIGKILL, "was killed by SIGKILL"),
                                                    ("exit", 3, "exited with code 3")])
 def test_job_that_ends_itself_at_step_3(tmp_path, how, code, said):

@@ -270,7 +270,7 @@ def execute(
         print(f"torchdoctor: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
     manifest = write_manifest(run_dir, command, job)
-    if not manifest["ranks"]:
+    if not manifest["ranks"] and job.returncode == 0:  # a failed job: the report says when it ended
         print(
             "torchdoctor: no rank wrote a summary: the probe saw no training (it follows torch.optim "
             "optimizers, autograd's backward and DataLoaders, not torch.distributed.rpc's distributed "
