@@ -213,29 +213,32 @@ def test_dl1_handoff_below_five_percent_is_not_reported():
 
 
 def epoch_steps(n: int, every: int, step_ms: float, start_ms: float, start_wait: float,
-                unready_at_starts: bool = True) -> list[StepTiming]:
+                unready_at_starts: bool = True, start_iter: float = 0.0) -> list[StepTiming]:
     """`n` steady steps of `step_ms`; every `every`-th starts an epoch and takes `start_ms`, of
-    which `start_wait` waits for the first batch (not ready); other steps wait 1 ms for ready batches."""
+    which `start_iter` creates the loader's iterator and `start_wait` waits for the first batch
+    (not ready); other steps wait 1 ms for ready batches."""
     out = []
     for i in range(n):
         start = i % every == every - 1
         out.append(StepTiming(step=i, total_ms=start_ms if start else step_ms,
                               dataloader_ms=start_wait if start else 1.0,
                               dataloader_unready_ms=start_wait if start and unready_at_starts else 0.0,
-                              epoch_starts=int(start)))
+                              loader_iter_ms=start_iter if start else 0.0, epoch_starts=int(start)))
     return out
 
 
 def test_dl6_prices_the_timed_epoch_starts_and_claims_their_wait_once():
-    # 40 steps of 50 ms, 4 epoch starts of 350 ms (150 ms of it waiting for the first batch):
-    # excess 4 x 300 over a total of 36 x 50 + 4 x 350 = 3200 ms -> 37.5% of the average step.
-    steps = epoch_steps(40, 10, 50.0, 350.0, 150.0)
+    # 40 steps of 50 ms, 4 epoch starts of 350 ms: 100 ms creating the iterator (the workers start),
+    # 150 ms waiting for the first batch, 50 ms evaluating (not the loader's). The loader's part,
+    # 4 x (100 + 149) over a total of 36 x 50 + 4 x 350 = 3200 ms -> 31.125% of the average step.
+    steps = epoch_steps(40, 10, 50.0, 350.0, 150.0, start_iter=100.0)
     f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=640, batch_size=64)],
                   steps=steps)
     got = only(run("DL-6", (None, f)), "DL-6")
     assert got.severity == "critical" and got.remedy == "dataloader.persistent_workers"
-    assert got.recoverable_pct == pytest.approx(37.5, abs=0.01)
-    assert "300.0 ms longer, every 10 steps" in got.title
+    assert got.recoverable_pct == pytest.approx(31.125, abs=0.01)
+    assert "spends 249.0 ms starting them and waiting for its first batch, every 10 steps" in got.title
+    assert got.evidence[0].values["excess_ms_per_epoch"] == 300.0
     claims = {c.budget: c.asked_ms for c in got.claims}
     assert claims["data.wait"] == pytest.approx(4 * 149.0 / 3200 * 50.0)  # waits above the 1 ms median
     # DL-1 (generic) then finds nothing of that wait left to call input-bound.
@@ -245,7 +248,8 @@ def test_dl6_prices_the_timed_epoch_starts_and_claims_their_wait_once():
 def test_dl6_counts_a_ranks_epoch_in_its_own_batches():
     """pytorch/examples minGPT-ddp on 2 ranks: 4,903 samples in batches of 32 are 77 steps per rank
     under a DistributedSampler, not 153 (the whole dataset's); the one later epoch starts at step 77."""
-    steps = [StepTiming(step=i, total_ms=1600.0 if i == 77 else 260.0, epoch_starts=int(i == 77)) for i in range(154)]
+    steps = [StepTiming(step=i, total_ms=1600.0 if i == 77 else 260.0, epoch_starts=int(i == 77),
+                        loader_iter_ms=80.0 if i == 77 else 0.0) for i in range(154)]
     dl = loader(num_workers=2, persistent_workers=False, dataset_len=4903, batch_size=32, batches_per_epoch=77)
     got = only(run("DL-6", (None, cpu_facts(dataloaders=[dl], steps=steps))), "DL-6")
     assert "every 77 steps; 1 such start(s) in this run" in got.title
