@@ -43,6 +43,7 @@ class Stream(IterableDataset):
 def runtime(monkeypatch: pytest.MonkeyPatch):
     """A fresh Runtime; every torch attribute a remedy may replace is restored afterwards."""
     monkeypatch.setattr(dataloader.DataLoader, "__init__", dataloader.DataLoader.__init__)
+    monkeypatch.setattr(dataloader.DataLoader, "__iter__", dataloader.DataLoader.__iter__)
     monkeypatch.setattr(distributed.DistributedDataParallel, "__init__", distributed.DistributedDataParallel.__init__)
     for obj in vars(torch.optim).values():
         if isinstance(obj, type) and "__init__" in obj.__dict__:
@@ -93,6 +94,31 @@ def test_dataloader_workers_persistent_prefetch(runtime: Runtime) -> None:
     # Persistent workers outlive the loop: stop them here, not from a garbage collection in a later
     # test (a full-suite run once hung at the next test's call with a worker still alive).
     loader._iterator._shutdown_workers()
+
+
+def test_persistent_workers_keep_the_jobs_random_stream(runtime: Runtime) -> None:
+    """pytorch/examples super_resolution (shuffle=True, the global generator): with the workers kept
+    alive, epoch 2 came in another order and `fix` rejected the remedy for changing the losses."""
+    def epochs(loader: DataLoader, n: int = 3) -> list[list[torch.Tensor]]:
+        torch.manual_seed(0)
+        out = [batches(loader) for _ in range(n)]
+        out.append([torch.rand(1)])  # and the job's own draws after the loop
+        if loader.persistent_workers:
+            loader._iterator._shutdown_workers()
+        return out
+
+    def same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> bool:
+        return all(torch.equal(x, y) for ea, eb in zip(a, b, strict=True) for x, y in zip(ea, eb, strict=True))
+
+    plain = epochs(DataLoader(Squares(), batch_size=8, shuffle=True, num_workers=1))
+    # What the remedy has to undo: persistent workers alone shuffle epoch 2 differently.
+    alone = epochs(DataLoader(Squares(), batch_size=8, shuffle=True, num_workers=1, persistent_workers=True))
+    assert same(plain[:1], alone[:1]) and not same(plain[1:2], alone[1:2])
+    patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
+    loader = DataLoader(Squares(), batch_size=8, shuffle=True, num_workers=1)
+    assert loader.persistent_workers
+    assert same(plain, epochs(loader))
+    assert "dataloader.persistent_workers" not in runtime.refused
 
 
 def test_positional_num_workers_is_found(runtime: Runtime) -> None:

@@ -67,7 +67,10 @@ REMEDIES: tuple[Remedy, ...] = (
            "an accelerator (pinned memory only speeds up copies to a device)", target="DataLoader",
            gpu_only=True),
     Remedy("dataloader.persistent_workers", ("DL-6",), "DataLoader(persistent_workers=True): keep "
-           "the workers alive across epochs", "safe", _DL_SAME, "num_workers > 0",
+           "the workers alive across epochs", "safe", _DL_SAME + "; each later epoch still draws the "
+           "random number a new iterator draws, so a shuffled sampler keeps the job's order (made "
+           "permanent, persistent_workers=True shuffles later epochs differently, as randomly)",
+           "num_workers > 0",
            target="DataLoader", follows="dataloader.workers"),
     Remedy("dataloader.prefetch", ("DL-7",), "DataLoader(prefetch_factor=F): a deeper queue of "
            "batches per worker (F = max(4, 2 x current) unless given)", "safe", _DL_SAME,

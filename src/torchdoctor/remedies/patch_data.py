@@ -9,6 +9,7 @@ refused with torch's message.
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 from ..advice.workers import WORKERS_PER_CPU_CAP
@@ -94,6 +95,7 @@ def install(torch: Any, rt: Runtime) -> None:
     orig = cls.__init__
     sig = inspect.signature(orig)
     last: dict[str, Any] = {}
+    kept_alive: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders this remedy made persistent
 
     def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         last.clear()
@@ -106,6 +108,8 @@ def install(torch: Any, rt: Runtime) -> None:
         bound.arguments.update(new)
         site = runtime.user_site()
         last.update(new=new, by=by, site=site)
+        if "persistent_workers" in new:
+            kept_alive.add(bound.arguments["self"])
         for key, value in new.items():
             rt.did(by[key], "DataLoader", site, {key: value}, {key: was[key]})
         return (bound.args, bound.kwargs), plain
@@ -117,3 +121,30 @@ def install(torch: Any, rt: Runtime) -> None:
             rt.refuse(rid, f"DataLoader(..., {key}={last['new'][key]!r}) failed: {type(exc).__name__}: {exc}")
 
     cls.__init__ = kwargs_shim(orig, adjust, rejected, lambda exc: rt.broken(IDS, exc))
+    if rt.active("dataloader.persistent_workers"):
+        _same_random_stream(torch, rt, cls, kept_alive)
+
+
+def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.WeakSet[Any]) -> None:
+    """A new epoch of a loader the remedy keeps alive draws the random number a new iterator draws.
+
+    Without persistent workers, every ``iter(loader)`` builds an iterator whose constructor draws a
+    base seed for the workers from the loader's generator (the global one by default), before the
+    sampler draws its shuffle seed; a persistent loader only resets its iterator and skips that draw.
+    So from the second epoch on the job's random stream, and with it a shuffled sampler's order,
+    would differ from the job without the remedy (pytorch/examples super_resolution: `fix` rejected
+    the remedy, "losses differ first at step 50", its first step of epoch 2) and the A/B would
+    compare other batches. Made permanent, persistent_workers=True shuffles later epochs differently
+    from the job as it is, and as randomly: the suggested change says so.
+    """
+    orig_iter = cls.__iter__
+
+    def __iter__(self: Any) -> Any:
+        try:
+            if self in kept_alive and getattr(self, "_iterator", None) is not None:
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        except Exception as exc:  # never the job's problem: its iterator is built as usual
+            rt.broken(("dataloader.persistent_workers",), exc)
+        return orig_iter(self)
+
+    cls.__iter__ = __iter__
