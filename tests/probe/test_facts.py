@@ -299,27 +299,38 @@ def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
 
 
 # A loop run in a threading.Thread (Ray Train runs the user's loop in one): every phase of every
-# step was 0 and the report said "healthy". A second thread that steps its own copy afterwards
-# (Hogwild-style) must not take the role over or add steps.
+# step was 0 and the report said "healthy". A second thread that steps its own copy meanwhile
+# (Hogwild-style threads) must not take the role over or add steps. (It runs while the trainer is
+# alive: a thread started after another ended may get its ident back, and then counts as it.)
 TRAINS_IN_A_THREAD = """
 import threading
 import torch
 
-def train(steps):
+first_step, helper_done = threading.Event(), threading.Event()
+
+def train(steps, me):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(256, 64), torch.randint(0, 8, (256,))
-    for _ in range(steps):
+    for step in range(steps):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if me == "trainer" and step == 0:
+            first_step.set()
+            helper_done.wait()
+    if me == "helper":
+        helper_done.set()
 
-for name, steps in (("trainer", 12), ("helper", 5)):
-    t = threading.Thread(target=train, args=(steps,), name=name)
-    t.start()
-    t.join()
+trainer = threading.Thread(target=train, args=(12, "trainer"), name="trainer")
+trainer.start()
+first_step.wait()
+helper = threading.Thread(target=train, args=(5, "helper"), name="helper")
+helper.start()
+helper.join()
+trainer.join()
 print("ok")
 """
 
