@@ -131,6 +131,8 @@ def test_mi250_gcd_is_half_the_module():
     # A cloud VM's SR-IOV function, as AMD-AGI/TraceLens's mi300 bert-small trace records it.
     ("AMD Instinct MI300X VF", props("AMD Instinct MI300X VF", (9, 4), 304, 205571227648), "MI300X"),
     ("NVIDIA A100 80GB PCIe", None, "A100-PCIE-80GB"),
+    # deepseek-ai/profile-data's train.json (DeepSeek-V3 training) records these properties.
+    ("NVIDIA H800", props("NVIDIA H800", (9, 0), 132, 84943110144), "H800-SXM"),
 ])
 def test_name_variants(name, p, key):
     got = identify(name, p)
@@ -144,6 +146,10 @@ def test_hopper_peaks():
     assert h200.peak_tflops("bf16") == sxm.peak_tflops("bf16") and h200.mem_bw_gbs == 4800 > sxm.mem_bw_gbs
     assert sxm.ridge_flop_per_byte("bf16") == pytest.approx(989.4e12 / 3350e9)
     assert "H100" in sxm.sources["dense_tflops.bf16"]
+    # The H800 is the H100 SXM's die with NVLink and FP64 cut: same low-precision roofs.
+    h800 = match_device("NVIDIA H800")
+    assert h800 is not None and h800.peak_tflops("bf16") == sxm.peak_tflops("bf16")
+    assert h800.mem_bw_gbs == sxm.mem_bw_gbs and h800.interconnect_gbs == 400 < sxm.interconnect_gbs
 
 
 @pytest.mark.parametrize(("name", "p", "why"), [
@@ -153,6 +159,7 @@ def test_hopper_peaks():
     ("NVIDIA A100", props("NVIDIA A100", (8, 0), 108, 40 * GIB), "could be"),  # SXM4 or PCIe 40GB
     ("NVIDIA H100 80GB HBM3", props("x", (9, 0), 66, 40 * GIB), "match no table entry"),  # e.g. a MIG slice
     ("NVIDIA H100 NVL", props("NVIDIA H100 NVL", (9, 0), 132, 95830 * 2**20), "not in the device table"),
+    ("NVIDIA H800 PCIe", None, "not in the device table"),  # the PCIe part is not the SXM one
     ("", None, "could be"),
     ("AMD Radeon Graphics", props("AMD Radeon Graphics", (11, 0), 48, 24 * GIB), "match no table entry"),
 ])

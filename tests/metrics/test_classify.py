@@ -51,6 +51,14 @@ def test_triton_gemms_are_gemms_of_unknown_path(name):
     ("triton_poi_fused_add_cos_sin_0", KernelKind.ELEMENTWISE),
     ("triton_red_fused_sum_0", KernelKind.REDUCTION),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", KernelKind.COMM),
+    # Expert-parallel all-to-all outside NCCL: DeepEP, and DeepSeek's own kernels in their H800 trace.
+    ("void deep_ep::intranode::dispatch<8, 768, 6>(int4*, float*, int*)", KernelKind.COMM),
+    ("void deep_ep::internode_ll::combine<false>(void*, int*)", KernelKind.COMM),
+    ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*)", KernelKind.COMM),
+    ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*)", KernelKind.COMM),
+    ("void userbuffers_fp16_sum_inplace_gpu_rr_rs<8>(int, int, int, int)", KernelKind.COMM),
+    # DeepEP's layout kernel computes token counts: not communication.
+    ("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*)", KernelKind.OTHER),
 ])
 def test_other_library_kernels_keep_their_kind(name, kind):
     assert kernel_kind(name) == kind

@@ -118,3 +118,15 @@ def test_trace_window_spans_first_to_last_device_event(tmp_path):
     r = run(b, tmp_path, "trace")
     assert (r.window.end_ns - r.window.start_ns) == 600_000
     assert round(r.metrics.idle_pct, 3) == round(100 * 400 / 600, 3)
+
+
+def test_idle_in_a_labelled_region_is_marked_as_a_region(tmp_path):
+    b = one_step(TraceBuilder(), dur=1000)
+    b.kernel(GEMM, 0, 100, launch_at=0)
+    b.annotation("1F1B", 100, 800)  # record_function region: Python with one op inside
+    b.op("aten::empty_like", 150, 50)
+    b.kernel(GEMM, 900, 100, launch_at=890)
+    r = run(b, tmp_path)
+    host = next(c for c in r.idle_causes if c.cause == "host_ops")
+    tops = {t.name: (t.ns, t.region) for t in host.top}
+    assert tops == {"1F1B": (800_000, True), "aten::empty_like": (50_000, False)}

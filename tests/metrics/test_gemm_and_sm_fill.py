@@ -116,6 +116,22 @@ def test_concurrent_kernels_fill_each_others_sms(tmp_path):
     assert f.idle_by_kind == {"gemm": 33_333, "elementwise": 16_667}
 
 
+def test_communication_kernels_hold_the_sms_they_run_on(tmp_path):
+    # Expert-parallel all-to-all (DeepEP) keeps a share of the SMs on purpose and the GEMM beside
+    # it is sized for the rest: the device is full, nothing is left empty.
+    b = step(TraceBuilder())
+    b.kernel(GEMM, 100.0, 400.0, stream=7, launch_at=90.0, blocks_per_sm=0.8)
+    b.kernel("void deep_ep::intranode::dispatch<8, 768, 6>(int4*, float*)", 100.0, 400.0, stream=20,
+             launch_at=91.0, blocks_per_sm=0.2)
+    f = signals(b, tmp_path).sm_fill
+    assert f.kernel_ns == 400_000  # the dispatch is not compute time
+    assert f.sm_idle_ns == 0 and f.sm_efficiency_pct == pytest.approx(100.0)
+    # Alone, the same GEMM leaves a fifth of the device empty.
+    b = step(TraceBuilder())
+    b.kernel(GEMM, 100.0, 400.0, stream=7, launch_at=90.0, blocks_per_sm=0.8)
+    assert signals(b, tmp_path).sm_fill.sm_idle_ns == 80_000
+
+
 def test_sm_fill_absent_without_launch_args(tmp_path):
     b = step(TraceBuilder())
     b.kernel(GEMM, 100.0, 400.0, launch_at=90.0)

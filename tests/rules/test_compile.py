@@ -28,6 +28,18 @@ def test_cg1_silent_when_compiled():
     assert run("CG-1", (eager(count_per_step=10), None)) == []
 
 
+def test_cg1_prices_only_the_kernels_aten_launched():
+    # A custom extension's hand-fused kernels are most of the pointwise time; compiling fuses
+    # only what ATen launched (10 ms of the 30).
+    r = eager()
+    r.kernels.eager_fusable = KindTime("eager_fusable", int(10.0 * 5 * MS), 500 * 5, 10.0)
+    got = only(run("CG-1", (r, None)), "CG-1")
+    assert abs(got.recoverable_ms - 10.0 / 3 * 0.9) < 1e-6
+    assert "500 ATen pointwise/reduction kernels per step" in got.title
+    r.kernels.eager_fusable = KindTime("eager_fusable", int(1.0 * 5 * MS), 50 * 5, 1.0)
+    assert run("CG-1", (r, None)) == []  # too few to matter
+
+
 def test_cg2_graph_breaks():
     f = gpu_facts(compile=CompileFacts(used=True, graph_breaks=3, graph_break_reasons=["Tensor.item"]))
     got = only(run("CG-2", (None, f)), "CG-2")

@@ -135,6 +135,21 @@ def test_ho5_host_bound_names_the_host_work():
     assert "RecMetricModule" in got.title and abs(got.recoverable_pct - 40.0) < 0.1
 
 
+def test_ho5_names_a_region_whose_own_python_holds_the_idle():
+    # DeepSeek's H800 trace: the idle sits inside record_function regions with no op of their
+    # own; the region is the user's code, named as where the Python runs, not as an op to move.
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0,
+             [("1F1B", 38.0), ("combine(B)", 20.0), ("dispatch(F)", 18.0), ("aten::empty_like", 1.0)])
+    for t in r.idle_causes[-1].top[:3]:
+        t.region = True
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert "the Python between ops in the `1F1B` region (and in `combine(B)`, `dispatch(F)`)" in got.title
+    # An op that holds most of the region's idle is named itself.
+    r.idle_causes[-1].top[3].ns = r.idle_causes[-1].top[0].ns
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert "runs aten::empty_like and other host work" in got.title
+
+
 def test_ho5_silent_on_compute_bound_device():
     assert run("HO-5", (idle(gpu_result(busy=99.8), "host_ops", 0.2), None)) == []
 

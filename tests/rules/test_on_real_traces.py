@@ -154,8 +154,10 @@ def test_hw4_numbers_on_a100_8rank_rank3(real):
     r = rep.ranks[0].analysis
     f = r.signals.sm_fill
     assert f.kernel_ns == 283_278_000 and f.underfilled_ns == 54_506_000
-    assert f.sm_idle_ns == 28_654_666  # 4.8 ms per step: 7.4% of busy time
-    assert f.sm_efficiency_pct == 89.81 and f.occupancy_pct == 47.61
+    # 4.0 ms per step: 6.2% of busy time. NCCL's blocks hold SMs while they run beside compute
+    # kernels (28.65 ms empty when they were left out of the fill, as TBP counts every kernel).
+    assert f.sm_idle_ns == 23_891_037
+    assert f.sm_efficiency_pct == 91.51 and f.occupancy_pct == 47.61
     top = f.top[0]
     assert top.name.startswith("void at::native::reduce_kernel<128, 4,") and top.count == 540
     assert top.idle_ns == 4_905_861
@@ -165,8 +167,9 @@ def test_hw4_numbers_on_a100_8rank_rank3(real):
     assert "HW-4" not in {x.id for x in rep.findings}
 
 
-@pytest.mark.parametrize(("name", "efficiency"), [("v100_resnet_rank0", 98.01), ("a100_16rank_rank0", 89.63),
-                                                  ("sampled_128rank_rank0", 97.46)])
+# NCCL kernels running beside compute count as filling their SMs (89.63 and 97.46 before they did).
+@pytest.mark.parametrize(("name", "efficiency"), [("v100_resnet_rank0", 98.01), ("a100_16rank_rank0", 89.66),
+                                                  ("sampled_128rank_rank0", 97.69)])
 def test_hw4_silent_where_compute_kernels_fill_the_sms(real, name, efficiency):
     rep = real(name)
     assert rep.ranks[0].analysis.signals.sm_fill.sm_efficiency_pct == efficiency

@@ -25,9 +25,14 @@ class KernelKind(IntEnum):
 KERNEL_KIND_LABELS = {k: k.name.lower() for k in KernelKind}
 
 # NCCL renamed its kernels (ncclKernel_* -> ncclDevKernel_*); RCCL keeps nccl names on ROCm.
+# Communication outside NCCL moves data from kernels too: expert-parallel all-to-all (DeepEP's
+# `deep_ep::{intranode,internode,internode_ll}::dispatch/combine/notify_*`, DeepSeek's own
+# `dpsk::ep::internode::*` in their published H800 trace; `deep_ep::layout::*` computes, it is not
+# matched) and TransformerEngine's userbuffers (`userbuffers_*` reduce-scatter/all-gather kernels).
 _COMM = re.compile(
     r"^nccl|ncclKernel|ncclDevKernel|^rccl|cross_device_reduce|custom_?all_?reduce|"
-    r"^(gloo|c10d)[:_]|nvshmem|one_shot_all_reduce|two_shot_all_reduce|multimem_all_reduce",
+    r"^(gloo|c10d)[:_]|nvshmem|one_shot_all_reduce|two_shot_all_reduce|multimem_all_reduce|"
+    r"ep::(intra|inter)node(_ll)?::|userbuffers_",
     re.IGNORECASE,
 )
 _ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|mha_|_mha|cudnn_mha", re.IGNORECASE)

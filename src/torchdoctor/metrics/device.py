@@ -174,7 +174,8 @@ def top_by_name(ctx: Context, idx: np.ndarray, within: iv.Intervals, n: int = 5)
             break
         sel = names == name_id
         first = int(tr.ts[idx[sel]][np.argmax(cov[sel])])
-        out.append(NamedTime(tr.names[name_id], int(sums[name_id]), int(counts[name_id]), first))
+        region = bool((tr.cat[idx[sel]] == Cat.USER_ANNOTATION).all())
+        out.append(NamedTime(tr.names[name_id], int(sums[name_id]), int(counts[name_id]), first, region))
     return out
 
 

@@ -10,6 +10,7 @@ from . import intervals as iv
 from .classify import KERNEL_KIND_LABELS, KernelKind, memcpy_kind
 from .context import Context
 from .device import pct
+from .gemm import launch_calls
 from .model import KernelBreakdown, KernelStat, KindTime, MemcpyRow
 from .roofline import fill_stat
 from .work import KernelWork, kernel_work
@@ -89,5 +90,71 @@ def kernel_breakdown(ctx: Context, top_n: int = 15, dev: Identification | None =
         acc[2] += int(np.clip(tr.nbytes[sel], 0, None).sum())
     memcpy = [MemcpyRow(d, h, c, ns, b, round(b / ns, 2) if ns > 0 else None)
               for (d, h), (c, ns, b) in sorted(rows.items(), key=lambda r: -r[1][1])]
-    return KernelBreakdown(by_kind=by_kind, top=top, memcpy=memcpy, distinct_kernels=distinct,
-                           device_key=dev.device.key if dev.device else None, device_note=dev.reason)
+    return KernelBreakdown(by_kind=by_kind, eager_fusable=eager_fusable(ctx, idx), top=top, memcpy=memcpy,
+                           distinct_kernels=distinct, device_key=dev.device.key if dev.device else None,
+                           device_note=dev.reason)
+
+
+FUSABLE = (KernelKind.ELEMENTWISE, KernelKind.REDUCTION)
+# How far back among a thread's earlier ops the search for a launch's enclosing op goes.
+MAX_WALK = 64
+
+
+def eager_fusable(ctx: Context, idx: np.ndarray) -> KindTime | None:
+    """Pointwise/reduction kernels (of the window's device work `idx`) that ATen ops launched.
+
+    A kernel counts when the innermost cpu_op holding its launch call (same thread, joined by
+    correlation id) is an `aten::` op: Inductor lowers and fuses those. Kernels a custom
+    extension launches from its own autograd Function or a user annotation (hand-fused casts,
+    layer norms, rotary embeddings in DeepSeek's published H800 trace) are left out: compiling
+    the model does not fuse them. `ns` is the union of their intervals in the window, `count`
+    their number, `pct_of_busy` their share of device busy time. None when no kernel can be joined
+    to its launch call (no correlation ids): callers then fall back to the kinds' totals.
+    """
+    tr = ctx.tr
+    k = idx[(tr.cat[idx] == Cat.KERNEL) & np.isin(ctx.kind[idx], FUSABLE) & (tr.correlation[idx] >= 0)]
+    calls = launch_calls(ctx)
+    if calls.size == 0 or not (tr.correlation[idx[tr.cat[idx] == Cat.KERNEL]] >= 0).any():
+        return None
+    by_corr = np.argsort(tr.correlation[calls], kind="stable")
+    pos = np.searchsorted(tr.correlation[calls][by_corr], tr.correlation[k])
+    pos = np.minimum(pos, calls.size - 1)
+    call = calls[by_corr][pos]
+    joined = tr.correlation[call] == tr.correlation[k]
+    k, call = k[joined], call[joined]
+    aten = np.zeros(k.size, bool)
+    ops = np.flatnonzero(tr.mask(Cat.CPU_OP) & ctx.host)
+    for tid in np.unique(tr.tid[call]).tolist():
+        sel = np.flatnonzero(tr.tid[call] == tid)
+        own = ops[tr.tid[ops] == tid]
+        if own.size == 0:
+            continue
+        own = own[np.lexsort((-tr.end[own], tr.ts[own]))]  # a parent before a child that starts with it
+        ts, ends = tr.ts[own], tr.end[own]
+        t0, t1 = tr.ts[call[sel]], tr.end[call[sel]]
+        j = np.searchsorted(ts, t0, side="right") - 1
+        found = np.full(sel.size, -1, np.int64)
+        todo = np.arange(sel.size)
+        # The latest-starting op that still holds the call is the innermost (ops nest); walk back
+        # over earlier ops that ended before it, a bounded number of steps.
+        for _ in range(MAX_WALK):
+            todo = todo[j[todo] >= 0]
+            if todo.size == 0:
+                break
+            holds = ends[j[todo]] >= t1[todo]
+            found[todo[holds]] = j[todo[holds]]
+            todo = todo[~holds]
+            j[todo] -= 1
+        ok = found >= 0
+        names = tr.name[own[found[ok]]]
+        aten[sel[ok]] = _aten_names(tr, names)
+    k = k[aten]
+    t = iv.total(iv.clip(iv.union(tr.ts[k], tr.end[k]), ctx.win.start, ctx.win.end)) if k.size else 0
+    return KindTime("eager_fusable", int(t), int(k.size), pct(t, iv.total(ctx.busy)) or 0.0)
+
+
+def _aten_names(tr, names: np.ndarray) -> np.ndarray:
+    """Which interned op names are ATen's (`aten::...`)."""
+    uniq, inv = np.unique(names, return_inverse=True)
+    is_aten = np.array([tr.names[int(n)].startswith("aten::") for n in uniq], bool)
+    return is_aten[inv] if uniq.size else np.zeros(0, bool)

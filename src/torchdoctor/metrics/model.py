@@ -80,6 +80,9 @@ class NamedTime(msgspec.Struct):
     count: int = 0
     # Start (ns) of the largest occurrence, so a user can find it in the trace viewer.
     first_ts_ns: int | None = None
+    # A labelled region (user_annotation, record_function), not an op: time inside it with no op
+    # of its own is the Python the region runs.
+    region: bool = False
 
 
 class IdleCause(msgspec.Struct):
@@ -204,6 +207,9 @@ class Roofline(msgspec.Struct):
 
 class KernelBreakdown(msgspec.Struct):
     by_kind: list[KindTime] = []
+    # Pointwise/reduction kernels that ATen ops launched (metrics/kernels.py `eager_fusable`):
+    # what Inductor could fuse; a custom extension's hand-fused kernels are not in it.
+    eager_fusable: KindTime | None = None
     top: list[KernelStat] = []
     memcpy: list[MemcpyRow] = []
     distinct_kernels: int = 0

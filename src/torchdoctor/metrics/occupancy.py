@@ -63,7 +63,9 @@ def sm_fill(ctx: Context, simt: np.ndarray | None = None, top_n: int = 5) -> SmF
     kernels on other streams fill each other's SMs, as TBP counts them); sm_efficiency_pct =
     100 x (1 - sm_idle / compute-kernel time); occupancy_pct = duration-weighted mean est. achieved
     occupancy. idle_by_kind / idle_fp32_simt_ns split sm_idle_ns in proportion to each kernel's own
-    ns x (1 - min(blocks per SM, 1)); `simt` marks plain FP32 GEMM/conv kernels. Blocks per SM:
+    ns x (1 - min(blocks per SM, 1)); `simt` marks plain FP32 GEMM/conv kernels. Communication
+    kernels are not in the population, but their blocks count in the sum while they run beside
+    compute kernels (they hold those SMs). Blocks per SM:
     Kineto's, else grid blocks / `sm_count` (module docstring). None without any such kernel (no
     device, ROCm, or a trace without launch args).
     """
@@ -81,11 +83,21 @@ def sm_fill(ctx: Context, simt: np.ndarray | None = None, top_n: int = 5) -> SmF
     b = blocks[keep].astype(np.float64)
     own_idle = dur * (1.0 - np.minimum(b, 1.0))
 
-    # Sweep: sum of blocks per SM (and of running kernels) between consecutive start/end points.
-    t = np.concatenate([s, e])
+    # Communication kernels running beside compute hold SMs too (DeepEP's dispatch/combine keep
+    # a set of SMs on purpose, and the GEMMs are sized for the rest): their blocks fill the level,
+    # they are not counted as compute time.
+    c = np.flatnonzero(tr.mask(Cat.KERNEL) & ctx.in_window & (ctx.kind == KernelKind.COMM))
+    cb = blocks_per_sm(ctx, c, sms)
+    cs, ce = np.maximum(tr.ts[c], w.start), np.minimum(tr.end[c], w.end)
+    ckeep = (ce > cs) & np.isfinite(cb)
+    cs, ce, cb = cs[ckeep], ce[ckeep], cb[ckeep].astype(np.float64)
+
+    # Sweep: sum of blocks per SM (and of running compute kernels) between consecutive start/end points.
+    t = np.concatenate([s, cs, e, ce])
     order = np.argsort(t, kind="stable")
-    level = np.cumsum(np.concatenate([b, -b])[order])
-    running = np.cumsum(np.concatenate([np.ones(k.size), -np.ones(k.size)])[order])
+    level = np.cumsum(np.concatenate([b, cb, -b, -cb])[order])
+    ones, zeros = np.ones(k.size), np.zeros(cs.size)
+    running = np.cumsum(np.concatenate([ones, zeros, -ones, zeros])[order])
     seg = np.diff(t[order]).astype(np.float64)
     on = running[:-1] > 0.5
     fill = np.clip(level[:-1], 0.0, 1.0)

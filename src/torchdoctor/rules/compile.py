@@ -51,8 +51,7 @@ def fusion_claim(v: View) -> tuple[float, float, float] | None:
     """
     if v.r is None or compiled(v) or not v.has_device_trace:
         return None
-    kinds = {k.kind: k for k in v.r.kernels.by_kind}
-    fusable = [kinds[k] for k in FUSABLE_KINDS if k in kinds]
+    fusable = fusable_kernels(v)
     count = sum(k.count for k in fusable) / max(v.n_steps, 1)
     if count < MIN_FUSABLE_PER_STEP:
         return None
@@ -68,7 +67,16 @@ def fusable_capacity(v: View) -> float:
     """Pointwise/reduction kernel time per step (what fusion could shorten)."""
     if v.r is None or not v.has_device_trace:
         return 0.0
-    return v.ms(sum(k.ns for k in v.r.kernels.by_kind if k.kind in FUSABLE_KINDS))
+    return v.ms(sum(k.ns for k in fusable_kernels(v)))
+
+
+def fusable_kernels(v: View) -> list:
+    """The kernels compiling would fuse: pointwise/reduction kernels that ATen ops launched
+    (`kernels.eager_fusable`), else, for a trace without launch correlation, all of those kinds."""
+    ks = v.r.kernels
+    if ks.eager_fusable is not None:
+        return [ks.eager_fusable]
+    return [k for k in ks.by_kind if k.kind in FUSABLE_KINDS]
 
 
 @rule("CG-1", budgets=("device.busy.fusable",))
@@ -76,7 +84,8 @@ def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
     """Eager mode with many pointwise/reduction kernels that torch.compile would fuse.
 
     Trace: no `Torch-Compiled Region` events and >= 100 elementwise/reduction kernels per step
-    (HTA frequent-sequence candidates, TTG "Fuse operations"). Gain: FUSION_GAIN of their device
+    that ATen ops launched (HTA frequent-sequence candidates, TTG "Fuse operations"; a custom
+    extension's own kernels are already fused by hand and compiling leaves them alone). Gain: FUSION_GAIN of their device
     time, scaled by the busy share. Always info: the gain is an assumption and compile is an
     opt-in remedy (it can fail or recompile); warnings are for time measured as wasted.
     """
@@ -87,7 +96,7 @@ def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
         count, dev, gain = got
         return finding(
             v, "CG-1", "compile",
-            f"Eager mode runs {count:.0f} pointwise/reduction kernels per step ({fmt_ms(dev)}); torch.compile "
+            f"Eager mode runs {count:.0f} ATen pointwise/reduction kernels per step ({fmt_ms(dev)}); torch.compile "
             f"could fuse them (about {fmt_ms(gain)} per step).",
             gain, sev="info", evidence=[Evidence(f"{count:.0f} pointwise/reduction kernels per step, {fmt_ms(dev)} of "
                                                  f"device time; no compiled regions; busy share {device_bound(v):.0%}.",

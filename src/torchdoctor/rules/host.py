@@ -375,11 +375,19 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
         if oc is not None and opt_left > 0.1 * rest:
             tops += list(oc.top)
         tops.sort(key=lambda t: -t.ns)
+        op_tops = [t for t in tops if not t.region]
         if untraced > ops:
             doing = "is outside any traced op (Python between ops, compilation, I/O, or an untraced thread)"
             lead = "untraced host work"
+        elif tops and tops[0].region and (not op_tops or op_tops[0].ns < tops[0].ns / 2):
+            # A labelled region (record_function) covers the idle but its ops do not: the time is
+            # the region's own Python, and the region is the user's code, not something to move.
+            inner = [f"`{_short(t.name)}`" for t in tops[1:] if t.region][:2]
+            lead = (f"the Python between ops in the `{_short(tops[0].name)}` region"
+                    + (f" (and in {', '.join(inner)})" if inner else ""))
+            doing = f"runs {lead} and other host work"
         else:
-            lead = _short(tops[0].name) if tops else "host ops"
+            lead = _short(op_tops[0].name) if op_tops else "host ops"
             doing = f"runs {lead} and other host work"
         ls = v.r.launches
         return finding(
