@@ -25,8 +25,13 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     batch_size: int | None = None
     # Qualified name of the collate_fn ("torch.utils.data._utils.collate.default_collate" when default).
     collate_fn: str | None = None
-    # Source location "file:line" of the DataLoader(...) call, for the permanent fix.
+    # Source location "file:line" of the user's DataLoader(...) call, for the permanent fix; for
+    # a loader a library re-created from the user's (same dataset), the user's original call.
     call_site: str | None = None
+    # The installed package whose code called DataLoader(...) ("transformers": the Trainer
+    # builds it from TrainingArguments), and that line; None when the user's code called it.
+    created_by: str | None = None
+    library_site: str | None = None
     # Host syncs (.item() / .numpy() / .tolist() on tensors) seen inside collate_fn per batch.
     collate_syncs_per_batch: float | None = None
     # Mean time in collate_fn per batch, ms (num_workers=0 only: workers collate out of sight).
@@ -100,6 +105,8 @@ class OptimizerFacts(msgspec.Struct, omit_defaults=True):
     num_params: int | None = None
     num_param_tensors: int | None = None
     call_site: str | None = None
+    # The installed package that created it ("transformers": Trainer.create_optimizer), if not the user.
+    created_by: str | None = None
 
 
 class ModuleDeviceFacts(msgspec.Struct, omit_defaults=True):

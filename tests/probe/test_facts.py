@@ -344,3 +344,44 @@ def test_a_loop_on_another_thread_is_the_one_timed(tmp_path):
     assert [s["step"] for s in steps] == list(range(12))  # the helper's 5 steps are not the loop's
     steady = steps[1:]
     assert all(s["forward_ms"] > 0 and s["backward_ms"] > 0 and s["optimizer_ms"] > 0 for s in steady)
+
+
+LIBRARY = """
+from torch.utils.data import DataLoader
+
+def build(dataset):  # a Trainer-like library that builds the loader itself
+    return DataLoader(dataset, batch_size=8)
+
+def prepare(loader):  # an accelerate-like library that re-creates the user's loader
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, num_workers=loader.num_workers)
+"""
+
+LIBRARY_JOB = """
+import sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+sys.path.insert(0, sys.argv[1])
+import fakelib
+
+data = TensorDataset(torch.randn(64, 4))
+for (x,) in fakelib.build(data):
+    pass
+mine = DataLoader(data, batch_size=8)  # LINE_USER
+for (x,) in fakelib.prepare(mine):
+    pass
+print("ok")
+"""
+
+
+def test_a_loader_a_library_builds_has_no_line_to_edit_and_a_rebuilt_one_keeps_the_users(tmp_path):
+    site_packages = tmp_path / "venv" / "lib" / "site-packages"
+    (site_packages / "fakelib").mkdir(parents=True)
+    (site_packages / "fakelib" / "__init__.py").write_text(LIBRARY)
+    job = script(tmp_path, LIBRARY_JOB)
+    result = run_wrapped(tmp_path / "run", job, str(site_packages))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    built, rebuilt = facts_of(tmp_path / "run")["dataloaders"]
+    assert built["created_by"] == "fakelib" and "call_site" not in built
+    assert built["library_site"] == f"{site_packages / 'fakelib' / '__init__.py'}:5"
+    line = next(i for i, t in enumerate(LIBRARY_JOB.splitlines(), start=1) if "LINE_USER" in t)
+    assert rebuilt["created_by"] == "fakelib" and rebuilt["call_site"] == f"{job}:{line}"

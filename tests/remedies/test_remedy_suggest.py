@@ -75,3 +75,16 @@ def test_changes_group_by_site_and_fall_back_to_snippets(tmp_path: Path) -> None
     assert [c.language for c in changes] == ["diff", "shell"]
     assert changes[0].ids == ["dataloader.workers", "dataloader.persistent_workers"]
     assert changes[1].text == "unset CUDA_LAUNCH_BLOCKING"
+
+
+def test_a_loader_the_trainer_builds_is_changed_through_training_arguments() -> None:
+    def entry(rid: str, key: str, value: object, library: str) -> dict:
+        return {"id": rid, "target": "DataLoader", "site": None, "set": {key: value}, "was": {}, "library": library}
+
+    applied = {"dataloader.workers": [entry("dataloader.workers", "num_workers", 1, "transformers")],
+               "dataloader.pin_memory": [entry("dataloader.pin_memory", "pin_memory", True, "lightning")]}
+    trainer, other = changes_for(["dataloader.workers", "dataloader.pin_memory"], applied)
+    assert trainer.where.startswith("TrainingArguments") and trainer.text == "TrainingArguments(..., dataloader_num_workers=1)"
+    # Another library: no file of its to patch, its settings named.
+    assert other.where == "inside lightning (change it through its settings)"
+    assert other.text == "DataLoader(..., pin_memory=True)"

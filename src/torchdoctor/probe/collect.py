@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from torchdoctor.callsite import Site
 from torchdoctor.compile.guards import first_line
 from torchdoctor.compile.records import LIMIT_REASON, frame_names, recompile_frames
 from torchdoctor.facts import (
@@ -102,8 +103,9 @@ def param_dtypes(modules: Iterable[Any]) -> dict[str, int]:
     return dict(counts)
 
 
-def dataloader_facts(loader: Any, call_site: str | None) -> DataLoaderFacts:
+def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
     num_workers = attempt(lambda: int(loader.num_workers))
+    site = site or Site()
     return DataLoaderFacts(
         num_workers=num_workers,
         pin_memory=attempt(lambda: bool(loader.pin_memory)),
@@ -112,7 +114,9 @@ def dataloader_facts(loader: Any, call_site: str | None) -> DataLoaderFacts:
         persistent_workers=attempt(lambda: bool(loader.persistent_workers)),
         batch_size=attempt(lambda: loader.batch_size),
         collate_fn=attempt(lambda: qualname(loader.collate_fn)),
-        call_site=call_site,
+        call_site=site.user,
+        created_by=site.library,
+        library_site=site.library_site,
         dataset_len=attempt(lambda: len(loader.dataset)),
         batches_per_epoch=attempt(lambda: batches_per_epoch(loader)),
     )
@@ -126,7 +130,7 @@ def batches_per_epoch(loader: Any) -> int | None:
     return len(sampler) if type(sampler).__name__ != "_InfiniteConstantSampler" else None
 
 
-def optimizer_facts(opt: Any, call_site: str | None) -> OptimizerFacts:
+def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
     defaults = getattr(opt, "defaults", {}) or {}
     tensors = [p for g in opt.param_groups for p in g.get("params", ())]
     return OptimizerFacts(
@@ -136,7 +140,8 @@ def optimizer_facts(opt: Any, call_site: str | None) -> OptimizerFacts:
         capturable=defaults.get("capturable"),
         num_params=sum(p.numel() for p in tensors),
         num_param_tensors=len(tensors),
-        call_site=call_site,
+        call_site=site.user if site else None,
+        created_by=site.library if site else None,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from torchdoctor.callsite import Site, caller_frame, creation_site
 from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo, workers
 from torchdoctor.probe.clock import Source, StepClock
 from torchdoctor.probe.config import ProbeConfig
@@ -55,7 +56,10 @@ class Probe:
         self.loader_by_iter: weakref.WeakKeyDictionary[Any, summary.LoaderRecord] = (
             weakref.WeakKeyDictionary()
         )
-        self.sites: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.sites: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()
+        # The user's DataLoader(...) line per dataset (by id): a loader a library re-creates from
+        # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
+        self.dataset_sites: dict[int, str] = {}
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).
@@ -143,22 +147,12 @@ class Probe:
             self.last_flush = now
             self._open_progress()
 
-    def user_site(self, depth: int) -> str | None:
-        """ "file:line" of the first caller frame (from ``depth`` up) outside torch and the probe."""
-        frame = sys._getframe(depth + 1)
+    def creation_site(self, depth: int) -> Site:
+        """Where the caller ``depth`` frames up was called from, past torch and the probe
+        (callsite.creation_site: the user's line, or the library that made the call)."""
         probe_dir = os.path.dirname(__file__)
-        for _ in range(40):
-            if frame is None:
-                return None
-            name = frame.f_code.co_filename
-            if not (
-                name.startswith(self.torch_dir)
-                or name.startswith(probe_dir)
-                or name.startswith("<torchdoctor")
-            ):
-                return f"{name}:{frame.f_lineno}"
-            frame = frame.f_back
-        return None
+        return creation_site(caller_frame(depth + 1),
+                             lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir))
 
     # ------------------------------------------------------------ boundaries
     def boundary(self, source: Source, now: float) -> None:

@@ -39,8 +39,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from torchdoctor.callsite import Site
 from torchdoctor.probe import collect, imphook, shims, unseen, workers
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
@@ -157,15 +159,26 @@ def install_all(probe: Probe) -> None:
 def _site_recorder(probe: Probe, where: str) -> tuple[Callable[..., Any], Callable[..., None]]:
     """before/after pair remembering the user's call site of a constructor."""
 
-    def before(args: tuple[Any, ...]) -> str | None:
-        return probe.user_site(2)  # frames: user_site <- before <- shim <- caller
+    def before(args: tuple[Any, ...]) -> Site | None:
+        return probe.creation_site(2)  # frames: creation_site <- before <- shim <- caller
 
-    def after(site: str | None, args: tuple[Any, ...], result: Any) -> None:
+    def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         if result is not shims.FAILED and args:
             fault_point(where)
-            probe.sites[args[0]] = site or ""
+            probe.sites[args[0]] = site or Site()
 
     return before, after
+
+
+def _loader_site(probe: Probe, loader: Any) -> Site | None:
+    """The loader's creation site; for one a library re-created from the user's (same dataset),
+    the user's DataLoader(...) line, which the library copies its settings from."""
+    site = probe.sites.get(loader)
+    if site is None or site.user is not None:
+        return site
+    dataset = getattr(loader, "dataset", None)
+    origin = probe.dataset_sites.get(id(dataset)) if dataset is not None else None
+    return replace(site, user=origin) if origin else site
 
 
 def _dataloader(probe: Probe) -> None:
@@ -173,7 +186,15 @@ def _dataloader(probe: Probe) -> None:
 
     loader_cls, base_iter = dl.DataLoader, dl._BaseDataLoaderIter
     _quiet_workers(probe)
-    before, after = _site_recorder(probe, "dataloader.init")
+    before, record = _site_recorder(probe, "dataloader.init")
+
+    def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
+        record(site, args, result)
+        if result is not shims.FAILED and args and site is not None and site.user is not None:
+            dataset = getattr(args[0], "dataset", None)
+            if dataset is not None and len(probe.dataset_sites) < _MAX_LOADERS:
+                probe.dataset_sites.setdefault(id(dataset), site.user)
+
     loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
 
     def iter_after(t0: float | None, args: tuple[Any, ...], it: Any) -> None:
@@ -189,7 +210,7 @@ def _dataloader(probe: Probe) -> None:
         if record is None:
             if len(probe.loaders) >= _MAX_LOADERS:
                 return
-            facts = collect.dataloader_facts(loader, probe.sites.get(loader) or None)
+            facts = collect.dataloader_facts(loader, _loader_site(probe, loader))
             record = LoaderRecord(facts, collate_code=code_of(loader.collate_fn))
             probe.loader_by_obj[loader] = record
             probe.loaders.append(record)
@@ -357,7 +378,7 @@ def _optimizer(probe: Probe) -> None:
         if opt not in known:
             known.add(opt)
             probe.optimizers.append(
-                (weakref.ref(opt), collect.optimizer_facts(opt, probe.sites.get(opt) or None))
+                (weakref.ref(opt), collect.optimizer_facts(opt, probe.sites.get(opt)))
             )
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
@@ -607,15 +628,15 @@ def _ddp(probe: Probe) -> None:
 
     cls = distributed.DistributedDataParallel
 
-    def before(args: tuple[Any, ...]) -> str | None:
-        return probe.user_site(2)
+    def before(args: tuple[Any, ...]) -> Site | None:
+        return probe.creation_site(2)
 
-    def after(site: str | None, args: tuple[Any, ...], result: Any) -> None:
+    def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         if result is shims.FAILED or not args:
             return
         fault_point("ddp.init")
         ddp = args[0]
-        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(ddp, site, None)))
+        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(ddp, site.user if site else None, None)))
 
     cls.__init__ = shims.around(cls.__init__, before, after, _failed("ddp.init"))
 

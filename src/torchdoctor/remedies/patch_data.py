@@ -106,12 +106,13 @@ def install(torch: Any, rt: Runtime) -> None:
         plain = (bound.args, bound.kwargs)
         was = {k: bound.arguments.get(k) for k in new}
         bound.arguments.update(new)
-        site = runtime.user_site()
+        where = runtime.creation_site()
+        site = where.user
         last.update(new=new, by=by, site=site)
         if "persistent_workers" in new:
             kept_alive.add(bound.arguments["self"])
         for key, value in new.items():
-            rt.did(by[key], "DataLoader", site, {key: value}, {key: was[key]})
+            rt.did(by[key], "DataLoader", site, {key: value}, {key: was[key]}, library=where.library)
         return (bound.args, bound.kwargs), plain
 
     def rejected(exc: BaseException) -> None:

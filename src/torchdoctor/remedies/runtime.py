@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any
 
+from ..callsite import Site, caller_frame
+from ..callsite import creation_site as walk_out
 from .catalogue import Spec
 
 ENV_RUN_DIR = "TORCHDOCTOR_RUN_DIR"  # the probe's run directory (probe/config.py)
@@ -74,8 +76,11 @@ class Runtime:
     def skip(self, rid: str, reason: str) -> None:
         self.skipped.setdefault(rid, reason)
 
-    def did(self, rid: str, target: str, site: str | None, set_: dict[str, Any], was: dict[str, Any]) -> None:
+    def did(self, rid: str, target: str, site: str | None, set_: dict[str, Any], was: dict[str, Any],
+            library: str | None = None) -> None:
         entry = {"id": rid, "target": target, "site": site, "set": set_, "was": was}
+        if library and not site:
+            entry["library"] = library  # an installed package made the call: its settings, not a diff
         if entry not in self.applied and len(self.applied) < 200:
             self.applied.append(entry)
 
@@ -130,21 +135,23 @@ RUNTIME = Runtime()
 
 
 def user_site() -> str | None:
-    """"file:line" of the innermost caller outside torch, torchdoctor and the shims."""
+    """"file:line" of the user's call that led here, past torch, torchdoctor and the shims; None
+    when an installed library made the call (a diff must not edit a library's file)."""
+    return _creation_site(2).user
+
+
+def creation_site() -> Site:
+    """Where the call that led here came from: the user's line, or the library that made it."""
+    return _creation_site(2)
+
+
+def _creation_site(depth: int) -> Site:
     torch_mod = sys.modules.get("torch")
     torch_dir = os.path.dirname(getattr(torch_mod, "__file__", "") or "/nonexistent") + os.sep
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # Our own wrappers and the probe's; the bundled demo (torchdoctor/workloads) is user code.
     ours = (os.path.join(package, "remedies") + os.sep, os.path.join(package, "probe") + os.sep)
-    frame = sys._getframe(1)
-    for _ in range(60):
-        if frame is None:
-            return None
-        name = frame.f_code.co_filename
-        if not (name.startswith(torch_dir) or name.startswith(ours) or name.startswith("<")):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
+    return walk_out(caller_frame(depth), lambda name: name.startswith(torch_dir) or name.startswith(ours))
 
 
 def cpus() -> int:

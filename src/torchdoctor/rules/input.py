@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..advice.loader_settings import loader_fix
 from ..advice.workers import advise_workers, training_busy_pct, workers_wait_on_io
 from ..facts import StepTiming, sampled_comm_median
 from ._common import (
@@ -200,12 +201,11 @@ def _pin(v: View) -> str:
     return " pin_memory=True," if v.accel else ""
 
 
-def _call_site(v: View) -> str:
-    if v.f is not None:
-        for d in v.f.dataloaders:
-            if d.call_site:
-                return f" (DataLoader created at {d.call_site})"
-    return ""
+def _loader_fix(v: View, text: str, snippet: str) -> Fix:
+    """A DataLoader fix at the job's own loader: its DataLoader(...) line, or the TrainingArguments
+    fields when transformers' Trainer builds it (advice/loader_settings.py); `{where}` in the text
+    takes the site."""
+    return loader_fix(v.f.dataloaders if v.f is not None else [], text, snippet)
 
 
 def dl7_claim(v: View) -> float:
@@ -262,9 +262,9 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
             f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.",
             gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).",
                                                                  {"advised_workers": n})],
-            fix=Fix(f"Load in worker processes{_call_site(v)}: set num_workers={n} ({how}), then tune.",
-                    f"DataLoader(dataset, batch_size=..., num_workers={n},{_pin(v)}\n"
-                    f"           persistent_workers=True, prefetch_factor=2)"),
+            fix=_loader_fix(v, f"Load in worker processes{{where}}: set num_workers={n} ({how}), then tune.",
+                            f"DataLoader(dataset, batch_size=..., num_workers={n},{_pin(v)}\n"
+                            f"           persistent_workers=True, prefetch_factor=2)"),
             confidence="high" if v.f is not None else "medium",
             confirm="" if v.f is not None else "run under `torchdoctor run` to read the DataLoader settings",
             remedy="dataloader.workers", source="TBP DataLoader > 5% of step; TT SynchronizedDataLoader; PL workers formula",
@@ -326,8 +326,8 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             f"DataLoader; {why}.",
             rest, evidence=evidence,
             fix=Fix(fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
-                    "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)" if epoch_bound else
-                    f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"),
+                    "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)") if epoch_bound else
+            _loader_fix(v, fix_text, f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
             remedy=None if nw == 0 or epoch_bound else "dataloader.workers",
@@ -389,8 +389,8 @@ def prefetch_starved(inputs: RuleInputs) -> list[Finding]:
                                       f"{fmt_ms(p95)}; {starved:.0%} of steps wait over 5% of the step.",
                                       {"starved_share": round(starved, 3), "p95_wait_ms": round(p95, 3), "steps": n,
                                        "waits_ms": [round(w, 3) for w in waits][:50]})],
-            fix=Fix(f"Raise prefetch_factor (now {pf or 2}) to {new_pf}, or add workers.",
-                    f"DataLoader(..., num_workers={nw or 'N'}, prefetch_factor={new_pf}, persistent_workers=True)"),
+            fix=_loader_fix(v, f"Raise prefetch_factor (now {pf or 2}) to {new_pf}, or add workers{{where}}.",
+                            f"DataLoader(..., num_workers={nw or 'N'}, prefetch_factor={new_pf}, persistent_workers=True)"),
             confidence="medium", remedy="dataloader.prefetch",
             source="GPP prefetch_queue_starved (>=20% of steps, p95 >= 20 ms)", budget="data.wait")
     return per_rank(inputs, one)
@@ -424,8 +424,8 @@ def too_many_workers(inputs: RuleInputs) -> list[Finding]:
             "the loader and the training loop compete for cores.", 0.0, sev=sev,  # type: ignore[arg-type]
             evidence=[Evidence(f"{nw} workers x {lws} rank(s) vs {cpus} CPUs in the affinity mask.",
                                {"num_workers": nw, "local_world_size": lws, "cpus": cpus})],
-            fix=Fix(f"Use at most {suggested_workers(v)} worker(s) per rank.",
-                    f"DataLoader(..., num_workers={suggested_workers(v)})"),
+            fix=_loader_fix(v, f"Use at most {suggested_workers(v)} worker(s) per rank{{where}}.",
+                            f"DataLoader(..., num_workers={suggested_workers(v)})"),
             confidence="medium", confirm="`torchdoctor fix --apply dataloader.workers` measures the effect",
             remedy="dataloader.workers", source="PT check_worker_number_rationality; SMD Dataloader > 200% of cores")
     return per_rank(inputs, one)
@@ -472,8 +472,8 @@ def pageable_memory(inputs: RuleInputs) -> list[Finding]:
             + (f": about {fmt_ms(gain)} per step to gain." if traced else "."),
             gain, evidence=ev, warn=2.0,
             sev=None if traced else "info",
-            fix=Fix("Pin host memory in the loader and copy asynchronously (pin in the loader, not in the loop).",
-                    "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)"),
+            fix=_loader_fix(v, "Pin host memory in the loader and copy asynchronously (pin in the loader, not in "
+                            "the loop){where}.", "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)"),
             confidence="high" if rows else "medium",
             confirm="" if traced else "the profiler window of `torchdoctor run` measures the copy time",
             remedy="dataloader.pin_memory", source="NSYS cuda_memcpy_async; TTG pin_memory; proposed 2% of step",
@@ -554,7 +554,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                         "job's own work between epochs (evaluation, checkpoints).",
                         {**facts, "epoch_starts": ep.starts, "steps": ep.steps,
                          "excess_ms_per_epoch": round(ep.excess_ms, 3), "loader_ms_per_epoch": round(ep.loader_ms, 3)})],
-                    fix=Fix("Keep the workers alive across epochs.", "DataLoader(..., persistent_workers=True)"),
+                    fix=_loader_fix(v, "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
                     confidence="medium", remedy="dataloader.persistent_workers",
                     source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
                     budget={"data.wait": wait, "step": max(0.0, gain - wait)})
@@ -566,7 +566,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                 evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
                                    f"{per_epoch or '?'} steps per epoch; no epoch start was timed, so the "
                                    f"start-up is assumed ({WORKER_START_S:g} s per worker, fork).", facts)],
-                fix=Fix("Keep the workers alive across epochs.", "DataLoader(..., persistent_workers=True)"),
+                fix=_loader_fix(v, "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
                 confidence="low", remedy="dataloader.persistent_workers",
                 confirm="run past an epoch boundary under `torchdoctor run` to time the restarts",
                 source="PL persistent_workers warning; GPP first_step_outlier")

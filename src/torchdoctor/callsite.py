@@ -1,0 +1,104 @@
+"""Where the user's code created an object: the call site a permanent fix edits.
+
+Shared by the probe (where a DataLoader, optimizer or DDP was created) and the remedies (where
+a remedy changed one). A frame is *internal* (torch, torchdoctor's probe/remedies, a `<string>`
+shim) or a *library's* (an installed package: a `site-packages`/`dist-packages` path) or
+*standard library* (transparent: `functools`, `runpy`...) or the *user's*. When a library made
+the call for the user (Hugging Face's Trainer builds the DataLoader, accelerate rebuilds it,
+Lightning re-creates it with a distributed sampler), the site that a diff may edit is not the
+library's line: `Site.user` is then None and `Site.library` names the package, so the advice
+goes through that library's own settings instead of a patch to an installed file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+_LIBRARY_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    dirs = set()
+    for key in ("stdlib", "platstdlib"):
+        try:
+            d = sysconfig.get_paths()[key]
+        except (KeyError, OSError):
+            continue
+        dirs.add(os.path.realpath(d) + os.sep)
+        dirs.add(d.rstrip(os.sep) + os.sep)
+    return tuple(sorted(dirs))
+
+
+_STDLIB = _stdlib_dirs()
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a constructor was called from.
+
+    user: "file:line" of the user's own call, when the user's code made it (directly, or through
+    the standard library); None when a library made it. library: the top-level package the
+    user's code called into (the outermost library frame), None for a direct call. library_site:
+    the nearest library frame's "file:line" (where the call was made). caller: the user's line
+    that led into the library (trainer.train()), if any.
+    """
+
+    user: str | None = None
+    library: str | None = None
+    library_site: str | None = None
+    caller: str | None = None
+
+
+def library_of(path: str) -> str | None:
+    """The installed package a source file belongs to ("transformers"), None for other files."""
+    if f"torchdoctor{os.sep}workloads{os.sep}" in path:
+        return None  # the bundled demo jobs are the user's code wherever they are installed
+    for marker in _LIBRARY_DIRS:
+        i = path.rfind(marker)
+        if i >= 0:
+            rest = path[i + len(marker):]
+            top = rest.split(os.sep, 1)[0]
+            return top.removesuffix(".py") or None
+    return None
+
+
+def is_stdlib(path: str) -> bool:
+    return bool(_STDLIB) and path.startswith(_STDLIB) and library_of(path) is None
+
+
+def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limit: int = 60) -> Site:
+    """Walk out from `frame` past internal frames: the first user frame, or the library that called."""
+    library = library_site = None
+    for _ in range(limit):
+        if frame is None:
+            break
+        name = frame.f_code.co_filename
+        if internal(name) or name.startswith("<") or is_stdlib(name):
+            frame = frame.f_back
+            continue
+        lib = library_of(name)
+        here = f"{name}:{frame.f_lineno}"
+        if lib is None:
+            if library is None:
+                return Site(user=here)
+            return Site(library=library, library_site=library_site, caller=here)
+        # The library the user called into (the outermost before the user's frame) is the one
+        # whose settings the user controls: transformers' Trainer, even when accelerate's code,
+        # which the Trainer calls, built the loader. Its site is the nearest library frame.
+        library = lib
+        library_site = library_site or here
+        frame = frame.f_back
+    return Site(library=library, library_site=library_site)
+
+
+def caller_frame(depth: int) -> FrameType | None:
+    """The frame `depth` levels above the caller of this function."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:
+        return None

@@ -1,0 +1,35 @@
+"""DataLoader fixes told where the job builds its loader (advice/loader_settings.py)."""
+
+from __future__ import annotations
+
+from torchdoctor.advice.loader_settings import loader_fix, trainer_snippet
+from torchdoctor.facts import DataLoaderFacts
+
+SNIPPET = "DataLoader(dataset, batch_size=..., num_workers=2, pin_memory=True,\n           persistent_workers=True, prefetch_factor=2)"
+
+
+def test_the_users_loader_gets_its_line():
+    fix = loader_fix([DataLoaderFacts(call_site="/job/train.py:12")], "Use workers{where}.", SNIPPET)
+    assert fix.text == "Use workers (DataLoader created at /job/train.py:12)." and fix.snippet == SNIPPET
+
+
+def test_the_trainers_loader_gets_training_arguments():
+    trainer = DataLoaderFacts(created_by="transformers", library_site="/venv/site-packages/accelerate/data_loader.py:428")
+    fix = loader_fix([trainer], "Load in workers{where}: set num_workers=2, keep pin_memory.", SNIPPET)
+    assert fix.text == ("Load in workers (the DataLoader is built by transformers' Trainer from its TrainingArguments): "
+                        "set dataloader_num_workers=2, keep dataloader_pin_memory.")
+    assert fix.snippet == ("TrainingArguments(..., dataloader_num_workers=2, dataloader_pin_memory=True, "
+                           "dataloader_persistent_workers=True, dataloader_prefetch_factor=2)")
+    # A setting TrainingArguments lacks keeps the DataLoader snippet.
+    assert trainer_snippet("DataLoader(ds, worker_init_fn=f)") is None
+
+
+def test_another_library_is_named_with_its_line():
+    fix = loader_fix([DataLoaderFacts(created_by="lightning", library_site="/venv/site-packages/lightning/x.py:9")],
+                     "Pin memory{where}.", "DataLoader(..., pin_memory=True)")
+    assert fix.text == ("Pin memory (the DataLoader is built by lightning, at /venv/site-packages/lightning/x.py:9: "
+                        "change it through lightning's settings).")
+
+
+def test_unknown_origin_says_nothing_more():
+    assert loader_fix([DataLoaderFacts()], "Pin memory{where}.", "x").text == "Pin memory."

@@ -1,0 +1,45 @@
+"""callsite.py: the user's line that created an object, or the library that created it."""
+
+from __future__ import annotations
+
+import os
+
+from torchdoctor.callsite import Site, caller_frame, creation_site, library_of
+
+LIB = os.sep.join(["", "venv", "lib", "python3.11", "site-packages"])
+
+
+def code_at(path: str, src: str, ns: dict) -> None:
+    """Define `src`'s functions as if they lived in the file `path` (their frames say so)."""
+    exec(compile(src, path, "exec"), ns)
+
+
+def build() -> dict:
+    ns: dict = {"creation_site": creation_site, "caller_frame": caller_frame}
+    # The constructor that records where it was called from (what the probe's shim does).
+    code_at("/opt/torch/utils/data.py", "def DataLoader():\n    return creation_site(caller_frame(0), "
+            "lambda n: n.startswith('/opt/torch/'))\n", ns)
+    code_at(f"{LIB}/accelerate/data_loader.py", "def prepare():\n    return DataLoader()\n", ns)
+    code_at(f"{LIB}/transformers/trainer.py", "def train():\n    return prepare()\n", ns)
+    code_at("/home/me/job/train.py", "def direct():\n    return DataLoader()\n\ndef through():\n    return train()\n", ns)
+    return ns
+
+
+def test_the_users_own_call_is_the_site():
+    assert build()["direct"]() == Site(user="/home/me/job/train.py:2")
+
+
+def test_a_library_call_names_the_library_the_user_called_not_a_line_to_edit():
+    got = build()["through"]()
+    assert got.user is None  # no diff into an installed package
+    assert got.library == "transformers"  # the user called the Trainer; accelerate built the loader
+    assert got.library_site == f"{LIB}/accelerate/data_loader.py:2"
+    assert got.caller == "/home/me/job/train.py:5"
+
+
+def test_library_of():
+    assert library_of(f"{LIB}/transformers/trainer.py") == "transformers"
+    assert library_of("/usr/lib/python3/dist-packages/six.py") == "six"
+    assert library_of("/home/me/job/train.py") is None
+    # The bundled demo jobs are the user's code, installed or not.
+    assert library_of(f"{LIB}/torchdoctor/workloads/demo.py") is None
