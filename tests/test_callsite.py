@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 
 from torchdoctor.callsite import Site, caller_frame, creation_site, library_of
@@ -10,7 +11,9 @@ LIB = os.sep.join(["", "venv", "lib", "python3.11", "site-packages"])
 
 
 def code_at(path: str, src: str, ns: dict) -> None:
-    """Define `src`'s functions as if they lived in the file `path` (their frames say so)."""
+    """Define `src`'s functions as if they lived in the file `path` (their frames say so, and
+    linecache serves their source lines)."""
+    linecache.cache[path] = (len(src), None, src.splitlines(True), path)
     exec(compile(src, path, "exec"), ns)
 
 
@@ -43,3 +46,16 @@ def test_library_of():
     assert library_of("/home/me/job/train.py") is None
     # The bundled demo jobs are the user's code, installed or not.
     assert library_of(f"{LIB}/torchdoctor/workloads/demo.py") is None
+
+
+def test_a_library_that_only_wraps_the_users_own_call_leaves_it_the_users():
+    # Lightning patches DataLoader.__init__ to record its arguments: its wrapper frame sits between
+    # the user's DataLoader(...) line and the constructor.
+    ns: dict = {"creation_site": creation_site, "caller_frame": caller_frame}
+    code_at("/opt/torch/utils/data.py", "def DataLoader():\n    return creation_site(caller_frame(0), "
+            "lambda n: n.startswith('/opt/torch/'), called='DataLoader')\n", ns)
+    code_at(f"{LIB}/lightning/fabric/utilities/data.py", "def wrapper():\n    return DataLoader()\n", ns)
+    code_at("/home/me/job/lit.py", "def train_dataloader():\n    return wrapper()  # DataLoader(ds) here\n\n"
+            "def other():\n    return wrapper()\n", ns)
+    assert ns["train_dataloader"]() == Site(user="/home/me/job/lit.py:2")
+    assert ns["other"]().library == "lightning"  # a line that does not call DataLoader( itself

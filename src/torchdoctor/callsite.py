@@ -12,7 +12,9 @@ goes through that library's own settings instead of a patch to an installed file
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -71,8 +73,14 @@ def is_stdlib(path: str) -> bool:
     return bool(_STDLIB) and path.startswith(_STDLIB) and library_of(path) is None
 
 
-def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limit: int = 60) -> Site:
-    """Walk out from `frame` past internal frames: the first user frame, or the library that called."""
+def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limit: int = 60,
+                  called: str | None = None) -> Site:
+    """Walk out from `frame` past internal frames: the first user frame, or the library that called.
+
+    `called`: the constructor's name ("DataLoader"). A library frame between the user's line and the
+    constructor may only wrap it (Lightning patches DataLoader.__init__ to record its arguments):
+    when the user's line itself calls `called(`, the call is the user's.
+    """
     library = library_site = None
     for _ in range(limit):
         if frame is None:
@@ -84,7 +92,7 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         lib = library_of(name)
         here = f"{name}:{frame.f_lineno}"
         if lib is None:
-            if library is None:
+            if library is None or (called and _line_calls(name, frame.f_lineno, called)):
                 return Site(user=here)
             return Site(library=library, library_site=library_site, caller=here)
         # The library the user called into (the outermost before the user's frame) is the one
@@ -94,6 +102,12 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         library_site = library_site or here
         frame = frame.f_back
     return Site(library=library, library_site=library_site)
+
+
+def _line_calls(path: str, lineno: int, name: str) -> bool:
+    """Whether the source line calls `name(` (Python >= 3.11 reports a call spanning lines at its
+    first line; an older one may report a later line, and the call then reads as the library's)."""
+    return re.search(rf"\b{re.escape(name)}\s*\(", linecache.getline(path, lineno)) is not None
 
 
 def caller_frame(depth: int) -> FrameType | None:

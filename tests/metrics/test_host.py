@@ -126,3 +126,24 @@ def test_an_lbfgs_closures_forward_and_backward_inside_the_optimizer_step(tmp_pa
     # Forward 2 x 160 (from each zero_grad's end, 90 and 490 µs, to its pass), backward 2 x 200.
     assert r.host.phases_ms == {"data": 0.0, "forward": 0.32, "backward": 0.4, "optimizer": 0.28,
                                 "comm": 0.0, "other": 0.0}
+
+
+def test_a_lightning_closure_runs_its_forward_before_zero_grad(tmp_path):
+    """Lightning's automatic optimization hands Optimizer.step a closure that runs training_step,
+    then zero_grad, then backward: the forward is before the zero_grad, and the step's own update
+    after the closure is the optimizer's."""
+    b = TraceBuilder(device_name=None)
+    for n in range(2):
+        t0 = n * 1000
+        b.step(n + 1, t0, 1000)
+        b.annotation("Optimizer.step#Adam.step", t0 + 100, 800)
+        b.op("aten::linear", t0 + 110, 300)  # training_step's forward and loss
+        b.op("aten::mse_loss", t0 + 420, 40)
+        b.annotation("Optimizer.zero_grad#Adam.zero_grad", t0 + 470, 20)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 500, 200)
+        b.op("aten::_foreach_add_", t0 + 720, 150)  # Adam's update
+    r = run(b, tmp_path, "all")
+    # Forward: 100..470 = 370 µs (the closure's start to its zero_grad); backward 200; optimizer:
+    # zero_grad 20 + the update's 200 (700..900); other: 0..100 and 900..1000.
+    assert r.host.phases_ms == {"data": 0.0, "forward": 0.37, "backward": 0.2, "optimizer": 0.23,
+                                "comm": 0.0, "other": 0.2}

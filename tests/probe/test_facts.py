@@ -261,17 +261,33 @@ def test_syncs_per_step_count_the_loop_not_its_set_up_or_evaluation(tmp_path):
 
 
 # pytorch/examples mnist_forward_forward: each layer's forward() is called directly, so no module
-# hook runs on the model, and the forward was silently reported as "other".
+# hook runs on the model, and the forward was silently reported as "other". A LightningModule's
+# training_step calls its children, never the LightningModule: the hooks go down a level.
 FORWARD_CALLED_DIRECTLY = """
 import torch
 
+class Lit(torch.nn.Module):  # a LightningModule's shape: the loop calls training_step
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    def training_step(self, x, y):
+        return torch.nn.functional.cross_entropy(self.body(x), y)
+
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+if CALL == "leaf":  # a module without children, its forward() called directly: nothing to hook
+    model = torch.nn.Linear(64, 8)
+elif CALL == "lightning":
+    model = Lit()
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(512, 64), torch.randint(0, 8, (512,))
 for step in range(12):
-    out = model.forward(x) if CALL == "forward" else model(x)
-    loss = torch.nn.functional.cross_entropy(out, y)
+    if CALL == "lightning":
+        loss = model.training_step(x, y)
+    else:
+        out = model.forward(x) if CALL in ("forward", "leaf") else model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -279,7 +295,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("call", ["forward", "module"])
+@pytest.mark.parametrize("call", ["leaf", "forward", "lightning", "module"])
 def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
     from torchdoctor.session import report_from_run_dir
 
@@ -290,9 +306,14 @@ def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
     assert len(steady) == 11 and all(s.get("backward_ms", 0) > 0 for s in steady)
     remarks = [w.message for w in report_from_run_dir(str(tmp_path / "run")).warnings]
     said = [m for m in remarks if "the probe timed no forward" in m]
-    if call == "forward":
+    if call == "leaf":
         assert all(s.get("forward_ms", 0) == 0 for s in steady)
         assert len(said) == 1 and said[0].startswith("rank 0:") and "model.forward(x)" in said[0]
+    elif call in ("forward", "lightning"):
+        # Step 1 ran no hooked forward; the hooks then went down to the children that hold
+        # parameters, and every later step times its forward.
+        assert steady[0].get("forward_ms", 0) == 0 and all(s["forward_ms"] > 0 for s in steady[1:])
+        assert not said, remarks
     else:
         assert all(s["forward_ms"] > 0 for s in steady)
         assert not said, remarks

@@ -132,6 +132,23 @@ def test_dl2_advises_more_workers_for_latency_bound_loading():
     assert "num_workers=1" in got.fix.snippet and "CPU-bound" in got.fix.text
 
 
+def test_dl2_claims_nothing_when_no_cpu_is_free_for_a_worker():
+    # A CPU-only job whose torch threads hold both CPUs, loading CPU-bound: a worker takes its core
+    # from the training's compute (a Lightning job on 2 CPUs: claimed 42%, `fix` measured x0.62).
+    steps = [StepTiming(step=i, total_ms=10.0, dataloader_ms=4.0) for i in range(12)]
+    cpu = CpuFacts(affinity=[0, 1], local_world_size=1, main_process_cpu_pct=180.0, torch_num_threads=2)
+    f = cpu_facts(dataloaders=[loader(num_workers=0)], cpu=cpu, steps=steps)
+    found = run_all((None, f))
+    dl2, dl1 = only(found, "DL-2"), only(found, "DL-1")
+    assert dl2.recoverable_ms == 0.0 and dl2.severity == "info"
+    assert "no CPU is free for a worker" in dl2.title and "torch.set_num_threads(1)" in dl2.fix.snippet
+    assert "no CPU is free for loader workers" in dl1.title and abs(dl1.recoverable_ms - 4.0) < 0.01
+    # One torch thread leaves a CPU free: the worker's gain is claimed as before.
+    one = msgspec_replace(cpu, torch_num_threads=1)
+    dl2 = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=one, steps=steps))), "DL-2")
+    assert dl2.recoverable_ms > 0 and "could hide" in dl2.title
+
+
 def test_dl3_silent_when_workers_wait_on_io():
     # 2 workers x 2 ranks on 2 CPUs, but the rank's workers use 30% of a core together.
     cpu = CpuFacts(affinity=[0, 1], local_world_size=2, dataloader_workers_cpu_pct=30.0)

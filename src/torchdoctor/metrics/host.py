@@ -209,23 +209,52 @@ def backward_passes(ctx: Context, main: np.ndarray) -> iv.Intervals:
     return nodes[0][first], np.maximum.reduceat(nodes[1], first)
 
 
-def closure_forwards(ctx: Context, passes: iv.Intervals) -> iv.Intervals:
-    """Forward time of the closures an optimizer's step runs (LBFGS): inside an ``Optimizer.step#``
-    range that holds backward passes, from the end of the closure's ``Optimizer.zero_grad#`` call
-    to the start of the pass that follows it (the closure of torch's docs: zero_grad, forward,
-    loss, backward). A closure without zero_grad leaves its forward to the optimizer."""
+def closure_forwards(ctx: Context, passes: iv.Intervals, ops: iv.Intervals) -> iv.Intervals:
+    """Forward time of the closures an optimizer's step runs (LBFGS; Lightning's automatic
+    optimization hands Optimizer.step a closure that runs training_step, zero_grad and backward).
+
+    Inside an ``Optimizer.step#`` range that holds backward passes, each pass's closure spans from
+    the range's start, or the previous pass's end, to the pass, less its ``Optimizer.zero_grad#``
+    calls. A zero_grad in that span splits it: the forward is the part after it (torch's docs'
+    closure: zero_grad, forward, loss, backward; what precedes it is the optimizer's own work
+    between closures, LBFGS's line search), unless that part holds under a quarter of the traced
+    op time (`ops`: the thread's cpu_ops, not its annotations) of the part before it (Lightning's: forward, zero_grad, backward). A span
+    without zero_grad is the closure's forward whole.
+    """
     tr = ctx.tr
     opt = ctx.optimizer_mask & ctx.in_window
     zero = opt & tr.name_mask(lambda n: n.startswith("Optimizer.zero_grad#"))
     step_ranges = iv.union(tr.ts[opt & ~zero], tr.end[opt & ~zero])
-    if passes[0].size == 0 or not zero.any() or step_ranges[0].size == 0:
+    if passes[0].size == 0 or step_ranges[0].size == 0:
         return iv.EMPTY
-    zero_ends = np.sort(tr.end[zero])
-    j = np.searchsorted(zero_ends, passes[0], side="right") - 1
-    z = zero_ends[np.maximum(j, 0)]
-    after_previous = z >= np.concatenate([[ctx.win.start], passes[1][:-1]])
-    keep = (j >= 0) & after_previous & (z < passes[0])
-    return iv.intersect(iv.union(z[keep], passes[0][keep]), step_ranges)
+    zs, ze = iv.union(tr.ts[zero], tr.end[zero])
+    rs, re_ = step_ranges
+    out_s: list[int] = []
+    out_e: list[int] = []
+    prev_end = None
+    for ps, pe in zip(passes[0].tolist(), passes[1].tolist(), strict=True):
+        k = int(np.searchsorted(rs, ps, side="right")) - 1
+        if k < 0 or re_[k] < ps:
+            prev_end = pe
+            continue
+        lo = int(rs[k]) if prev_end is None or prev_end < rs[k] else max(int(rs[k]), prev_end)
+        prev_end = pe
+        if lo >= ps:
+            continue
+        j = int(np.searchsorted(ze, ps, side="right")) - 1
+        if j >= 0 and ze[j] > lo:  # the last zero_grad between lo and the pass
+            before = (np.array([lo], np.int64), np.array([max(lo, int(zs[j]))], np.int64))
+            after = (np.array([int(ze[j])], np.int64), np.array([ps], np.int64))
+            held = iv.total(iv.intersect(after, ops)), iv.total(iv.intersect(before, ops))
+            a, b = (after if held[0] >= held[1] / 4 else before)
+            out_s.append(int(a[0]))
+            out_e.append(int(b[0]))
+        else:
+            out_s.append(lo)
+            out_e.append(ps)
+    if not out_s:
+        return iv.EMPTY
+    return iv.union(np.array(out_s, np.int64), np.array(out_e, np.int64))
 
 
 def host_split(ctx: Context) -> tuple[HostBreakdown, list[dict[str, float]]]:
@@ -249,8 +278,8 @@ def host_split(ctx: Context) -> tuple[HostBreakdown, list[dict[str, float]]]:
     main = ctx.host & (tr.tid == ctx.main_tid) & tr.mask(Cat.CPU_OP, Cat.USER_ANNOTATION)
     main &= ~tr.name_mask(lambda n: n.startswith("ProfilerStep#"))
     bwd = backward_passes(ctx, main)
-    closures = closure_forwards(ctx, bwd)
     fwd_all = ctx.clipped_union(main)
+    closures = closure_forwards(ctx, bwd, ctx.clipped_union(main & tr.mask(Cat.CPU_OP)))
     rows: list[dict[str, float]] = []
     for s in steps:
         remaining = (np.array([s.start], np.int64), np.array([s.end], np.int64))

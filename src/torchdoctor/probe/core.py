@@ -33,6 +33,8 @@ from torchdoctor.probe.shims import SHIM_FILENAME
 from torchdoctor.probe.window import ProfilerWindow, WindowSkipped
 
 perf_counter = time.perf_counter
+# Levels below the root modules the forward hooks may descend to (probe/hooks.descend_forward_hooks).
+_MAX_DESCENTS = 3
 _DDP_EARLY_STEPS = 12  # DDP samples runtime stats on iterations 1-10, then every 100
 
 
@@ -71,6 +73,11 @@ class Probe:
         self.root_hooks: list[tuple[weakref.ref[Any], int, int]] = []
         self.root_hook_fns: tuple[Any, ...] = ()
         self.roots_attached = False
+        # Forward/backward calls seen in the current step, and how many levels below the roots the
+        # forward hooks went looking (a root whose own forward is never called: Lightning).
+        self.fwd_calls = self.bwd_calls = 0
+        self.hook_descents = 0
+        self.hook_frontier: list[weakref.ref[Any]] = []  # the modules the last descent hooked
         self.sync_sites: Counter[tuple[str, int]] = Counter()
         self.sync_total = 0
         # sync_total when step 0 closed, when the last step closed, and the steps in between.
@@ -147,12 +154,13 @@ class Probe:
             self.last_flush = now
             self._open_progress()
 
-    def creation_site(self, depth: int) -> Site:
+    def creation_site(self, depth: int, called: str | None = None) -> Site:
         """Where the caller ``depth`` frames up was called from, past torch and the probe
         (callsite.creation_site: the user's line, or the library that made the call)."""
         probe_dir = os.path.dirname(__file__)
         return creation_site(caller_frame(depth + 1),
-                             lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir))
+                             lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir),
+                             called=called)
 
     # ------------------------------------------------------------ boundaries
     def boundary(self, source: Source, now: float) -> None:
@@ -232,6 +240,14 @@ class Probe:
             from torchdoctor.probe import hooks
 
             hooks.attach_root_hooks(self)
+        elif self.roots_attached and self.fwd_calls == 0 and self.bwd_calls and self.hook_descents < _MAX_DESCENTS:
+            # Backward ran but no hooked module was called: the roots are containers the loop
+            # never calls (a LightningModule's training_step calls its children). One level down.
+            self.hook_descents += 1
+            from torchdoctor.probe import hooks
+
+            hooks.descend_forward_hooks(self)
+        self.fwd_calls = self.bwd_calls = 0
         if self.ddps and (closed < _DDP_EARLY_STEPS or closed % 100 <= 1):
             self._read_ddp_comm()
         self._drive_window(closed + 1)

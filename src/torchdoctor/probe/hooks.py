@@ -160,7 +160,8 @@ def _site_recorder(probe: Probe, where: str) -> tuple[Callable[..., Any], Callab
     """before/after pair remembering the user's call site of a constructor."""
 
     def before(args: tuple[Any, ...]) -> Site | None:
-        return probe.creation_site(2)  # frames: creation_site <- before <- shim <- caller
+        called = type(args[0]).__name__ if args else None
+        return probe.creation_site(2, called)  # frames: creation_site <- before <- shim <- caller
 
     def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         if result is not shims.FAILED and args:
@@ -420,6 +421,7 @@ def _backward(probe: Probe) -> None:
         now = perf_counter()
         probe.activity(now)
         probe.bwd_depth += 1
+        probe.bwd_calls += 1
         return now
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
@@ -454,6 +456,7 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 now = perf_counter()
                 probe.activity(now)
                 probe.fwd_t0 = now
+                probe.fwd_calls += 1
         except Exception as exc:
             ERRORS.record("forward", exc)
 
@@ -522,6 +525,39 @@ def attach_root_hooks(probe: Probe) -> None:
     if probe.root_hooks:
         _hooks_never_travel(probe, torch)
 
+
+def descend_forward_hooks(probe: Probe) -> None:
+    """Put the forward hooks one level below the deepest hooked modules, on their children that
+    hold trainable parameters: called when a step ran backward but no hooked module's forward (a
+    LightningModule's training_step calls `self.body(x)`, never the LightningModule itself).
+    Nested hooked calls count once (the depth counter), so a parent that is called later too
+    still times one forward."""
+    if not probe.root_hook_fns:
+        return
+    pre, post = probe.root_hook_fns
+    level = probe.hook_frontier or [ref for ref, *_ in probe.root_hooks]
+    hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
+    frontier = []
+    for ref in level:
+        module = ref()
+        if module is None or len(frontier) >= _MAX_CHILD_HOOKS:
+            continue
+        for child in module.children():
+            if id(child) in hooked or not any(p.requires_grad for p in child.parameters()):
+                continue
+            hooked.add(id(child))
+            a = child.register_forward_pre_hook(pre)
+            b = child.register_forward_hook(post, always_call=True)
+            probe.root_hooks.append((weakref.ref(child), a.id, b.id))
+            frontier.append(weakref.ref(child))
+            if len(frontier) >= _MAX_CHILD_HOOKS:
+                break
+    probe.hook_frontier = frontier
+
+
+# At most this many modules get hooks at each level a descent adds (a ModuleList of 100 layers
+# would otherwise cost 100 hook pairs per step).
+_MAX_CHILD_HOOKS = 16
 
 # The module hook tables the probe's root hooks sit in; a forward hook registered with
 # always_call=True is also listed, by the same key, in the third.

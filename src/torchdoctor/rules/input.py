@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..advice.loader_settings import loader_fix
-from ..advice.workers import advise_workers, training_busy_pct, workers_wait_on_io
+from ..advice.workers import LoadingAdvice, advise_loading, training_busy_pct, workers_wait_on_io
 from ..facts import StepTiming, sampled_comm_median
 from ._common import (
     View,
@@ -26,9 +26,11 @@ from ._common import (
     per_rank,
     tops_text,
     ts_item,
+    views,
     worker_loader,
     worker_split_text,
 )
+from ._cpu import oversubscribed_by_job
 from .engine import GENERIC, RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -140,13 +142,29 @@ def advised_workers(v: View) -> tuple[int, str]:
     cpus = cpu_count(v)
     if cpus is None:
         return DEFAULT_WORKERS, f"a default of {DEFAULT_WORKERS}: the job's CPUs are not known from a trace"
+    a = loading_advice(v, cpus)
+    return a.workers, a.why
+
+
+def loading_advice(v: View, cpus: int) -> LoadingAdvice:
+    """advice.workers.advise_loading for this rank (its CPUs known)."""
     lws = (v.f.cpu.local_world_size if v.f is not None else None) or 1
     timed = v.timed[2:] or v.timed
     step = float(np.median([s.total_ms for s in timed])) if timed else v.step_ms
     wait = float(np.median([s.dataloader_ms for s in timed])) if timed else data_wait_ms(v)
     busy = training_busy_pct(timed, v.f.cpu.main_process_cpu_pct if v.f is not None else None)
     blocked = sampled_comm_median(timed)
-    return advise_workers(cpus, lws, step, wait, busy, blocked_ms=blocked)
+    return advise_loading(cpus, lws, step, wait, busy, blocked_ms=blocked)
+
+
+def no_core_for_workers(v: View, all_views: list[View]) -> bool:
+    """A CPU-only rank whose loading is CPU-bound while the job's torch threads already hold every
+    CPU of its mask: a worker would take its core from the training's own compute, not from idle
+    time (pytorch-lightning job on 2 CPUs: DL-2 claimed 42% and `fix` measured x0.62 with 1 worker)."""
+    cpus = cpu_count(v)
+    if v.accel or cpus is None or v.f is None:
+        return False
+    return not loading_advice(v, cpus).latency_bound and oversubscribed_by_job(v, all_views)
 
 
 def suggested_workers(v: View) -> int:
@@ -246,6 +264,8 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
     wait that N workers (advised_workers: PL's formula, more for latency-bound loading) can hide
     behind compute: wait - max(0, wait/N - compute).
     """
+    all_views = views(inputs)
+
     def one(v: View) -> Finding | None:
         if num_workers(v) != 0:
             return None
@@ -256,15 +276,30 @@ def synchronous_loading(inputs: RuleInputs) -> list[Finding]:
                else "trace: _SingleProcessDataLoaderIter")
         if v.pct(wait) < 0.5:
             return None
+        crowded = no_core_for_workers(v, all_views)
+        if crowded:
+            threads = v.f.cpu.torch_num_threads if v.f is not None else None
+            title = (f"The DataLoader runs in the training process (num_workers=0): each step waits {fmt_ms(wait)} "
+                     f"({v.pct(wait):.0f}%) for its batch, but no CPU is free for a worker: the job's torch threads "
+                     f"({threads or '?'} per rank) hold every CPU of the rank, and a worker would take its core "
+                     "from the training's own compute.")
+            fix = _loader_fix(v, f"Make room before adding workers{{where}}: fewer torch threads "
+                              f"(torch.set_num_threads) and num_workers={n}; `torchdoctor fix` measures whether "
+                              "the trade pays.", f"torch.set_num_threads({max(1, (threads or 2) - 1)})\n"
+                              f"DataLoader(dataset, batch_size=..., num_workers={n})")
+            gain = 0.0
+        else:
+            title = (f"The DataLoader runs in the training process (num_workers=0): each step waits "
+                     f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.")
+            fix = _loader_fix(v, f"Load in worker processes{{where}}: set num_workers={n} ({how}), then tune.",
+                              f"DataLoader(dataset, batch_size=..., num_workers={n},{_pin(v)}\n"
+                              f"           persistent_workers=True, prefetch_factor=2)")
         return finding(
-            v, "DL-2", "input",
-            f"The DataLoader runs in the training process (num_workers=0): each step waits "
-            f"{fmt_ms(wait)} ({v.pct(wait):.0f}%) for its batch; {n} worker(s) could hide about {fmt_ms(gain)}.",
-            gain, evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).",
-                                                                 {"advised_workers": n})],
-            fix=_loader_fix(v, f"Load in worker processes{{where}}: set num_workers={n} ({how}), then tune.",
-                            f"DataLoader(dataset, batch_size=..., num_workers={n},{_pin(v)}\n"
-                            f"           persistent_workers=True, prefetch_factor=2)"),
+            v, "DL-2", "input", title,
+            gain, sev="info" if crowded else None,
+            evidence=_dl_evidence(v, wait) + [Evidence(f"Loading is synchronous ({src}).",
+                                                       {"advised_workers": n, "no_free_cpu": crowded})],
+            fix=fix,
             confidence="high" if v.f is not None else "medium",
             confirm="" if v.f is not None else "run under `torchdoctor run` to read the DataLoader settings",
             remedy="dataloader.workers", source="TBP DataLoader > 5% of step; TT SynchronizedDataLoader; PL workers formula",
@@ -281,13 +316,17 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
     collate, DL-2's share with num_workers=0, DL-7's bursts with workers); with workers, the
     handoff of batches that were already ready is reported, not claimed.
     """
+    all_views = views(inputs)
+
     def one(v: View) -> Finding | None:
         wait = data_wait_ms(v)
         nw = num_workers(v)
         at_starts = False
         if nw == 0:
             rest = v.left("data.wait")
-            why = f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute"
+            why = ("no CPU is free for loader workers (the job's torch threads hold them all), so producing the "
+                   "batch stays on the step" if no_core_for_workers(v, all_views) else
+                   f"even {suggested_workers(v)} worker(s) would not keep up: loading is slower than the compute")
         else:
             starved_or_handoff = v.left("data.wait")
             handoff = starved_or_handoff * handoff_share(v)
