@@ -143,6 +143,8 @@ def test_dl2_claims_nothing_when_no_cpu_is_free_for_a_worker():
     assert dl2.recoverable_ms == 0.0 and dl2.severity == "info"
     assert "no CPU is free for a worker" in dl2.title and "torch.set_num_threads(1)" in dl2.fix.snippet
     assert "no CPU is free for loader workers" in dl1.title and abs(dl1.recoverable_ms - 4.0) < 0.01
+    # No device to move the work to: the per-sample overhead is what a CPU-only job can cut.
+    assert "index whole batches" in dl1.fix.text and "GPU" not in dl1.fix.text
     # One torch thread leaves a CPU free: the worker's gain is claimed as before.
     one = msgspec_replace(cpu, torch_num_threads=1)
     dl2 = only(run("DL-2", (None, cpu_facts(dataloaders=[loader(num_workers=0)], cpu=one, steps=steps))), "DL-2")

@@ -343,8 +343,12 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             return None
         known = nw is not None
         epoch_bound = nw != 0 and at_starts
-        fix_text = ("Make each batch cheaper to produce: move decoding/augmentation to the GPU "
-                    "(torchvision.transforms.v2 on tensors, DALI), pre-decode the data set, use a faster "
+        cheaper = ("move decoding/augmentation to the GPU (torchvision.transforms.v2 on tensors, DALI), "
+                   if v.accel else
+                   # A CPU-only job has no device to move the work to: cut the per-sample overhead.
+                   "index whole batches of in-memory data (a BatchSampler with batch_size=None, one tensor "
+                   "index per batch instead of one __getitem__ and a collate per sample), ")
+        fix_text = (f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster "
                     "storage format; then add workers." if nw == 0 else
                     "Make epochs longer (a sampler that spans several passes over the data) or the first "
                     "batch of an epoch cheaper; keep the workers alive (persistent_workers=True)."
