@@ -40,6 +40,12 @@ def test_a_library_call_names_the_library_the_user_called_not_a_line_to_edit():
     assert got.caller == "/home/me/job/train.py:5"
 
 
+def test_a_notebook_cell_is_the_users_code():
+    ns = build()
+    code_at("<ipython-input-3-5f2a>", "def cell():\n    return DataLoader()\n", ns)
+    assert ns["cell"]() == Site(user="<ipython-input-3-5f2a>:2")
+
+
 def test_library_of():
     assert library_of(f"{LIB}/transformers/trainer.py") == "transformers"
     assert library_of("/usr/lib/python3/dist-packages/six.py") == "six"

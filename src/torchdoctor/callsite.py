@@ -1,9 +1,10 @@
 """Where the user's code created an object: the call site a permanent fix edits.
 
 Shared by the probe (where a DataLoader, optimizer or DDP was created) and the remedies (where
-a remedy changed one). A frame is *internal* (torch, torchdoctor's probe/remedies, a `<string>`
-shim) or a *library's* (an installed package: a `site-packages`/`dist-packages` path) or
-*standard library* (transparent: `functools`, `runpy`...) or the *user's*. When a library made
+a remedy changed one). A frame is *internal* (torch, torchdoctor's probe/remedies, their
+`<torchdoctor ...>` shims), a *library's* (an installed package: a `site-packages` or
+`dist-packages` path), the *standard library's* (transparent: `functools`, `runpy`...) or the
+*user's* (an IPython cell or `python -c` too, with no file to edit). When a library made
 the call for the user (Hugging Face's Trainer builds the DataLoader, accelerate rebuilds it,
 Lightning re-creates it with a distributed sampler), the site that a diff may edit is not the
 library's line: `Site.user` is then None and `Site.library` names the package, so the advice
@@ -86,7 +87,9 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         if frame is None:
             break
         name = frame.f_code.co_filename
-        if internal(name) or name.startswith("<") or is_stdlib(name):
+        # `<torchdoctor ...>`: our own shims' code objects. Other `<...>` names (an IPython cell,
+        # `python -c`) are the user's code, with no file a diff could edit.
+        if internal(name) or name.startswith("<torchdoctor") or is_stdlib(name):
             frame = frame.f_back
             continue
         lib = library_of(name)
