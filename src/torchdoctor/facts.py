@@ -67,6 +67,9 @@ class DDPFacts(msgspec.Struct, omit_defaults=True):
     bucket_cap_mb: float | None = None
     broadcast_buffers: bool | None = None
     call_site: str | None = None
+    # The installed package that wrapped the model ("transformers": the Trainer, through
+    # accelerate), when the user's code did not; its settings, not a DDP(...) line, change it.
+    created_by: str | None = None
     # From model._get_ddp_logging_data() (names kept as torch spells them).
     unused_parameter_size: int | None = None
     bucket_sizes: list[int] = []

@@ -85,6 +85,10 @@ def test_a_loader_the_trainer_builds_is_changed_through_training_arguments() -> 
                "dataloader.pin_memory": [entry("dataloader.pin_memory", "pin_memory", True, "lightning")]}
     trainer, other = changes_for(["dataloader.workers", "dataloader.pin_memory"], applied)
     assert trainer.where.startswith("TrainingArguments") and trainer.text == "TrainingArguments(..., dataloader_num_workers=1)"
+    ddp = {"id": "ddp.find_unused_false", "target": "DistributedDataParallel", "site": None,
+           "set": {"find_unused_parameters": False}, "was": {}, "library": "transformers"}
+    (change,) = changes_for(["ddp.find_unused_false"], {"ddp.find_unused_false": [ddp]})
+    assert change.text == "TrainingArguments(..., ddp_find_unused_parameters=False)"
     # Another library: no file of its to patch, its settings named.
     assert other.where == "inside lightning (change it through its settings)"
     assert other.text == "DataLoader(..., pin_memory=True)"

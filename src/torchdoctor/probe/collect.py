@@ -145,7 +145,8 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
     )
 
 
-def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | None) -> DDPFacts:
+def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | None,
+              created_by: str | None = None) -> DDPFacts:
     cap_bytes = getattr(ddp, "bucket_bytes_cap", None)
     facts = DDPFacts(
         find_unused_parameters=attempt(lambda: bool(ddp.find_unused_parameters)),
@@ -155,6 +156,7 @@ def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | No
         # 2.13 renamed broadcast_buffers to forward_sync_buffers; older versions keep the first.
         broadcast_buffers=attempt(lambda: bool(getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers))),
         call_site=call_site,
+        created_by=created_by,
     )
     if logging_data:
         apply_ddp_logging(facts, logging_data)

@@ -665,14 +665,15 @@ def _ddp(probe: Probe) -> None:
     cls = distributed.DistributedDataParallel
 
     def before(args: tuple[Any, ...]) -> Site | None:
-        return probe.creation_site(2)
+        return probe.creation_site(2, "DistributedDataParallel")
 
     def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         if result is shims.FAILED or not args:
             return
         fault_point("ddp.init")
         ddp = args[0]
-        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(ddp, site.user if site else None, None)))
+        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(
+            ddp, site.user if site else None, None, site.library if site and not site.user else None)))
 
     cls.__init__ = shims.around(cls.__init__, before, after, _failed("ddp.init"))
 

@@ -183,7 +183,7 @@ def rank_facts(probe: Probe) -> RankFacts:
     for rec in probe.ddps:
         ddp = rec.ref()
         if ddp is not None:  # static_graph etc. may have changed since construction
-            rec.facts = collect.ddp_facts(ddp, rec.facts.call_site, None)
+            rec.facts = collect.ddp_facts(ddp, rec.facts.call_site, None, rec.facts.created_by)
             rec.logging_data = collect.attempt(lambda ddp=ddp: ddp._get_ddp_logging_data()) or rec.logging_data
         facts = msgspec.structs.replace(rec.facts)
         if rec.logging_data:

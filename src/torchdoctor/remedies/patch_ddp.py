@@ -60,9 +60,10 @@ def install(torch: Any, rt: Runtime) -> None:
         if not new:
             return None
         plain = (bound.args, bound.kwargs)
-        site = runtime.user_site()
+        where = runtime.creation_site()
         for key, value in new.items():
-            rt.did(by[key], "DistributedDataParallel", site, {key: value}, {key: bound.arguments.get(key)})
+            rt.did(by[key], "DistributedDataParallel", where.user, {key: value}, {key: bound.arguments.get(key)},
+                   library=where.library)
         bound.arguments.update(new)
         return (bound.args, bound.kwargs), plain
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..advice.loader_settings import trainer_snippet
+from ..advice.framework_settings import trainer_snippet
 from .catalogue import BY_ID
 
 
@@ -144,10 +144,12 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
         kwargs = {k: v for e in entries for k, v in e["set"].items()}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         libraries = {e.get("library") for e in entries}
-        if remedy.target == "DataLoader" and libraries == {"transformers"}:
-            code = trainer_snippet(f"DataLoader(..., {args})")
-            if code is not None:  # the Trainer builds the loader from these fields
-                return Change([rid], "TrainingArguments (transformers' Trainer builds the DataLoader)", code, "python")
+        kind = {"DataLoader": "DataLoader", "DistributedDataParallel": "DDP"}.get(remedy.target)
+        if kind and libraries == {"transformers"}:
+            code = trainer_snippet(f"{kind}(..., {args})", kind)
+            if code is not None:  # the Trainer builds the loader / wraps the model from these fields
+                return Change([rid], f"TrainingArguments (transformers' Trainer builds the {remedy.target})", code,
+                              "python")
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings)"
                  if all(libraries) else "unknown call site")
         return Change([rid], where, f"{remedy.target}(..., {args})", "python")

@@ -16,6 +16,7 @@ import functools
 
 import numpy as np
 
+from torchdoctor.advice.framework_settings import framework_fix
 from torchdoctor.facts import FSDPFacts
 from torchdoctor.metrics.stragglers import StragglerSeries
 
@@ -216,10 +217,10 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
             confidence = "medium"
         else:
             what = "the gradient all-reduce"
-            fix = Fix("Let gradients all-reduce while backward runs: avoid find_unused_parameters=True, keep the "
-                      "parameter order close to the execution order, and with torch.compile keep DDP's graph "
-                      "splitting on (torch._dynamo.config.optimize_ddp=True).",
-                      "DDP(model, find_unused_parameters=False, static_graph=True, gradient_as_bucket_view=True)")
+            fix = _ddp_fix(v, "Let gradients all-reduce while backward runs{where}: avoid find_unused_parameters=True, "
+                           "keep the parameter order close to the execution order, and with torch.compile keep DDP's "
+                           "graph splitting on (torch._dynamo.config.optimize_ddp=True).",
+                           "DDP(model, find_unused_parameters=False, static_graph=True, gradient_as_bucket_view=True)")
             confidence = "medium"
         return finding(
             v, "DI-4", "distributed",
@@ -541,8 +542,8 @@ def bucket_size(inputs: RuleInputs) -> list[Finding]:
                           Evidence(f"{n_now} buckets per step now, about {n_ideal} with the default 25 MiB cap "
                                    f"(+ the 1 MiB first bucket); source: {src}.",
                                    {"buckets_now": n_now, "buckets_default_cap": n_ideal, "source": src})],
-            fix=Fix("Use larger buckets (the default 25 MiB, or 50-100 MiB on fast links).",
-                    "DDP(model, bucket_cap_mb=25)"),
+            fix=_ddp_fix(v, "Use larger buckets{where} (the default 25 MiB, or 50-100 MiB on fast links).",
+                         "DDP(model, bucket_cap_mb=25)"),
             confidence="medium" if src != "trace" else "low", remedy="ddp.bucket_cap",
             confirm="" if src != "trace" else "`torchdoctor fix --apply ddp.bucket_cap` measures it",
             source="PT DDP default 25 MiB; DS autotuner bucket sweep; proposed latency share")
@@ -569,8 +570,8 @@ def buffer_broadcast(inputs: RuleInputs) -> list[Finding]:
             f"{fmt_ms(ms)}).", ms,
             evidence=[Evidence(f"{b[0] if b else 0} broadcast kernels in the window, {fmt_ms(ms)} per step.",
                                {"count": b[0] if b else None, "ms_per_step": round(ms, 3)})],
-            fix=Fix("If the buffers need not be identical on every rank (they are recomputed), stop the broadcast.",
-                    "DDP(model, broadcast_buffers=False)"),
+            fix=_ddp_fix(v, "If the buffers need not be identical on every rank (they are recomputed), stop the "
+                         "broadcast{where}.", "DDP(model, broadcast_buffers=False)"),
             confidence="medium", source="PT DDP broadcast_buffers docstring")
     return comm_rule(inputs, "DI-13", build)
 
@@ -662,8 +663,8 @@ def find_unused(inputs: RuleInputs) -> list[Finding]:
                                f"{d.unused_parameter_size}; DDP.forward outside any op: {fmt_ms(gain)} per step.",
                                {"find_unused_parameters": True, "unused_parameter_size": d.unused_parameter_size,
                                 "ddp_forward_self_ms": round(gain, 3), "call_site": d.call_site})],
-            fix=Fix("Turn the search off (or declare the graph static).",
-                    "DDP(model, find_unused_parameters=False)   # or static_graph=True"),
+            fix=_ddp_fix(v, "Turn the search off{where} (or declare the graph static).",
+                         "DDP(model, find_unused_parameters=False)   # or static_graph=True"),
             confidence="high" if sure else "medium", remedy="ddp.find_unused_false",
             confirm="" if gain else "`torchdoctor fix --apply ddp.find_unused_false` measures the gain",
             source="PT reducer.cpp warning; TTG")
@@ -683,7 +684,7 @@ def static_graph(inputs: RuleInputs) -> list[Finding]:
         return finding(
             v, "DI-8", "distributed", "DDP reports a static graph but static_graph=False.", 0.0, sev="info",
             evidence=[Evidence("DDP logging data.", {"can_set_static_graph": True})],
-            fix=Fix("Declare it.", "DDP(model, static_graph=True)"), confidence="medium",
+            fix=_ddp_fix(v, "Declare it{where}.", "DDP(model, static_graph=True)"), confidence="medium",
             remedy="ddp.static_graph", source="PT DDP docstring (can_set_static_graph)")
     return per_rank(inputs, one)
 
@@ -707,8 +708,8 @@ def grad_as_bucket_view(inputs: RuleInputs) -> list[Finding]:
             gain, evidence=[Evidence(f"{(d.total_parameter_bytes or 0) / 1e6:.1f} MB of gradients copied into and out "
                                      f"of the buckets per step (est. {fmt_ms(gain)} at {bw / 1e9:.0f} GB/s).",
                                      {"total_parameter_bytes": d.total_parameter_bytes, "est_ms": round(gain, 3)})],
-            fix=Fix("Let gradients live in the buckets (saves a gradient-sized copy and its memory).",
-                    "DDP(model, gradient_as_bucket_view=True)"),
+            fix=_ddp_fix(v, "Let gradients live in the buckets{where} (saves a gradient-sized copy and its memory).",
+                         "DDP(model, gradient_as_bucket_view=True)"),
             confidence="medium", remedy="ddp.grad_as_bucket_view", source="PT DDP docstring")
     return per_rank(inputs, one)
 
@@ -778,3 +779,9 @@ def replicated_embedding(inputs: RuleInputs) -> list[Finding]:
             confirm="" if ms else "the profiler window of `torchdoctor run` prices the all-reduce it rides in",
             source="ours: >= 256 MiB or >= 25% of parameters; catalogue DI-11/DI-3 sharding")
     return comm_rule(inputs, "DI-11e", build)
+
+
+def _ddp_fix(v: View, text: str, snippet: str) -> Fix:
+    """A DDP fix at the job's own wrapper: its DDP(...) line, or the TrainingArguments fields when
+    transformers' Trainer wraps the model (advice/framework_settings.py); `{where}` takes the site."""
+    return framework_fix("DDP", v.f.ddp if v.f is not None else [], text, snippet)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..advice.loader_settings import loader_fix
+from ..advice.framework_settings import loader_fix
 from ..advice.workers import LoadingAdvice, advise_loading, training_busy_pct, workers_wait_on_io
 from ..facts import StepTiming, sampled_comm_median
 from ._common import (
@@ -221,7 +221,7 @@ def _pin(v: View) -> str:
 
 def _loader_fix(v: View, text: str, snippet: str) -> Fix:
     """A DataLoader fix at the job's own loader: its DataLoader(...) line, or the TrainingArguments
-    fields when transformers' Trainer builds it (advice/loader_settings.py); `{where}` in the text
+    fields when transformers' Trainer builds it (advice/framework_settings.py); `{where}` in the text
     takes the site."""
     return loader_fix(v.f.dataloaders if v.f is not None else [], text, snippet)
 

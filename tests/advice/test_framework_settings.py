@@ -1,9 +1,9 @@
-"""DataLoader fixes told where the job builds its loader (advice/loader_settings.py)."""
+"""DataLoader and DDP fixes told where the job builds them (advice/framework_settings.py)."""
 
 from __future__ import annotations
 
-from torchdoctor.advice.loader_settings import loader_fix, trainer_snippet
-from torchdoctor.facts import DataLoaderFacts
+from torchdoctor.advice.framework_settings import framework_fix, loader_fix, trainer_snippet
+from torchdoctor.facts import DataLoaderFacts, DDPFacts
 
 SNIPPET = "DataLoader(dataset, batch_size=..., num_workers=2, pin_memory=True,\n           persistent_workers=True, prefetch_factor=2)"
 
@@ -33,3 +33,22 @@ def test_another_library_is_named_with_its_line():
 
 def test_unknown_origin_says_nothing_more():
     assert loader_fix([DataLoaderFacts()], "Pin memory{where}.", "x").text == "Pin memory."
+
+
+def test_the_trainers_ddp_gets_training_arguments_and_says_what_has_no_field():
+    trainer = [DDPFacts(created_by="transformers")]
+    fix = framework_fix("DDP", trainer, "Turn the search off{where}.",
+                        "DDP(model, find_unused_parameters=False)   # or static_graph=True")
+    # The comment names an alternative, not a second argument.
+    assert fix.snippet == "TrainingArguments(..., ddp_find_unused_parameters=False)"
+    assert fix.text == ("Turn the search off (the DistributedDataParallel wrapper is built by transformers' Trainer "
+                        "from its TrainingArguments).")
+    both = framework_fix("DDP", trainer, "x{where}.", "DDP(model, static_graph=True, gradient_as_bucket_view=True)")
+    assert both.snippet == ("TrainingArguments(..., ddp_static_graph=True)  # gradient_as_bucket_view: no "
+                            "TrainingArguments field")
+    none = framework_fix("DDP", trainer, "Let gradients live in the buckets{where}.",
+                         "DDP(model, gradient_as_bucket_view=True)")
+    assert none.snippet == "DDP(model, gradient_as_bucket_view=True)" and "has no field for this setting" in none.text
+    # The user's own DDP(...) keeps its line and its snippet.
+    mine = framework_fix("DDP", [DDPFacts(call_site="/job/train.py:40")], "x{where}.", "DDP(model, bucket_cap_mb=25)")
+    assert (mine.text, mine.snippet) == ("x (DDP created at /job/train.py:40).", "DDP(model, bucket_cap_mb=25)")

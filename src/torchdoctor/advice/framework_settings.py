@@ -1,0 +1,112 @@
+"""Where a DataLoader or DDP setting is changed: the user's own call, or the framework's knob.
+
+Hugging Face's Trainer builds the DataLoader and wraps the model in DDP itself, from its
+TrainingArguments (transformers/trainer.py: `get_train_dataloader` passes num_workers=args.
+dataloader_num_workers, pin_memory=args.dataloader_pin_memory, persistent_workers=args.
+dataloader_persistent_workers, prefetch_factor=args.dataloader_prefetch_factor; the DDP kwargs
+handler takes find_unused_parameters, bucket_cap_mb, broadcast_buffers and static_graph from
+args.ddp_*). A user of it has no DataLoader(...) or DDP(...) line to edit, and a patch to the
+installed transformers is no fix: the advice names the TrainingArguments fields instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from ..rules.model import Fix
+
+# The constructor's argument -> the TrainingArguments field that sets it (transformers >= 4.36;
+# ddp_static_graph since 4.42). An argument missing here has no field.
+TRAINING_ARGUMENTS = {
+    "DataLoader": {
+        "num_workers": "dataloader_num_workers",
+        "pin_memory": "dataloader_pin_memory",
+        "persistent_workers": "dataloader_persistent_workers",
+        "prefetch_factor": "dataloader_prefetch_factor",
+    },
+    "DDP": {
+        "find_unused_parameters": "ddp_find_unused_parameters",
+        "bucket_cap_mb": "ddp_bucket_cap_mb",
+        "broadcast_buffers": "ddp_broadcast_buffers",
+        "static_graph": "ddp_static_graph",
+    },
+}
+NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
+_KWARG = re.compile(r"\b(\w+)=([^,()\n]+|\([^()]*\))")
+
+
+class Created(Protocol):
+    call_site: str | None
+    created_by: str | None
+
+
+def origin(objects: list) -> Created | None:
+    """The first object with a known origin: the user's call, else the library that made it."""
+    for d in objects:
+        if d.call_site or getattr(d, "created_by", None):
+            return d
+    return None
+
+
+def where(kind: str, d: Created | None) -> str:
+    """' (DataLoader created at FILE:LINE)' or ' (... built by PKG ...)', or ''."""
+    if d is None:
+        return ""
+    if d.call_site:
+        return f" ({kind} created at {d.call_site})"
+    lib = getattr(d, "created_by", None)
+    if lib == "transformers":
+        return f" (the {NOUN[kind]} is built by transformers' Trainer from its TrainingArguments)"
+    if lib:
+        at = getattr(d, "library_site", None)
+        return f" (the {NOUN[kind]} is built by {lib}{f', at {at}' if at else ''}: change it through {lib}'s settings)"
+    return ""
+
+
+def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
+    """A `kind(...)` snippet as the TrainingArguments that make the Trainer build it (arguments
+    without a field are said in a comment), or None when it sets nothing TrainingArguments has."""
+    fields = TRAINING_ARGUMENTS[kind]
+    start = snippet.find(f"{kind}(")
+    if start < 0:
+        return None
+    pairs = _KWARG.findall(_call_args(snippet, start + len(kind)))
+    mapped = [f"{fields[k]}={v.strip()}" for k, v in pairs if k in fields]
+    if not mapped:
+        return None
+    missing = [k for k, _ in pairs if k not in fields and k not in ("batch_size", "sampler", "device_ids")]
+    note = f"  # {', '.join(missing)}: no TrainingArguments field" if missing else ""
+    return "TrainingArguments(..., " + ", ".join(mapped) + ")" + note
+
+
+def _call_args(snippet: str, open_at: int) -> str:
+    """The text between the parenthesis at `open_at` and its match (a trailing `# or ...` comment
+    names an alternative, not one more argument)."""
+    depth = 0
+    for i in range(open_at, len(snippet)):
+        depth += {"(": 1, ")": -1}.get(snippet[i], 0)
+        if depth == 0:
+            return snippet[open_at + 1:i]
+    return snippet[open_at + 1:]
+
+
+def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
+    """A fix told where the job builds its `kind` ("DataLoader" or "DDP"): `{where}` in `text`
+    takes the site; for one transformers' Trainer built, the snippet becomes TrainingArguments
+    fields and the argument names in the text their field names."""
+    d = origin(objects)
+    if d is not None and not d.call_site and getattr(d, "created_by", None) == "transformers":
+        code = trainer_snippet(snippet, kind)
+        if code is not None:
+            names = re.compile(r"(?<![\w.])(" + "|".join(TRAINING_ARGUMENTS[kind]) + r")\b")
+            text = names.sub(lambda m: TRAINING_ARGUMENTS[kind][m.group(1)], text)
+            return Fix(text.replace("{where}", where(kind, d)), code)
+        return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by transformers' Trainer, and "
+                                "TrainingArguments has no field for this setting)"), snippet)
+    return Fix(text.replace("{where}", where(kind, d)), snippet)
+
+
+def loader_fix(loaders: list, text: str, snippet: str) -> Fix:
+    """framework_fix for the job's DataLoaders."""
+    return framework_fix("DataLoader", loaders, text, snippet)
