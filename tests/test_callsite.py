@@ -46,6 +46,15 @@ def test_a_notebook_cell_is_the_users_code():
     assert ns["cell"]() == Site(user="<ipython-input-3-5f2a>:2")
 
 
+def test_frozen_standard_library_frames_are_transparent():
+    # `python -m pkg` on 3.11+: runpy runs frozen, between the library and nothing of the user's.
+    ns = build()
+    code_at("<frozen runpy>", "def run_module():\n    return train()\n", ns)
+    got = ns["run_module"]()
+    assert got.user is None and got.library == "transformers"
+    assert got.caller is not None and not got.caller.startswith("<frozen")  # the walk went past it
+
+
 def test_library_of():
     assert library_of(f"{LIB}/transformers/trainer.py") == "transformers"
     assert library_of("/usr/lib/python3/dist-packages/six.py") == "six"

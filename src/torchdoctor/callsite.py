@@ -71,6 +71,9 @@ def library_of(path: str) -> str | None:
 
 
 def is_stdlib(path: str) -> bool:
+    """The standard library's file, or a frozen module of it (`<frozen runpy>` on 3.11+)."""
+    if path.startswith("<frozen "):
+        return True
     return bool(_STDLIB) and path.startswith(_STDLIB) and library_of(path) is None
 
 
@@ -108,8 +111,8 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
 
 
 def _line_calls(path: str, lineno: int, name: str) -> bool:
-    """Whether the source line calls `name(` (Python >= 3.11 reports a call spanning lines at its
-    first line; an older one may report a later line, and the call then reads as the library's)."""
+    """Whether the source line calls `name(` (a call spanning lines reports its first line; an alias,
+    `DDP(model)` for DistributedDataParallel, does not match and the call reads as the library's)."""
     return re.search(rf"\b{re.escape(name)}\s*\(", linecache.getline(path, lineno)) is not None
 
 

@@ -52,3 +52,12 @@ def test_the_trainers_ddp_gets_training_arguments_and_says_what_has_no_field():
     # The user's own DDP(...) keeps its line and its snippet.
     mine = framework_fix("DDP", [DDPFacts(call_site="/job/train.py:40")], "x{where}.", "DDP(model, bucket_cap_mb=25)")
     assert (mine.text, mine.snippet) == ("x (DDP created at /job/train.py:40).", "DDP(model, bucket_cap_mb=25)")
+
+
+def test_the_snippets_other_lines_stay_and_nested_calls_are_one_argument():
+    assert trainer_snippet("torch.set_num_threads(1)\nDataLoader(dataset, batch_size=..., num_workers=1)") == (
+        "torch.set_num_threads(1)\nTrainingArguments(..., dataloader_num_workers=1)")
+    assert trainer_snippet("DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)") == (
+        "TrainingArguments(..., dataloader_pin_memory=True)\nx = x.to(device, non_blocking=True)")
+    assert trainer_snippet("DataLoader(ds, num_workers=min(4, os.cpu_count()), pin_memory=True)") == (
+        "TrainingArguments(..., dataloader_num_workers=min(4, os.cpu_count()), dataloader_pin_memory=True)")

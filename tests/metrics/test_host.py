@@ -128,6 +128,24 @@ def test_an_lbfgs_closures_forward_and_backward_inside_the_optimizer_step(tmp_pa
                                 "comm": 0.0, "other": 0.0}
 
 
+def test_lbfgs_recursion_before_zero_grad_does_not_pass_for_the_forward(tmp_path):
+    """LBFGS's two-loop recursion between closures can hold more ops than a small model's
+    forward: the part after zero_grad is still the forward while it holds ops at all."""
+    b = TraceBuilder(device_name=None)
+    b.step(1, 0, 2000)
+    b.annotation("Optimizer.step#LBFGS.step", 0, 2000)
+    b.op("aten::linear", 20, 30)  # the first closure: zero_grad below, then this small forward
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", 60, 40)
+    for k in range(40):  # the recursion: 40 dot products / adds, 600 µs of ops
+        b.op("aten::dot", 120 + k * 20, 15)
+    b.annotation("Optimizer.zero_grad#LBFGS.zero_grad", 1000, 10)
+    b.op("aten::linear", 1020, 60)  # the second closure's forward: a tenth of the recursion's ops
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", 1100, 40)
+    r = run(b, tmp_path, "all")
+    # Forward: 0..60 (no zero_grad before the first pass) and 1010..1100; backward 40 + 40.
+    assert r.host.phases_ms["forward"] == 0.15 and r.host.phases_ms["backward"] == 0.08
+
+
 def test_a_lightning_closure_runs_its_forward_before_zero_grad(tmp_path):
     """Lightning's automatic optimization hands Optimizer.step a closure that runs training_step,
     then zero_grad, then backward: the forward is before the zero_grad, and the step's own update

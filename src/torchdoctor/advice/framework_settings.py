@@ -33,7 +33,6 @@ TRAINING_ARGUMENTS = {
     },
 }
 NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
-_KWARG = re.compile(r"\b(\w+)=([^,()\n]+|\([^()]*\))")
 
 
 class Created(Protocol):
@@ -65,30 +64,52 @@ def where(kind: str, d: Created | None) -> str:
 
 
 def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
-    """A `kind(...)` snippet as the TrainingArguments that make the Trainer build it (arguments
-    without a field are said in a comment), or None when it sets nothing TrainingArguments has."""
+    """The snippet with its `kind(...)` call as the TrainingArguments that make the Trainer build
+    it (arguments without a field said in a comment; the snippet's other lines kept), or None
+    when the call sets nothing TrainingArguments has."""
     fields = TRAINING_ARGUMENTS[kind]
     start = snippet.find(f"{kind}(")
     if start < 0:
         return None
-    pairs = _KWARG.findall(_call_args(snippet, start + len(kind)))
-    mapped = [f"{fields[k]}={v.strip()}" for k, v in pairs if k in fields]
+    inner, end = _call_args(snippet, start + len(kind))
+    pairs = [(k.strip(), v.strip()) for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
+    mapped = [f"{fields[k]}={v}" for k, v in pairs if k in fields]
     if not mapped:
         return None
     missing = [k for k, _ in pairs if k not in fields and k not in ("batch_size", "sampler", "device_ids")]
     note = f"  # {', '.join(missing)}: no TrainingArguments field" if missing else ""
-    return "TrainingArguments(..., " + ", ".join(mapped) + ")" + note
+    rest = snippet[end:]
+    # A trailing comment on the call's line named an alternative of the DDP(...) form: drop it.
+    rest = rest[rest.index("\n"):] if "\n" in rest else ""
+    return snippet[:start] + "TrainingArguments(..., " + ", ".join(mapped) + ")" + note + rest
 
 
-def _call_args(snippet: str, open_at: int) -> str:
-    """The text between the parenthesis at `open_at` and its match (a trailing `# or ...` comment
-    names an alternative, not one more argument)."""
+def _top_level(args: str) -> list[str]:
+    """`args` split at the commas outside brackets: `n=min(4, os.cpu_count()), pin=True` is two."""
+    out, depth, cur = [], 0, []
+    for ch in args:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return [a for a in (x.strip() for x in out) if a]
+
+
+def _call_args(snippet: str, open_at: int) -> tuple[str, int]:
+    """The text between the parenthesis at `open_at` and its match, and the index after the match
+    (a trailing `# or ...` comment names an alternative, not one more argument)."""
     depth = 0
     for i in range(open_at, len(snippet)):
         depth += {"(": 1, ")": -1}.get(snippet[i], 0)
         if depth == 0:
-            return snippet[open_at + 1:i]
-    return snippet[open_at + 1:]
+            return snippet[open_at + 1:i], i + 1
+    return snippet[open_at + 1:], len(snippet)
 
 
 def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:

@@ -209,6 +209,10 @@ def backward_passes(ctx: Context, main: np.ndarray) -> iv.Intervals:
     return nodes[0][first], np.maximum.reduceat(nodes[1], first)
 
 
+# Lightning's closure runs backward right after zero_grad: the part after it holds almost no ops.
+LIGHTNING_AFTER_SHARE = 0.05
+
+
 def closure_forwards(ctx: Context, passes: iv.Intervals, ops: iv.Intervals) -> iv.Intervals:
     """Forward time of the closures an optimizer's step runs (LBFGS; Lightning's automatic
     optimization hands Optimizer.step a closure that runs training_step, zero_grad and backward).
@@ -217,8 +221,10 @@ def closure_forwards(ctx: Context, passes: iv.Intervals, ops: iv.Intervals) -> i
     the range's start, or the previous pass's end, to the pass, less its ``Optimizer.zero_grad#``
     calls. A zero_grad in that span splits it: the forward is the part after it (torch's docs'
     closure: zero_grad, forward, loss, backward; what precedes it is the optimizer's own work
-    between closures, LBFGS's line search), unless that part holds under a quarter of the traced
-    op time (`ops`: the thread's cpu_ops, not its annotations) of the part before it (Lightning's: forward, zero_grad, backward). A span
+    between closures, LBFGS's two-loop recursion, which can hold many more ops than a small
+    model's forward), unless that part holds almost no traced op time (`ops`: the thread's
+    cpu_ops, not its annotations): under LIGHTNING_AFTER_SHARE of the part before it (Lightning's
+    closure: forward, zero_grad, backward, nothing between the last two). A span
     without zero_grad is the closure's forward whole.
     """
     tr = ctx.tr
@@ -246,7 +252,7 @@ def closure_forwards(ctx: Context, passes: iv.Intervals, ops: iv.Intervals) -> i
             before = (np.array([lo], np.int64), np.array([max(lo, int(zs[j]))], np.int64))
             after = (np.array([int(ze[j])], np.int64), np.array([ps], np.int64))
             held = iv.total(iv.intersect(after, ops)), iv.total(iv.intersect(before, ops))
-            a, b = (after if held[0] >= held[1] / 4 else before)
+            a, b = (after if held[0] >= held[1] * LIGHTNING_AFTER_SHARE else before)
             out_s.append(int(a[0]))
             out_e.append(int(b[0]))
         else:

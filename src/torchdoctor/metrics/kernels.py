@@ -131,17 +131,18 @@ def eager_fusable(ctx: Context, idx: np.ndarray) -> KindTime | None:
             continue
         own = own[np.lexsort((-tr.end[own], tr.ts[own]))]  # a parent before a child that starts with it
         ts, ends = tr.ts[own], tr.end[own]
-        t0, t1 = tr.ts[call[sel]], tr.end[call[sel]]
+        t0 = tr.ts[call[sel]]
         j = np.searchsorted(ts, t0, side="right") - 1
         found = np.full(sel.size, -1, np.int64)
         todo = np.arange(sel.size)
-        # The latest-starting op that still holds the call is the innermost (ops nest); walk back
-        # over earlier ops that ended before it, a bounded number of steps.
+        # The latest-starting op that still holds the call's start is the innermost (ops nest);
+        # walk back over earlier ops that ended before it, a bounded number of steps. The start,
+        # not the whole call: CUPTI's runtime clock and the op's may differ by a few µs at the end.
         for _ in range(MAX_WALK):
             todo = todo[j[todo] >= 0]
             if todo.size == 0:
                 break
-            holds = ends[j[todo]] >= t1[todo]
+            holds = ends[j[todo]] > t0[todo]
             found[todo[holds]] = j[todo[holds]]
             todo = todo[~holds]
             j[todo] -= 1

@@ -61,7 +61,7 @@ class Probe:
         self.sites: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()
         # The user's DataLoader(...) line per dataset (by id): a loader a library re-creates from
         # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
-        self.dataset_sites: dict[int, str] = {}
+        self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).
@@ -240,13 +240,17 @@ class Probe:
             from torchdoctor.probe import hooks
 
             hooks.attach_root_hooks(self)
-        elif self.roots_attached and self.fwd_calls == 0 and self.bwd_calls and self.hook_descents < _MAX_DESCENTS:
+        elif (self.roots_attached and self.fwd_calls == 0 and self.bwd_calls
+              and self.hook_descents < _MAX_DESCENTS and "forward" not in ERRORS.broken):
             # Backward ran but no hooked module was called: the roots are containers the loop
             # never calls (a LightningModule's training_step calls its children). One level down.
             self.hook_descents += 1
-            from torchdoctor.probe import hooks
+            try:
+                from torchdoctor.probe import hooks
 
-            hooks.descend_forward_hooks(self)
+                hooks.descend_forward_hooks(self)
+            except Exception as exc:  # the step's housekeeping below must still run
+                ERRORS.record("forward", exc)
         self.fwd_calls = self.bwd_calls = 0
         if self.ddps and (closed < _DDP_EARLY_STEPS or closed % 100 <= 1):
             self._read_ddp_comm()

@@ -33,6 +33,7 @@ does not time or count what the compiled code runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -175,11 +176,15 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     """The loader's creation site; for one a library re-created from the user's (same dataset),
     the user's DataLoader(...) line, which the library copies its settings from."""
     site = probe.sites.get(loader)
-    if site is None or site.user is not None:
+    # The Trainer builds its loader from TrainingArguments, not from a loader of the user's: a
+    # DataLoader the user made over the same dataset elsewhere is not where its settings live.
+    if site is None or site.user is not None or site.library == "transformers":
         return site
     dataset = getattr(loader, "dataset", None)
-    origin = probe.dataset_sites.get(id(dataset)) if dataset is not None else None
-    return replace(site, user=origin) if origin else site
+    entry = probe.dataset_sites.get(id(dataset)) if dataset is not None else None
+    if entry is None or entry[0]() is not dataset:  # an id a freed dataset left behind
+        return site
+    return replace(site, user=entry[1])
 
 
 def _dataloader(probe: Probe) -> None:
@@ -193,8 +198,14 @@ def _dataloader(probe: Probe) -> None:
         record(site, args, result)
         if result is not shims.FAILED and args and site is not None and site.user is not None:
             dataset = getattr(args[0], "dataset", None)
-            if dataset is not None and len(probe.dataset_sites) < _MAX_LOADERS:
-                probe.dataset_sites.setdefault(id(dataset), site.user)
+            if dataset is None:
+                return
+            sites = probe.dataset_sites
+            for key in [k for k, (ref, _) in sites.items() if ref() is None]:
+                del sites[key]  # freed datasets: their ids may be reused
+            if len(sites) < _MAX_LOADERS and id(dataset) not in sites:
+                with contextlib.suppress(TypeError):  # a dataset without weak references: not linked
+                    sites[id(dataset)] = (weakref.ref(dataset), site.user)
 
     loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
 
@@ -537,6 +548,8 @@ def descend_forward_hooks(probe: Probe) -> None:
     pre, post = probe.root_hook_fns
     level = probe.hook_frontier or [ref for ref, *_ in probe.root_hooks]
     hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
+    if any(getattr(ref(), "_compiled_call_impl", None) is not None for ref in level):
+        return  # Module.compile(): its forward runs compiled, where the hooks fold away; going down adds nothing
     frontier = []
     for ref in level:
         module = ref()
@@ -547,9 +560,14 @@ def descend_forward_hooks(probe: Probe) -> None:
                 continue
             hooked.add(id(child))
             a = child.register_forward_pre_hook(pre)
-            b = child.register_forward_hook(post, always_call=True)
+            try:
+                b = child.register_forward_hook(post, always_call=True)
+            except Exception:
+                a.remove()  # never a pre hook without its post: the depth counter would drift
+                raise
             probe.root_hooks.append((weakref.ref(child), a.id, b.id))
             frontier.append(weakref.ref(child))
+            probe.hook_frontier = frontier
             if len(frontier) >= _MAX_CHILD_HOOKS:
                 break
     probe.hook_frontier = frontier

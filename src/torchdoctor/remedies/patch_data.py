@@ -106,7 +106,7 @@ def install(torch: Any, rt: Runtime) -> None:
         plain = (bound.args, bound.kwargs)
         was = {k: bound.arguments.get(k) for k in new}
         bound.arguments.update(new)
-        where = runtime.creation_site()
+        where = runtime.creation_site(type(bound.arguments["self"]).__name__)
         site = where.user
         last.update(new=new, by=by, site=site)
         if "persistent_workers" in new:

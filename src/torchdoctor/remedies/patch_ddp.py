@@ -60,7 +60,7 @@ def install(torch: Any, rt: Runtime) -> None:
         if not new:
             return None
         plain = (bound.args, bound.kwargs)
-        where = runtime.creation_site()
+        where = runtime.creation_site(type(bound.arguments["self"]).__name__)
         for key, value in new.items():
             rt.did(by[key], "DistributedDataParallel", where.user, {key: value}, {key: bound.arguments.get(key)},
                    library=where.library)

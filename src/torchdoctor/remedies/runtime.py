@@ -140,18 +140,21 @@ def user_site() -> str | None:
     return _creation_site(2).user
 
 
-def creation_site() -> Site:
-    """Where the call that led here came from: the user's line, or the library that made it."""
-    return _creation_site(2)
+def creation_site(called: str | None = None) -> Site:
+    """Where the call that led here came from: the user's line, or the library that made it.
+    `called`: the constructor's class name, so a library that only wraps the user's own call
+    (Lightning's DataLoader.__init__ wrapper) leaves it the user's (callsite.creation_site)."""
+    return _creation_site(2, called)
 
 
-def _creation_site(depth: int) -> Site:
+def _creation_site(depth: int, called: str | None = None) -> Site:
     torch_mod = sys.modules.get("torch")
     torch_dir = os.path.dirname(getattr(torch_mod, "__file__", "") or "/nonexistent") + os.sep
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # Our own wrappers and the probe's; the bundled demo (torchdoctor/workloads) is user code.
     ours = (os.path.join(package, "remedies") + os.sep, os.path.join(package, "probe") + os.sep)
-    return walk_out(caller_frame(depth), lambda name: name.startswith(torch_dir) or name.startswith(ours))
+    return walk_out(caller_frame(depth), lambda name: name.startswith(torch_dir) or name.startswith(ours),
+                    called=called)
 
 
 def cpus() -> int:

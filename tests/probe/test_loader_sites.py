@@ -1,0 +1,51 @@
+"""The DataLoader a library re-creates from the user's keeps the user's line (probe/hooks.py
+`_loader_site`), and only while the dataset it was linked through is alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from types import SimpleNamespace
+
+from torchdoctor.callsite import Site
+from torchdoctor.probe.hooks import _loader_site
+
+
+class Data:
+    pass
+
+
+class Loader:
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+
+def probe_with(dataset, user_line: str, loader: Loader, site: Site):
+    sites = weakref.WeakKeyDictionary({loader: site})
+    return SimpleNamespace(sites=sites, dataset_sites={id(dataset): (weakref.ref(dataset), user_line)})
+
+
+def test_a_rebuilt_loader_takes_the_users_line():
+    data = Data()
+    rebuilt = Loader(data)
+    probe = probe_with(data, "/job/train.py:9", rebuilt, Site(library="accelerate"))
+    assert _loader_site(probe, rebuilt).user == "/job/train.py:9"
+
+
+def test_the_trainers_loader_is_not_linked_to_another_loader_over_its_dataset():
+    data = Data()
+    built = Loader(data)
+    # next(iter(DataLoader(train_ds))) somewhere in the user's script, over the Trainer's dataset
+    probe = probe_with(data, "/job/check.py:3", built, Site(library="transformers"))
+    assert _loader_site(probe, built).user is None
+
+
+def test_an_id_a_freed_dataset_left_behind_links_nothing():
+    data, other = Data(), Data()
+    rebuilt = Loader(other)
+    probe = probe_with(data, "/job/train.py:9", rebuilt, Site(library="accelerate"))
+    key = id(data)
+    del data
+    gc.collect()
+    probe.dataset_sites[id(other)] = probe.dataset_sites.pop(key)  # as if `other` had got its id
+    assert _loader_site(probe, rebuilt).user is None
