@@ -43,7 +43,7 @@ class Created(Protocol):
 def origin(objects: list) -> Created | None:
     """The first object with a known origin: the user's call, else the library that made it."""
     for d in objects:
-        if d.call_site or getattr(d, "created_by", None):
+        if d.call_site or d.created_by:
             return d
     return None
 
@@ -54,7 +54,7 @@ def where(kind: str, d: Created | None) -> str:
         return ""
     if d.call_site:
         return f" ({kind} created at {d.call_site})"
-    lib = getattr(d, "created_by", None)
+    lib = d.created_by
     if lib == "transformers":
         return f" (the {NOUN[kind]} is built by transformers' Trainer from its TrainingArguments)"
     if lib:
@@ -117,7 +117,7 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
     takes the site; for one transformers' Trainer built, the snippet becomes TrainingArguments
     fields and the argument names in the text their field names."""
     d = origin(objects)
-    if d is not None and not d.call_site and getattr(d, "created_by", None) == "transformers":
+    if d is not None and not d.call_site and d.created_by == "transformers":
         code = trainer_snippet(snippet, kind)
         if code is not None:
             names = re.compile(r"(?<![\w.])(" + "|".join(TRAINING_ARGUMENTS[kind]) + r")\b")

@@ -9,7 +9,7 @@ from ..trace.model import Cat
 from . import intervals as iv
 from .classify import KERNEL_KIND_LABELS, KernelKind, memcpy_kind
 from .context import Context
-from .device import pct
+from .device import lookup, pct
 from .gemm import launch_calls
 from .model import KernelBreakdown, KernelStat, KindTime, MemcpyRow
 from .roofline import fill_stat
@@ -116,11 +116,9 @@ def eager_fusable(ctx: Context, idx: np.ndarray) -> KindTime | None:
     calls = launch_calls(ctx)
     if calls.size == 0 or not (tr.correlation[idx[tr.cat[idx] == Cat.KERNEL]] >= 0).any():
         return None
-    by_corr = np.argsort(tr.correlation[calls], kind="stable")
-    pos = np.searchsorted(tr.correlation[calls][by_corr], tr.correlation[k])
-    pos = np.minimum(pos, calls.size - 1)
-    call = calls[by_corr][pos]
-    joined = tr.correlation[call] == tr.correlation[k]
+    by_corr = calls[np.argsort(tr.correlation[calls], kind="stable")]
+    call = lookup(tr.correlation[by_corr], by_corr, tr.correlation[k])
+    joined = call >= 0
     k, call = k[joined], call[joined]
     aten = np.zeros(k.size, bool)
     ops = np.flatnonzero(tr.mask(Cat.CPU_OP) & ctx.host)

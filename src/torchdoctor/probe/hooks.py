@@ -691,7 +691,7 @@ def _ddp(probe: Probe) -> None:
         fault_point("ddp.init")
         ddp = args[0]
         probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(
-            ddp, site.user if site else None, None, site.library if site and not site.user else None)))
+            ddp, site.user if site else None, None, site.library if site else None)))
 
     cls.__init__ = shims.around(cls.__init__, before, after, _failed("ddp.init"))
 

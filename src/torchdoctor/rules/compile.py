@@ -94,13 +94,14 @@ def eager_pointwise(inputs: RuleInputs) -> list[Finding]:
         if got is None:
             return None
         count, dev, gain = got
-        what = ("pointwise/reduction" if v.r.kernels.eager_fusable is None else
-                "ATen pointwise/reduction (launched innermost by aten:: ops; a custom extension's own kernels left out)")
+        aten = v.r.kernels.eager_fusable is not None
+        what = "ATen pointwise/reduction" if aten else "pointwise/reduction"
+        how = " (launched innermost by aten:: ops; a custom extension's own kernels left out)" if aten else ""
         return finding(
             v, "CG-1", "compile",
-            f"Eager mode runs {count:.0f} {what.split(' (')[0]} kernels per step ({fmt_ms(dev)}); torch.compile "
+            f"Eager mode runs {count:.0f} {what} kernels per step ({fmt_ms(dev)}); torch.compile "
             f"could fuse them (about {fmt_ms(gain)} per step).",
-            gain, sev="info", evidence=[Evidence(f"{count:.0f} {what} kernels per step, {fmt_ms(dev)} of "
+            gain, sev="info", evidence=[Evidence(f"{count:.0f} {what}{how} kernels per step, {fmt_ms(dev)} of "
                                                  f"device time; no compiled regions; busy share {device_bound(v):.0%}.",
                                      {"kernels_per_step": round(count, 1), "device_ms": round(dev, 3),
                                       "busy_share": round(device_bound(v), 3)})],
