@@ -5,7 +5,7 @@ from __future__ import annotations
 import linecache
 import os
 
-from torchdoctor.callsite import Site, caller_frame, creation_site, library_of
+from torchdoctor.callsite import Site, caller_frame, creation_site, editable_site, library_of
 
 LIB = os.sep.join(["", "venv", "lib", "python3.11", "site-packages"])
 
@@ -38,6 +38,22 @@ def test_a_library_call_names_the_library_the_user_called_not_a_line_to_edit():
     assert got.library == "transformers"  # the user called the Trainer; accelerate built the loader
     assert got.library_site == f"{LIB}/accelerate/data_loader.py:2"
     assert got.caller == "/home/me/job/train.py:5"
+
+
+def test_a_library_function_that_builds_the_loader_is_named_with_its_parameters():
+    # timm's create_loader(dataset, ..., num_workers=1, persistent_workers=True) calls DataLoader.
+    ns = build()
+    code_at(f"{LIB}/timm/data/loader.py", "def create_loader(dataset, *, num_workers=1, persistent_workers=True):\n"
+            "    helper = 1\n    return DataLoader()\n", ns)
+    code_at("/home/me/job/train_timm.py", "def main():\n    return create_loader(None, num_workers=4)\n", ns)
+    got = ns["main"]()
+    assert (got.library, got.entry, got.caller) == ("timm", "create_loader", "/home/me/job/train_timm.py:2")
+    assert got.entry_params == ("dataset", "num_workers", "persistent_workers")  # not its locals
+    # A permanent change edits the user's create_loader(...) call when it takes every key ...
+    assert editable_site(got, "DataLoader", ["num_workers"]) == ("create_loader", "/home/me/job/train_timm.py:2")
+    # ... and has no line to edit when one key is not among its parameters.
+    assert editable_site(got, "DataLoader", ["num_workers", "prefetch_factor"]) == ("DataLoader", None)
+    assert editable_site(Site(user="/a.py:3"), "DataLoader", ["x"]) == ("DataLoader", "/a.py:3")
 
 
 def test_a_notebook_cell_is_the_users_code():

@@ -18,9 +18,9 @@ import os
 import re
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 
 _LIBRARY_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
@@ -48,13 +48,28 @@ class Site:
     the standard library); None when a library made it. library: the top-level package the
     user's code called into (the outermost library frame), None for a direct call. library_site:
     the nearest library frame's "file:line" (where the call was made). caller: the user's line
-    that led into the library (trainer.train()), if any.
+    that led into the library (trainer.train()), if any. entry: the library function that line
+    called (timm's `create_loader`), and entry_params its parameter names, so that advice can set
+    a constructor's argument through the function that forwards it.
     """
 
     user: str | None = None
     library: str | None = None
     library_site: str | None = None
     caller: str | None = None
+    entry: str | None = None
+    entry_params: tuple[str, ...] = ()
+
+
+def editable_site(site: Site, target: str, keys: Iterable[str]) -> tuple[str, str | None]:
+    """(callable, "file:line") a permanent change to `keys` edits: the user's own `target(...)` call,
+    or, for an object a library built, the user's call of the library function when that function
+    takes every key itself (timm's `create_loader(..., num_workers=...)`); else (target, None)."""
+    if site.user:
+        return target, site.user
+    if site.caller and site.entry and set(keys) <= set(site.entry_params):
+        return site.entry.rpartition(".")[2], site.caller
+    return target, None
 
 
 def library_of(path: str) -> str | None:
@@ -86,6 +101,7 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
     when the user's line itself calls `called(`, the call is the user's.
     """
     library = library_site = None
+    entry: CodeType | None = None
     for _ in range(limit):
         if frame is None:
             break
@@ -100,14 +116,29 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         if lib is None:
             if library is None or (called and _line_calls(name, frame.f_lineno, called)):
                 return Site(user=here)
-            return Site(library=library, library_site=library_site, caller=here)
+            return Site(library=library, library_site=library_site, caller=here, entry=_qualname(entry),
+                        entry_params=_params(entry))
         # The library the user called into (the outermost before the user's frame) is the one
         # whose settings the user controls: transformers' Trainer, even when accelerate's code,
         # which the Trainer calls, built the loader. Its site is the nearest library frame.
         library = lib
         library_site = library_site or here
+        entry = frame.f_code
         frame = frame.f_back
     return Site(library=library, library_site=library_site)
+
+
+def _qualname(code: CodeType | None) -> str | None:
+    if code is None or code.co_name.startswith("<"):  # a module body or a lambda names no function
+        return None
+    return getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
+
+
+def _params(code: CodeType | None) -> tuple[str, ...]:
+    """The function's named parameters (positional and keyword-only), from its code object alone."""
+    if code is None:
+        return ()
+    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
 
 
 def _line_calls(path: str, lineno: int, name: str) -> bool:

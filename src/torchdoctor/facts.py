@@ -32,6 +32,12 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     # builds it from TrainingArguments), and that line; None when the user's code called it.
     created_by: str | None = None
     library_site: str | None = None
+    # For a library-built loader: the library function the user's code called (timm's
+    # "create_loader"), the user's line that called it, and that function's parameter names (a
+    # setting it forwards to DataLoader(...) is changed through it).
+    library_call: str | None = None
+    library_caller: str | None = None
+    library_call_params: list[str] = []
     # Host syncs (.item() / .numpy() / .tolist() on tensors) seen inside collate_fn per batch.
     collate_syncs_per_batch: float | None = None
     # Mean time in collate_fn per batch, ms (num_workers=0 only: workers collate out of sight).
@@ -70,6 +76,11 @@ class DDPFacts(msgspec.Struct, omit_defaults=True):
     # The installed package that wrapped the model ("transformers": the Trainer, through
     # accelerate), when the user's code did not; its settings, not a DDP(...) line, change it.
     created_by: str | None = None
+    # As DataLoaderFacts: the library function that wrapped the model, where the user called it,
+    # and its parameter names.
+    library_call: str | None = None
+    library_caller: str | None = None
+    library_call_params: list[str] = []
     # From model._get_ddp_logging_data() (names kept as torch spells them).
     unused_parameter_size: int | None = None
     bucket_sizes: list[int] = []

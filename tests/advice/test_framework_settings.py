@@ -31,6 +31,35 @@ def test_another_library_is_named_with_its_line():
                         "change it through lightning's settings).")
 
 
+TIMM = DataLoaderFacts(created_by="timm", library_site="/venv/site-packages/timm/data/loader.py:467",
+                       library_call="create_loader", library_caller="/job/train.py:805",
+                       library_call_params=["dataset", "batch_size", "num_workers", "pin_memory", "persistent_workers"])
+
+
+def test_a_library_function_that_takes_the_settings_gets_them_at_the_users_call():
+    fix = loader_fix([TIMM], "Pin memory{where}.", "DataLoader(ds, batch_size=..., num_workers=2, pin_memory=True)")
+    assert fix.text == ("Pin memory (the DataLoader is built inside timm's create_loader(), which takes these "
+                        "settings: at /job/train.py:805).")
+    assert fix.snippet == "create_loader(..., num_workers=2, pin_memory=True)"  # batch_size only locates the call
+    # prefetch_factor is no parameter of create_loader: the user's line is named, the snippet stays.
+    fix = loader_fix([TIMM], "Load in workers{where}.", SNIPPET)
+    assert fix.text == ("Load in workers (the DataLoader is built inside timm's create_loader(), which "
+                        "/job/train.py:805 calls: change it through timm's settings).")
+    assert fix.snippet == SNIPPET
+    # A sampler is the change itself (longer epochs): create_loader takes none, so the DataLoader form stays.
+    epochs = "sampler = RandomSampler(ds)\nDataLoader(ds, sampler=sampler, num_workers=N)"
+    assert loader_fix([TIMM], "x{where}", epochs).snippet == epochs
+
+
+def test_a_library_function_without_the_settings_is_named_with_the_users_line():
+    fit = DataLoaderFacts(created_by="lightning", library_call="Trainer.fit", library_caller="/job/pl.py:40",
+                          library_call_params=["self", "model"])
+    fix = loader_fix([fit], "Pin memory{where}.", "DataLoader(..., pin_memory=True)")
+    assert fix.text == ("Pin memory (the DataLoader is built inside lightning's Trainer.fit(), which /job/pl.py:40 "
+                        "calls: change it through lightning's settings).")
+    assert fix.snippet == "DataLoader(..., pin_memory=True)"
+
+
 def test_unknown_origin_says_nothing_more():
     assert loader_fix([DataLoaderFacts()], "Pin memory{where}.", "x").text == "Pin memory."
 

@@ -404,5 +404,9 @@ def test_a_loader_a_library_builds_has_no_line_to_edit_and_a_rebuilt_one_keeps_t
     built, rebuilt = facts_of(tmp_path / "run")["dataloaders"]
     assert built["created_by"] == "fakelib" and "call_site" not in built
     assert built["library_site"] == f"{site_packages / 'fakelib' / '__init__.py'}:5"
+    # The library function the job called, the job's line that called it, and its parameters.
+    build_line = next(i for i, t in enumerate(LIBRARY_JOB.splitlines(), start=1) if "fakelib.build(" in t)
+    assert (built["library_call"], built["library_caller"]) == ("build", f"{job}:{build_line}")
+    assert built["library_call_params"] == ["dataset"]
     line = next(i for i, t in enumerate(LIBRARY_JOB.splitlines(), start=1) if "LINE_USER" in t)
     assert rebuilt["created_by"] == "fakelib" and rebuilt["call_site"] == f"{job}:{line}"

@@ -16,6 +16,7 @@ model = torch.nn.parallel.DistributedDataParallel(
 )
 opt = torch.optim.Adam(model.parameters())
 odd = make(**options)
+loader_train = create_loader(ds, input_size=(3, 64, 64), num_workers=args.workers)
 '''
 
 
@@ -92,3 +93,14 @@ def test_a_loader_the_trainer_builds_is_changed_through_training_arguments() -> 
     # Another library: no file of its to patch, its settings named.
     assert other.where == "inside lightning (change it through its settings)"
     assert other.text == "DataLoader(..., pin_memory=True)"
+
+
+def test_a_loader_a_library_function_builds_is_changed_at_the_users_call_of_it(tmp_path: Path) -> None:
+    # patch_data records timm's create_loader(...) line when create_loader takes num_workers itself
+    # (callsite.editable_site): the diff edits that call, not a DataLoader(...) the user does not have.
+    path = script(tmp_path)
+    applied = {"dataloader.workers": [{"id": "dataloader.workers", "target": "create_loader", "site": f"{path}:11",
+                                       "set": {"num_workers": 1}, "was": {"num_workers": 4}, "library": "timm"}]}
+    (change,) = changes_for(["dataloader.workers"], applied)
+    assert change.language == "diff" and change.where == f"{path}:11"
+    assert "create_loader(ds, input_size=(3, 64, 64), num_workers=1)" in apply_diff(TRAIN, change.text)

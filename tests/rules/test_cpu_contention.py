@@ -34,6 +34,20 @@ def test_workers_holding_the_cores_are_claimed_in_proportion_to_their_cpu_time()
     assert split["other ranks on this host"] == 0.0 and split["this process's other threads"] == 0.0
 
 
+def test_the_workers_fix_follows_where_their_time_goes():
+    # timm on 2 CPUs: 4 workers spend 77.5 of 80.5 ms per batch decoding and augmenting images, 3 ms in
+    # its fast_collate: the advice is about the reads and transforms, not a vectorised collate.
+    f = rank(0, delay=30.0, main=80.0, workers=150.0, busy=230.0)
+    f.dataloaders = [DataLoaderFacts(num_workers=4, batch_size=16, worker_batches=40, worker_dataset_ms_mean=77.5,
+                                     worker_collate_ms_mean=3.0, collate_fn="timm.data.loader.fast_collate")]
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert "reads and transforms take 96%" in got.fix.text and "collate" not in got.fix.text
+    assert "77.5 ms in the dataset's reads" in got.evidence[-1].text
+    f.dataloaders[0].worker_collate_ms_mean, f.dataloaders[0].worker_dataset_ms_mean = 60.0, 20.0
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert "collate_fn takes 75%" in got.fix.text
+
+
 def test_the_jobs_own_threads_compete_only_when_they_outnumber_the_cpus():
     # Two threads per rank x 2 ranks on 2 CPUs: own threads (80 - 70 = 10), the other rank (80),
     # workers (120) and other processes (20) all compete.

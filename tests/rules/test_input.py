@@ -294,7 +294,12 @@ def test_dl1_names_an_epoch_start_refill_and_offers_no_worker_remedy():
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "start of each epoch (every ~5 steps" in got.title and got.remedy is None
     assert "sampler" in got.fix.snippet
+    # The workers are already persistent (timm's create_loader keeps them): not advised again.
+    assert "already kept alive" in got.fix.text and "keep the workers alive" not in got.fix.text
     assert run("DL-6", (None, f)) == []
+    f.dataloaders[0].persistent_workers = False
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "keep the workers alive (persistent_workers=True)" in got.fix.text
 
 
 def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():

@@ -7,6 +7,11 @@ dataloader_persistent_workers, prefetch_factor=args.dataloader_prefetch_factor; 
 handler takes find_unused_parameters, bucket_cap_mb, broadcast_buffers and static_graph from
 args.ddp_*). A user of it has no DataLoader(...) or DDP(...) line to edit, and a patch to the
 installed transformers is no fix: the advice names the TrainingArguments fields instead.
+
+Other libraries build the object inside a function the user's code calls (timm's
+`create_loader(dataset, ..., num_workers=..., persistent_workers=...)`): when that function takes
+the settings as parameters of its own (the probe records its parameter names), the advice is that
+call with those arguments, at the user's line that makes it.
 """
 
 from __future__ import annotations
@@ -33,11 +38,16 @@ TRAINING_ARGUMENTS = {
     },
 }
 NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
+# What the advice's snippet passes to locate the object, not a setting to change.
+_NOT_SETTINGS = ("batch_size", "sampler", "device_ids", "dataset")
 
 
 class Created(Protocol):
     call_site: str | None
     created_by: str | None
+    library_call: str | None
+    library_caller: str | None
+    library_call_params: list[str]
 
 
 def origin(objects: list) -> Created | None:
@@ -57,10 +67,32 @@ def where(kind: str, d: Created | None) -> str:
     lib = d.created_by
     if lib == "transformers":
         return f" (the {NOUN[kind]} is built by transformers' Trainer from its TrainingArguments)"
+    if lib and d.library_call and d.library_caller:
+        return (f" (the {NOUN[kind]} is built inside {lib}'s {d.library_call}(), which {d.library_caller} "
+                f"calls: change it through {lib}'s settings)")
     if lib:
         at = getattr(d, "library_site", None)
         return f" (the {NOUN[kind]} is built by {lib}{f', at {at}' if at else ''}: change it through {lib}'s settings)"
     return ""
+
+
+def entry_snippet(snippet: str, kind: str, d: Created) -> str | None:
+    """The snippet with its `kind(...)` call as the call of the library function that builds the
+    object (timm's `create_loader(..., num_workers=N)`), when that function takes every setting the
+    snippet sets as a parameter of its own; else None."""
+    start = snippet.find(f"{kind}(")
+    if start < 0 or not d.library_call:
+        return None
+    inner, end = _call_args(snippet, start + len(kind))
+    keys = [k.strip() for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
+    # A sampler= here is the change itself (DL-1's longer epochs), not what locates the call.
+    settings = [k for k in keys if k not in _NOT_SETTINGS or k == "sampler"]
+    if not settings or not set(settings) <= set(d.library_call_params):
+        return None
+    args = [a for a in _top_level(inner) if a.partition("=")[0].strip() in settings]
+    name = d.library_call.rpartition(".")[2]
+    return snippet[:start] + f"{name}(..., " + ", ".join(args) + ")" + snippet[end:]
+
 
 
 def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
@@ -76,7 +108,7 @@ def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
     mapped = [f"{fields[k]}={v}" for k, v in pairs if k in fields]
     if not mapped:
         return None
-    missing = [k for k, _ in pairs if k not in fields and k not in ("batch_size", "sampler", "device_ids")]
+    missing = [k for k, _ in pairs if k not in fields and k not in _NOT_SETTINGS]
     note = f"  # {', '.join(missing)}: no TrainingArguments field" if missing else ""
     rest = snippet[end:]
     # A trailing comment on the call's line named an alternative of the DDP(...) form: drop it.
@@ -125,6 +157,11 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
             return Fix(text.replace("{where}", where(kind, d)), code)
         return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by transformers' Trainer, and "
                                 "TrainingArguments has no field for this setting)"), snippet)
+    if d is not None and not d.call_site and d.library_caller:
+        code = entry_snippet(snippet, kind, d)
+        if code is not None:
+            return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built inside {d.created_by}'s "
+                                    f"{d.library_call}(), which takes these settings: at {d.library_caller})"), code)
     return Fix(text.replace("{where}", where(kind, d)), snippet)
 
 

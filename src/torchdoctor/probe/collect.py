@@ -103,6 +103,11 @@ def param_dtypes(modules: Iterable[Any]) -> dict[str, int]:
     return dict(counts)
 
 
+# Parameter names kept of a library function that built a loader or wrapped a model (a function
+# with more forwards **kwargs to the constructor, whose names it does not list anyway).
+MAX_PARAMS = 48
+
+
 def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
     num_workers = attempt(lambda: int(loader.num_workers))
     site = site or Site()
@@ -117,6 +122,9 @@ def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
         call_site=site.user,
         created_by=site.library,
         library_site=site.library_site,
+        library_call=site.entry,
+        library_caller=site.caller,
+        library_call_params=list(site.entry_params[:MAX_PARAMS]),
         dataset_len=attempt(lambda: len(loader.dataset)),
         batches_per_epoch=attempt(lambda: batches_per_epoch(loader)),
     )
@@ -145,8 +153,7 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
     )
 
 
-def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | None,
-              created_by: str | None = None) -> DDPFacts:
+def ddp_facts(ddp: Any, site: Site, logging_data: dict[str, Any] | None = None) -> DDPFacts:
     cap_bytes = getattr(ddp, "bucket_bytes_cap", None)
     facts = DDPFacts(
         find_unused_parameters=attempt(lambda: bool(ddp.find_unused_parameters)),
@@ -155,8 +162,11 @@ def ddp_facts(ddp: Any, call_site: str | None, logging_data: dict[str, Any] | No
         bucket_cap_mb=round(cap_bytes / (1024 * 1024), 4) if cap_bytes else None,
         # 2.13 renamed broadcast_buffers to forward_sync_buffers; older versions keep the first.
         broadcast_buffers=attempt(lambda: bool(getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers))),
-        call_site=call_site,
-        created_by=created_by,
+        call_site=site.user,
+        created_by=site.library,
+        library_call=site.entry,
+        library_caller=site.caller,
+        library_call_params=list(site.entry_params[:MAX_PARAMS]),
     )
     if logging_data:
         apply_ddp_logging(facts, logging_data)

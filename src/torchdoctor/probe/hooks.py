@@ -690,8 +690,8 @@ def _ddp(probe: Probe) -> None:
             return
         fault_point("ddp.init")
         ddp = args[0]
-        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(
-            ddp, site.user if site else None, None, site.library if site else None)))
+        site = site or Site()
+        probe.ddps.append(DDPRecord(weakref.ref(ddp), collect.ddp_facts(ddp, site), site=site))
 
     cls.__init__ = shims.around(cls.__init__, before, after, _failed("ddp.init"))
 

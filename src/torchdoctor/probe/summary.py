@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from torchdoctor.callsite import Site
 from torchdoctor.facts import CompileFacts, CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.hardware import topology
 from torchdoctor.probe import collect, sysinfo, workers
@@ -86,6 +87,7 @@ class DDPRecord:
     facts: DDPFacts
     last_iteration: int = 0
     logging_data: dict[str, Any] | None = None
+    site: Site = field(default_factory=Site)  # where the model was wrapped
 
 
 def code_of(fn: Any) -> CodeType | None:
@@ -183,7 +185,7 @@ def rank_facts(probe: Probe) -> RankFacts:
     for rec in probe.ddps:
         ddp = rec.ref()
         if ddp is not None:  # static_graph etc. may have changed since construction
-            rec.facts = collect.ddp_facts(ddp, rec.facts.call_site, None, rec.facts.created_by)
+            rec.facts = collect.ddp_facts(ddp, rec.site)
             rec.logging_data = collect.attempt(lambda ddp=ddp: ddp._get_ddp_logging_data()) or rec.logging_data
         facts = msgspec.structs.replace(rec.facts)
         if rec.logging_data:

@@ -137,12 +137,12 @@ REMEDIES: tuple[Remedy, ...] = (
            "at start-up, before torch initialises CUDA", gpu_only=True,
            snippet="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Remedy("memory.host_allocator", ("HO-15",), "glibc malloc keeps freed memory in the process "
-           "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=256 MiB; mallopt in the running process): the "
+           "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=256 MiB, MALLOC_TOP_PAD_=256 MiB; mallopt in the running process): the "
            "step's buffers are reused instead of being unmapped and faulted in again", "safe",
            "the allocation strategy only: the same tensors and numbers; resident memory stays at the step's "
            "peak instead of going back to the kernel between steps", "glibc (Linux); a job that sets "
            "its own thresholds or preloads jemalloc/tcmalloc keeps its choice",
-           snippet="export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456\n"
+           snippet="export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=268435456\n"
                    "# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",

@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 from ..advice.workers import WORKERS_PER_CPU_CAP
+from ..callsite import editable_site
 from . import runtime
 from ._shim import kwargs_shim
 from .runtime import Runtime
@@ -107,12 +108,12 @@ def install(torch: Any, rt: Runtime) -> None:
         was = {k: bound.arguments.get(k) for k in new}
         bound.arguments.update(new)
         where = runtime.creation_site(type(bound.arguments["self"]).__name__)
-        site = where.user
+        target, site = editable_site(where, "DataLoader", new)
         last.update(new=new, by=by, site=site)
         if "persistent_workers" in new:
             kept_alive.add(bound.arguments["self"])
         for key, value in new.items():
-            rt.did(by[key], "DataLoader", site, {key: value}, {key: was[key]}, library=where.library)
+            rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library)
         return (bound.args, bound.kwargs), plain
 
     def rejected(exc: BaseException) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ..callsite import editable_site
 from . import runtime
 from ._shim import kwargs_shim
 from .catalogue import DDP_DEFAULT_BUCKET_MB
@@ -61,9 +62,9 @@ def install(torch: Any, rt: Runtime) -> None:
             return None
         plain = (bound.args, bound.kwargs)
         where = runtime.creation_site(type(bound.arguments["self"]).__name__)
+        target, site = editable_site(where, "DistributedDataParallel", new)
         for key, value in new.items():
-            rt.did(by[key], "DistributedDataParallel", where.user, {key: value}, {key: bound.arguments.get(key)},
-                   library=where.library)
+            rt.did(by[key], target, site, {key: value}, {key: bound.arguments.get(key)}, library=where.library)
         bound.arguments.update(new)
         return (bound.args, bound.kwargs), plain
 

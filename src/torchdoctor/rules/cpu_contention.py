@@ -44,6 +44,7 @@ from ._common import (
     per_rank,
     unready_wait_ms,
     views,
+    worker_loader,
     worker_split_text,
 )
 from ._cpu import oversubscribed_by_job, run_delay
@@ -91,10 +92,13 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
             return _collate_finding(v, conv, evidence, gain, delay, step, to_view,
                                     oversubscribed_by_job(v, all_views))
         if lead == "DataLoader workers" or v.pct(gain) >= WARN_PCT:  # the workers' part is worth a look
-            fix = Fix("Make the workers' per-sample work cheaper (a vectorised collate such as default_collate "
-                      "instead of element-by-element .item()/.tolist(), decode once and cache), or run them at a "
-                      "lower priority so that the training thread gets the CPU first; fewer workers only help if "
-                      "the loader stays ahead (no data wait).",
+            inside = worker_loader(v)
+            if inside is not None:
+                evidence.append(Evidence(worker_split_text(inside), {
+                    "dataset_ms": inside.worker_dataset_ms_mean, "collate_ms": inside.worker_collate_ms_mean}))
+            fix = Fix(f"Make the workers' per-batch work cheaper ({_cheaper(inside)}), or run them at a lower "
+                      "priority so that the training thread gets the CPU first; fewer workers only help if the "
+                      "loader stays ahead (no data wait).",
                       "DataLoader(ds, num_workers=N, worker_init_fn=lambda _: os.nice(10))  # workers yield the CPU",
                       "python")
             return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="low",
@@ -117,6 +121,19 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                        source="Linux schedstat run delay (Documentation/scheduler/sched-stats.rst)")
 
     return per_rank(inputs, one)
+
+
+def _cheaper(d: DataLoaderFacts | None) -> str:
+    """How to make the workers' batches cheaper, by where their time goes (the workers' own timing)."""
+    reads, collate = (d.worker_dataset_ms_mean or 0.0, d.worker_collate_ms_mean or 0.0) if d else (0.0, 0.0)
+    if reads + collate <= 0:
+        return ("a vectorised collate such as default_collate instead of element-by-element "
+                ".item()/.tolist(), decode once and cache")
+    if collate >= 0.5 * (reads + collate):
+        return (f"collate_fn takes {collate / (reads + collate):.0%} of their time per batch: collate with "
+                "whole-tensor ops instead of element-by-element .item()/.tolist()")
+    return (f"the dataset's reads and transforms take {reads / (reads + collate):.0%} of their time per batch: "
+            "decode once and cache, store smaller or pre-resized samples, lighter CPU augmentation")
 
 
 def _collate_finding(v: View, d: DataLoaderFacts, evidence: list[Evidence], workers_part: float, delay: float,

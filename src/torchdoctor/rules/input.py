@@ -343,6 +343,8 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             return None
         known = nw is not None
         epoch_bound = nw != 0 and at_starts
+        loaders = [d for d in v.f.dataloaders if d.num_workers] if v.f is not None else []
+        persistent = bool(loaders) and all(d.persistent_workers for d in loaders)
         cheaper = ("move decoding/augmentation to the GPU (torchvision.transforms.v2 on tensors, DALI), "
                    if v.accel else
                    # A CPU-only job has no device to move the work to: cut the per-sample overhead.
@@ -351,7 +353,11 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         fix_text = (f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster "
                     "storage format; then add workers." if nw == 0 else
                     "Make epochs longer (a sampler that spans several passes over the data) or the first "
-                    "batch of an epoch cheaper; keep the workers alive (persistent_workers=True)."
+                    "batch of an epoch cheaper{where}" + ("; the workers are already kept alive (persistent_workers="
+                                                   "True), but they start on an epoch's first batches only "
+                                                   "when that epoch begins."
+                                                   if persistent else
+                                                   "; keep the workers alive (persistent_workers=True).")
                     if epoch_bound else
                     "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
                     "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
@@ -368,8 +374,9 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             f"Input-bound: each step waits {fmt_ms(rest)} ({v.pct(rest):.0f}% of the step) for the "
             f"DataLoader; {why}.",
             rest, evidence=evidence,
-            fix=Fix(fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
-                    "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)") if epoch_bound else
+            fix=_loader_fix(v, fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
+                            "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)")
+            if epoch_bound else
             _loader_fix(v, fix_text, f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
