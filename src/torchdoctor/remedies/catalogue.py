@@ -140,7 +140,7 @@ REMEDIES: tuple[Remedy, ...] = (
            "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=256 MiB, MALLOC_TOP_PAD_=256 MiB; mallopt in the running process): the "
            "step's buffers are reused instead of being unmapped and faulted in again", "safe",
            "the allocation strategy only: the same tensors and numbers; resident memory stays at the step's "
-           "peak instead of going back to the kernel between steps", "glibc (Linux); a job that sets "
+           "peak (and up to 256 MiB freed at the heap's top) instead of going back to the kernel between steps", "glibc (Linux); a job that sets "
            "its own thresholds or preloads jemalloc/tcmalloc keeps its choice",
            snippet="export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=268435456\n"
                    "# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
