@@ -217,7 +217,7 @@ class Columns:
     # (Input Dims, Input type, Concrete Inputs) compact JSON texts of the ops model.keeps_shapes
     # accepts, interned; the shape rows hold ids into it.
     shapes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
-    _shape_ids: dict[bytes, dict[bytes | tuple[bytes, bytes], int]] = field(default_factory=dict)
+    _shape_ids: dict[bytes, int] = field(default_factory=dict)  # NUL-joined raw texts -> id
     # Collective descriptors (name, dtype, in nelems, out nelems, group size, process group),
     # interned; the collective rows hold ids into it and the sequence number of each call.
     colls: list[tuple[str, str, int, int, int, str]] = field(default_factory=list)
@@ -352,20 +352,37 @@ class Columns:
         return k[some], b[some], w[some], o[some], g[some]
 
     def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
-        """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them."""
+        """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them.
+
+        C-level maps over the picked ops (a record_shapes trace has one per 10 events); only the
+        distinct shapes run Python (`_new_shapes`)."""
         wanted = self._shape_names = _grow_flags(self._shape_names, self.names, keeps_shapes)
         conv = self._conv_names = _grow_flags(self._conv_names, self.names, CONCRETE_OPS.__contains__)
-        pos: list[int] = []
-        ids: list[int] = []
-        if wanted.any():
-            for i in np.flatnonzero(wanted[name]).tolist():
-                a = args[i]
-                dims = bytes(a.input_dims)
-                if dims:
-                    pos.append(i)
-                    # Concrete values only where read: other ops' would split the interning.
-                    ids.append(self.shape_id(dims, bytes(a.input_type), bytes(a.concrete) if conv[name[i]] else b""))
-        return np.array(pos, np.int64), np.array(ids, np.int32)
+        k = np.flatnonzero(wanted[name]) if wanted.any() else np.zeros(0, np.int64)
+        if not k.size:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        picked = _pick(args, k)
+        dims = list(map(bytes, map(_get_dims, picked)))
+        has = np.fromiter(map(len, dims), np.int64, k.size) > 0
+        if not has.all():  # the op recorded no shapes
+            picked, dims, k = _pick(picked, np.flatnonzero(has)), _pick(dims, np.flatnonzero(has)), k[has]
+        # One key per op: its texts joined by NUL, a byte no JSON value holds (msgspec rejects it).
+        keys = list(map(_NUL.join, zip(dims, map(bytes, map(_get_types, picked)), strict=True)))
+        # Concrete values only where read: other ops' would split the interning.
+        for j in np.flatnonzero(conv[name[k]]).tolist():
+            concrete = bytes(picked[j].concrete)
+            if concrete:
+                keys[j] += _NUL + concrete
+        table = self._shape_ids
+        self._new_shapes([key for key in dict.fromkeys(keys) if key not in table])
+        return k, np.fromiter(map(table.__getitem__, keys), np.int32, k.size)
+
+    def _new_shapes(self, keys: list[bytes]) -> None:
+        for key in keys:
+            dims, types, *concrete = key.split(_NUL)
+            self._shape_ids[key] = len(self.shapes)
+            self.shapes.append((_compact_json(dims), _compact_json(types),
+                                _compact_json(concrete[0]) if concrete and concrete[0] else b""))
 
     def _coll_rows(self, cat: np.ndarray, name: np.ndarray, args: list[Args]
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -403,15 +420,11 @@ class Columns:
         return got
 
     def shape_id(self, dims: bytes, types: bytes, concrete: bytes = b"") -> int:
-        # Two-level lookup keyed by the dims first (the pair tuple is only built for the rare
-        # ops with concrete values; tuples are GC-tracked and would trigger collections that walk
-        # the whole decoded block).
-        by_type = self._shape_ids.setdefault(dims, {})
-        key: bytes | tuple[bytes, bytes] = (types, concrete) if concrete else types
-        got = by_type.get(key)
+        key = _NUL.join((dims, types, concrete)) if concrete else _NUL.join((dims, types))
+        got = self._shape_ids.get(key)
         if got is None:
-            got = by_type[key] = len(self.shapes)
-            self.shapes.append((_compact_json(dims), _compact_json(types), _compact_json(concrete) if concrete else b""))
+            self._new_shapes([key])
+            got = self._shape_ids[key]
         return got
 
     def _ids(self, vals: list) -> np.ndarray:
@@ -511,6 +524,13 @@ def _grid_blocks(raw: msgspec.Raw) -> float:
     if not isinstance(g, list) or not g or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in g):
         return math.nan
     return float(math.prod(g))
+
+
+def _pick(seq: list | tuple, idx: np.ndarray) -> tuple:
+    """The items of `seq` at `idx`, as a tuple (one C-level call)."""
+    if idx.size > 1:
+        return itemgetter(*idx.tolist())(seq)
+    return (seq[int(idx[0])],) if idx.size else ()
 
 
 def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -706,6 +726,9 @@ _get_blocks = attrgetter("blocks_per_sm")
 _get_warps = attrgetter("warps_per_sm")
 _get_occ = attrgetter("occupancy_pct")
 _get_coll_name = attrgetter("coll_name")
+_get_dims = attrgetter("input_dims")
+_get_types = attrgetter("input_type")
+_NUL = b"\0"
 
 
 def _arg_column(args: list[Args], get: attrgetter) -> np.ndarray:
