@@ -62,6 +62,9 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     worker_collate_cpu_ms_mean: float | None = None
     worker_cpu_ms_mean: float | None = None  # the loading thread's CPU time per batch (reads and collate)
     worker_collate_syncs_per_batch: float | None = None
+    # Whether the dataset's reads draw random numbers in the workers (random augmentation), from
+    # the workers' first batches; None when not checked.
+    worker_random_draws: bool | None = None
 
 
 class DDPFacts(msgspec.Struct, omit_defaults=True):

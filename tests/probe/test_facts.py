@@ -56,7 +56,7 @@ class SlowReads(torch.utils.data.Dataset):
         return 64
     def __getitem__(self, i):
         time.sleep(0.002)  # a read: the workers time it apart from the collate
-        return torch.zeros(4), torch.tensor(i % 4)
+        return torch.rand(4), torch.tensor(i % 4)  # a random augmentation, drawn in the worker
 
 def worker_collate(batch):
     x, y = default_collate(batch)
@@ -100,6 +100,9 @@ def test_single_process_facts(tmp_path):
     assert third["worker_batches"] == 16 and third["worker_collate_syncs_per_batch"] == 4.0
     assert third["worker_dataset_ms_mean"] >= 8.0 > third["worker_collate_ms_mean"] > 0
     assert third["worker_collate_cpu_ms_mean"] > 0 and "collate_syncs_per_batch" not in third
+    # The third dataset draws random numbers in its workers (another worker count would hand its
+    # batches other random streams); indexing a TensorDataset draws none.
+    assert third["worker_random_draws"] is True and side["worker_random_draws"] is False
     (opt,) = facts["optimizers"]
     assert (opt["cls"], opt["foreach"], opt["num_param_tensors"]) == ("AdamW", False, 5)
     assert opt["call_site"] == site + str(line_of("LINE_OPT"))

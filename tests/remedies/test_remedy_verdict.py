@@ -225,6 +225,35 @@ def test_changed_losses_reject_safe_and_numerics_has_a_tolerance() -> None:
     assert judge(far, [Spec("optim.fused")], {}).verdicts[0].status == "rejected"
 
 
+def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30) -> list[Arm]:
+    """Three rounds of a job whose workers augment at random (timm's train.py): the baseline
+    reproduces itself; the treated runs, with another worker count, see other crops of the same
+    images: per-step losses differ by zero-mean noise, plus `shift`."""
+    base = [float(x) for x in 0.7 + 0.05 * rng.normal(size=n)]
+    arms = []
+    for k in (1, 2, 3):
+        arms += [arm(f"A{k}", "baseline", 10, base, k),
+                 arm(f"B{k}", "treated", 11, [x + shift + 0.05 * float(rng.normal()) for x in base], k,
+                     ["dataloader.workers=2"])]
+    for a in arms:
+        a.facts = [RankFacts(dataloaders=[DataLoaderFacts(num_workers=4, worker_random_draws=draws)])]
+    return arms
+
+
+def test_random_augmentation_in_the_workers_is_compared_on_average() -> None:
+    spec = [Spec("dataloader.workers", 2)]
+    out = judge(augmented(np.random.default_rng(0), 0.0), spec, {})
+    assert out.loss.status == "same on average" and out.loss.passed
+    assert "another worker's random stream" in out.loss.text and "over 90 steps" in out.loss.text
+    assert out.verdicts[0].status == "kept"
+    # A remedy that moved the losses (a systematic shift of 0.05, one noise sd) is caught.
+    shifted = judge(augmented(np.random.default_rng(0), 0.05), spec, {})
+    assert shifted.loss.status == "changed" and shifted.verdicts[0].status == "rejected"
+    # Without random draws in the workers, the losses must be identical as for any safe remedy.
+    plain = judge(augmented(np.random.default_rng(0), 0.0, draws=False), spec, {})
+    assert plain.loss.status == "changed"
+
+
 def test_a_baseline_that_does_not_reproduce_makes_the_check_inconclusive() -> None:
     arms = rounds([10, 10, 10.1], [20, 20, 20.2], ["optim.foreach"], [2.3, 2.205, 2.1])
     arms[2].losses = {0: [2.3, 2.21, 2.1]}  # A2 differs from A1 by 0.01

@@ -58,13 +58,19 @@ class WorkerStats:
     collate_cpu_s: float = 0.0
     conversions: int = 0  # Tensor.item/.tolist/.numpy called inside collate_fn, first collates only
     counted_collates: int = 0  # the collates whose conversions were counted
+    # Of the first SAMPLE_RNG fetches, those checked and those that advanced the worker's random
+    # number generators (torch's default, Python's random, numpy's global): the dataset's random
+    # augmentation, which another worker count hands other random streams (remedies/verdict.py).
+    rng_checked: int = 0
+    rng_drawn: int = 0
     in_collate: bool = False
     last_write: float = 0.0
     eager: int = 0  # batches written one by one (EAGER_BATCHES for persistent workers, else 0)
 
 
 COUNTERS = ("batches", "fetch_s", "fetch_cpu_s", "collate_calls", "collate_s", "collate_cpu_s", "conversions",
-            "counted_collates")
+            "counted_collates", "rng_checked", "rng_drawn")
+SAMPLE_RNG = 4  # fetches whose random-number draws are checked (two state copies each, ~0.1 ms)
 
 
 def worker_path(run_dir: str, pid: int) -> str:
@@ -142,9 +148,15 @@ def _patch_fetchers(probe: Any, stats: WorkerStats) -> None:
 
 def _timed_fetch(original: Any, stats: WorkerStats, run_dir: str) -> Any:
     def fetch(self: Any, index: Any) -> Any:
+        before = _rng_states() if stats.rng_checked < SAMPLE_RNG else None
         t0, c0 = perf_counter(), thread_time()
         out = original(self, index)  # StopIteration (iterable datasets) passes through uncounted
         t1 = perf_counter()
+        if before is not None:
+            after = _rng_states()
+            if after is not None:
+                stats.rng_checked += 1
+                stats.rng_drawn += after != before
         stats.batches += 1
         stats.fetch_s += t1 - t0
         stats.fetch_cpu_s += thread_time() - c0
@@ -154,6 +166,26 @@ def _timed_fetch(original: Any, stats: WorkerStats, run_dir: str) -> Any:
 
     fetch._torchdoctor_timed = True  # type: ignore[attr-defined]
     return fetch
+
+
+def _rng_states() -> tuple | None:
+    """The states of the worker's global random number generators, None when one cannot be read."""
+    import random
+    import sys
+
+    try:
+        states: list[Any] = [random.getstate()]
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            states.append(torch.random.get_rng_state().numpy().tobytes())
+        np = sys.modules.get("numpy")
+        if np is not None:
+            kind, keys, pos, has_gauss, cached = np.random.get_state()
+            states.append((kind, keys.tobytes(), pos, has_gauss, cached))
+        return tuple(states)
+    except Exception as exc:
+        ERRORS.note(f"dataloader.worker: random states not read ({exc!r})")
+        return None
 
 
 def write(run_dir: str, stats: WorkerStats, now: float | None = None) -> None:
@@ -204,6 +236,8 @@ def per_batch(stats: WorkerStats) -> dict[str, float | int]:
     }
     if stats.counted_collates:
         out["worker_collate_syncs_per_batch"] = round(stats.conversions / stats.counted_collates, 3)
+    if stats.rng_checked:
+        out["worker_random_draws"] = stats.rng_drawn > 0
     return out
 
 

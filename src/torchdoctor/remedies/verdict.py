@@ -17,7 +17,12 @@ remedy earns its place (no torch).
 - Learning: the loss of every step is compared with the same round's baseline over the same steps
   and seed. ``safe`` remedies must give identical losses (when the baseline reproduces itself;
   otherwise the check is inconclusive and says so); ``numerics`` remedies must stay within
-  ``|delta| <= atol + rtol * |loss|`` at every step.
+  ``|delta| <= atol + rtol * |loss|`` at every step. One exception: a remedy that changes the
+  worker count (``WORKER_STREAMS``) of a loader whose dataset draws random numbers in the workers
+  (random augmentation, seen by the workers' probe) hands each batch another worker's random stream,
+  so the same images get other crops and flips and the losses differ step by step by design. There
+  the losses must agree on average: the mean of the per-step deltas (same batches, same steps) within
+  MEAN_SE standard errors of zero ("same on average"), else "changed".
 - Each remedy's own share (``--ablate``): leave-one-out, the same statistic over the pairs
   (treated_k / treated_k without that remedy).
 """
@@ -38,6 +43,10 @@ from .measure import Arm, LossDiff, loss_diff
 NOISE_FLOOR = 0.03  # below 3% two runs of the same job on a shared machine are not told apart
 NUMERICS_RTOL = 0.05
 NUMERICS_ATOL = 1e-3
+# Remedies that change which worker (and so which random stream) loads each batch.
+WORKER_STREAMS = ("dataloader.workers",)
+MEAN_SE = 3.0  # the mean per-step loss delta within this many standard errors of zero
+MIN_MEAN_STEPS = 10  # steps needed for the mean test
 MIN_PAIRS = 3  # fewer pairs give no interval
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240612
@@ -127,7 +136,7 @@ class Verdict:
 
 @dataclass
 class LossCheck:
-    status: str  # identical | within tolerance | changed | inconclusive | not recorded
+    status: str  # identical | within tolerance | same on average | changed | inconclusive | not recorded
     text: str
     diff: LossDiff | None = None
 
@@ -194,12 +203,40 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
             status = "inconclusive" if worst.max_abs <= noise * 1.5 + 1e-12 else "changed"
             return LossCheck(status, f"{where}; but two baseline runs already differ by {noise:.3g}: "
                              "the job is not deterministic (fix its seeds to check)", worst)
+        if _random_streams(base, treated):
+            return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst)
         return LossCheck("changed", f"losses differ from the baseline: {where}", worst)
     ok = all(within(a.losses, b.losses, rtol, NUMERICS_ATOL) for a, b, _ in diffs)
     tol = f"|delta| <= {NUMERICS_ATOL:g} + {rtol:g} x |loss| at every step"
     if ok:
         return LossCheck("within tolerance", f"{where}; within {tol}", worst)
     return LossCheck("changed", f"{where}; beyond {tol}", worst)
+
+
+def _random_streams(base: list[Arm], treated: list[Arm]) -> bool:
+    """The treated runs changed the worker count of a loader whose workers draw random numbers."""
+    changes_workers = any(rid.split("=")[0] in WORKER_STREAMS for a in treated for rid in a.applied)
+    draws = any(d.worker_random_draws for a in base for f in a.facts for d in f.dataloaders)
+    return changes_workers and draws
+
+
+def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
+                     worst: LossDiff) -> LossCheck:
+    """The per-step deltas (treated - baseline, same round, rank and step) have a mean within
+    MEAN_SE standard errors of zero: other random draws, the same learning."""
+    deltas = [y - x for a, b in pairs for rank, xs in a.items()
+              for x, y in zip(xs, b.get(rank, []), strict=False) if math.isfinite(x) and math.isfinite(y)]
+    why = ("the dataset draws random numbers in the DataLoader workers (augmentation), and another worker "
+           "count hands each batch another worker's random stream")
+    if len(deltas) < MIN_MEAN_STEPS:
+        return LossCheck("changed", f"losses differ from the baseline: {where}; {why}, but {len(deltas)} "
+                         f"steps are too few to compare their mean (>= {MIN_MEAN_STEPS})", worst)
+    mean, se = statistics.fmean(deltas), statistics.stdev(deltas) / math.sqrt(len(deltas))
+    text = (f"{where}; {why}: the mean delta is {mean:+.3g} over {len(deltas)} steps, standard error "
+            f"{se:.2g}")
+    if abs(mean) <= MEAN_SE * se + NUMERICS_ATOL:
+        return LossCheck("same on average", f"{text}: within {MEAN_SE:g} standard errors of zero", worst)
+    return LossCheck("changed", f"{text}: beyond {MEAN_SE:g} standard errors of zero", worst)
 
 
 def _stats(xs: list[float]) -> tuple[float, float, float]:
