@@ -94,7 +94,6 @@ def entry_snippet(snippet: str, kind: str, d: Created) -> str | None:
     return snippet[:start] + f"{name}(..., " + ", ".join(args) + ")" + snippet[end:]
 
 
-
 def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
     """The snippet with its `kind(...)` call as the TrainingArguments that make the Trainer build
     it (arguments without a field said in a comment; the snippet's other lines kept), or None
