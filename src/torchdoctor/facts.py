@@ -383,6 +383,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Host syncs counted by the probe per step (e.g. loss.item() every step), by call site.
     host_syncs_per_step: float | None = None
     host_sync_sites: dict[str, int] = {}
+    # Where the job's first blocking checkpoint save was called: its "file:line", or, when a library
+    # saves for it, "PKG's FUNCTION() at file:line" (the library function the user's line called).
+    checkpoint_site: str | None = None
     # Probe problems, logged once each: the job carried on.
     probe_errors: list[str] = []
     # Path of the profiler-window trace this rank wrote, relative to the run directory.

@@ -25,7 +25,7 @@ for step in range(24):
             import torch.distributed.checkpoint as dcp
             dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, f"step{step}"))
         else:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(out, f"step{step}.pt"))
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(out, f"step{step}.pt"))  # SAVE
 print("ok")
 """
 
@@ -50,6 +50,10 @@ def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_pa
     total = sum(ms for _, ms in got.values())
     assert abs(di15["recoverable_ms"] - total / len(got)) < 0.01 and "one every 4 steps" in di15["title"]
     assert "Thread(target=torch.save" in di15["fix"]["snippet"]
+    # The fix names the job's own torch.save line.
+    line = next(i for i, t in enumerate(JOB.splitlines(), start=1) if "# SAVE" in t)
+    assert facts_of(run_dir)["checkpoint_site"] == f"{job}:{line}"
+    assert f"(the save at {job}:{line})" in di15["fix"]["text"]
 
 
 def test_a_dcp_save_is_one_save_not_the_torch_saves_inside_it(tmp_path):

@@ -454,7 +454,11 @@ def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
     got = only(run("DI-15", (None, f0)), "DI-15")
     # 4 saves of 200 ms in 40 steps of 100 ms: 20 ms per step, 20% of the step.
     assert abs(got.recoverable_ms - 20.0) < 1e-6 and got.severity == "critical" and "one every 10 steps" in got.title
-    assert "async_save" in got.fix.snippet
+    assert "async_save" in got.fix.snippet and "(the save at" not in got.fix.text
+    # A library that saves for the job (timm's CheckpointSaver) is named with the user's line that called it.
+    f0.checkpoint_site = "timm's CheckpointSaver.save_checkpoint() at /job/train.py:1190"
+    got = only(run("DI-15", (None, f0)), "DI-15")
+    assert "(the save at timm's CheckpointSaver.save_checkpoint() at /job/train.py:1190)" in got.fix.text
     quiet = cpu_facts(rank=1, world_size=2, steps=[StepTiming(step=i, total_ms=100.0) for i in range(40)])
     assert run("DI-15", (None, quiet)) == []
 

@@ -62,6 +62,7 @@ class Probe:
         # The user's DataLoader(...) line per dataset (by id): a loader a library re-creates from
         # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
         self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).

@@ -754,6 +754,15 @@ def _distributed(probe: Probe) -> None:
     dist.destroy_process_group = shim
 
 
+def _save_site(site: Site) -> str | None:
+    """The user's line of a save, or the library function their line called to save."""
+    if site.user:
+        return site.user
+    if site.library and site.caller:
+        return f"{site.library}'s {site.entry or 'code'}() at {site.caller}"
+    return None
+
+
 def _checkpoints(probe: Probe) -> None:
     """Time the checkpoint saves the training thread blocks on.
 
@@ -770,6 +779,8 @@ def _checkpoints(probe: Probe) -> None:
         if "checkpoint" in BROKEN or threading.get_ident() != probe.main_thread:
             return None
         depth[0] += 1
+        if depth[0] == 1 and probe.checkpoint_site is None:  # once: saves are few, the walk is cheap
+            probe.checkpoint_site = _save_site(probe.creation_site(2))  # creation_site <- before <- shim <- caller
         return perf_counter() if depth[0] == 1 else None
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:

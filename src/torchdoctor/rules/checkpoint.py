@@ -39,7 +39,8 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
         gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
         every = gaps[len(gaps) // 2] if gaps else steps / n  # the median interval between saving steps
         distributed = v.f is not None and v.f.world_size > 1
-        text = ("Save asynchronously: DCP async_save returns once the state is staged in host memory and writes "
+        site = v.f.checkpoint_site if v.f is not None else None
+        text = (f"Save asynchronously{f' (the save at {site})' if site else ''}: DCP async_save returns once the state is staged in host memory and writes "
                 "in the background" + ("; other ranks otherwise wait for this one at the next collective." if distributed
                                        else "; or hand torch.save to a background thread with a copy of the state."))
         snippet = ("import torch.distributed.checkpoint as dcp\n"
