@@ -108,6 +108,12 @@ def param_dtypes(modules: Iterable[Any]) -> dict[str, int]:
 MAX_PARAMS = 48
 
 
+def origin_fields(site: Site) -> dict[str, Any]:
+    """Who built a loader or wrapped a model, as the fields DataLoaderFacts and DDPFacts share."""
+    return {"call_site": site.user, "created_by": site.library, "library_call": site.entry,
+            "library_caller": site.caller, "library_call_params": list(site.entry_params[:MAX_PARAMS])}
+
+
 def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
     num_workers = attempt(lambda: int(loader.num_workers))
     site = site or Site()
@@ -119,12 +125,8 @@ def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
         persistent_workers=attempt(lambda: bool(loader.persistent_workers)),
         batch_size=attempt(lambda: loader.batch_size),
         collate_fn=attempt(lambda: qualname(loader.collate_fn)),
-        call_site=site.user,
-        created_by=site.library,
         library_site=site.library_site,
-        library_call=site.entry,
-        library_caller=site.caller,
-        library_call_params=list(site.entry_params[:MAX_PARAMS]),
+        **origin_fields(site),
         dataset_len=attempt(lambda: len(loader.dataset)),
         batches_per_epoch=attempt(lambda: batches_per_epoch(loader)),
     )
@@ -162,11 +164,7 @@ def ddp_facts(ddp: Any, site: Site, logging_data: dict[str, Any] | None = None) 
         bucket_cap_mb=round(cap_bytes / (1024 * 1024), 4) if cap_bytes else None,
         # 2.13 renamed broadcast_buffers to forward_sync_buffers; older versions keep the first.
         broadcast_buffers=attempt(lambda: bool(getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers))),
-        call_site=site.user,
-        created_by=site.library,
-        library_call=site.entry,
-        library_caller=site.caller,
-        library_call_params=list(site.entry_params[:MAX_PARAMS]),
+        **origin_fields(site),
     )
     if logging_data:
         apply_ddp_logging(facts, logging_data)

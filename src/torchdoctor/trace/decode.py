@@ -340,7 +340,7 @@ class Columns:
         k = np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
         if not k.size:
             return (k, *(np.zeros(0, np.float32) for _ in range(4)))
-        picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
+        picked = _pick(args, k)
         b, w, o = (np.fromiter(map(get, picked), np.float64, k.size) for get in (_get_blocks, _get_warps, _get_occ))
         b = np.where(b > 0, b, np.nan).astype(np.float32)
         w = np.where(w > 0, w, np.nan).astype(np.float32)
@@ -401,7 +401,7 @@ class Columns:
         pos: list[int] = []
         ids: list[int] = []
         seqs: list[int] = []
-        picked = itemgetter(*k.tolist())(args) if k.size > 1 else (args[int(k[0])],)
+        picked = _pick(args, k)
         named = np.fromiter(map(bool, map(_get_coll_name, picked)), bool, k.size)  # C-level: most have none
         for i in k[named].tolist():
             a = args[i]
