@@ -133,6 +133,8 @@ def test_mi250_gcd_is_half_the_module():
     ("NVIDIA A100 80GB PCIe", None, "A100-PCIE-80GB"),
     # deepseek-ai/profile-data's train.json (DeepSeek-V3 training) records these properties.
     ("NVIDIA H800", props("NVIDIA H800", (9, 0), 132, 84943110144), "H800-SXM"),
+    # kineto's tb_plugin ResNet-50 samples were recorded on a DGX Station's V100s.
+    ("Tesla V100-DGXS-32GB", props("Tesla V100-DGXS-32GB", (7, 0), 80, 34084028416), "V100-SXM2"),
 ])
 def test_name_variants(name, p, key):
     got = identify(name, p)

@@ -172,6 +172,23 @@ def test_dl4_pageable_copies_in_trace():
     assert got.remedy == "dataloader.pin_memory"
 
 
+def test_dl4_prices_the_stall_of_pageable_copies_and_ho5_leads_with_another_op():
+    # kineto's tb_plugin V100 sample with 4 workers: the batch's pageable copy stalls with the
+    # device idle (7.6 ms per step); the host-bound rule named that aten::to as its lead op.
+    r = gpu_result(busy=70.0)
+    n = len(r.window.steps)
+    r.kernels.memcpy = [MemcpyRow("HtoD", "pageable", n, 2 * n * 1_000_000, 19 * n * 10**6)]
+    r.signals.blocking_copies = [CopySite("cudaMemcpyAsync", "HtoD", "pageable", "aten::copy_", "", n,
+                                          14 * n * 1_000_000, 7 * n * 1_000_000, 19 * n * 10**6, 5_000_000)]
+    idle(r, "host_ops", 30.0, [("aten::to", 7.5), ("aten::copy_", 7.4), ("aten::conv2d", 5.0)])
+    found = run_all((r, None))
+    dl4, ho5 = only(found, "DL-4"), only(found, "HO-5")
+    assert abs(dl4.recoverable_pct - 8.0) < 0.1  # the 7 ms stall and half of the 2 ms copy
+    assert dl4.evidence[1].values == {"host_blocked_ms": 14.0, "idle_ms": 7.0}
+    assert "began at +5.0 ms" in dl4.evidence[1].text
+    assert "runs aten::conv2d and other host work" in ho5.title and abs(ho5.recoverable_pct - 23.0) < 0.1
+
+
 def test_dl4_fact_without_trace_is_info():
     f = gpu_facts(dataloaders=[loader(num_workers=2, pin_memory=False)])
     got = only(run("DL-4", (None, f)), "DL-4")

@@ -38,6 +38,35 @@ def test_blocking_device_to_host_copy(tmp_path):
     assert 1.8e6 < site.idle_ns < 2.2e6  # device idle from 4040 to 5050 µs in each step
 
 
+def test_pageable_host_to_device_copy_that_waited_for_the_queue(tmp_path):
+    # kineto's tb_plugin V100 samples: the call waits for the queued kernels, then stages the
+    # batch; it returns 56 µs before the last chunk's DMA ends. A pinned copy that returns at
+    # once is not blocking.
+    t = Trace()
+    for n in range(2):
+        s = n * 20_000.0
+        t.step(n, s, 20_000.0)
+        t.host("aten::mm", s + 10, 20.0)
+        t.kernel(TC, s + 15, s + 40, 6000.0)
+        t.host("aten::to", s + 100, 9000.0)
+        t.host("aten::copy_", s + 101, 8990.0)
+        t.kernel("Memcpy HtoD (Pageable -> Device)", s + 110, s + 6050, 3000.0, api="cudaMemcpyAsync",
+                 api_dur=8884.0, cat="gpu_memcpy", nbytes=1000)
+        if n == 0:  # the first step's copy also stalls with the device idle: 4 ms more
+            t.host("aten::to", s + 10_000, 4200.0)
+            t.host("aten::copy_", s + 10_001, 4190.0)
+            t.kernel("Memcpy HtoD (Pageable -> Device)", s + 10_010, s + 14_000, 100.0, api="cudaMemcpyAsync",
+                     api_dur=4080.0, cat="gpu_memcpy", nbytes=1000)
+        t.host("aten::to", s + 15_000, 30.0)
+        t.kernel("Memcpy HtoD (Pinned -> Device)", s + 15_005, s + 15_100, 500.0, api="cudaMemcpyAsync",
+                 api_dur=10.0, cat="gpu_memcpy", nbytes=1000)
+    sig = signals(t, tmp_path)
+    [site] = sig.blocking_copies
+    assert (site.direction, site.host_memory, site.count) == ("HtoD", "pageable", 3)
+    assert 21.6e6 < site.host_ns < 22.0e6  # 2 x 8.92 ms + 4.08 ms
+    assert 3.8e6 < site.idle_ns < 4.2e6  # the device idles only in the first step's stall
+
+
 def test_comm_block_at_end_of_step_and_collectives(tmp_path):
     t = Trace(backend="nccl")
     for n in range(2):
@@ -73,6 +102,29 @@ def test_single_tensor_optimizer_and_zero_grad_fills(tmp_path):
     sig = signals(optimizer_trace(["aten::add_"] * 30), tmp_path)
     assert sig.optimizer_impl == "single_tensor" and sig.optimizer_classes == ["SGD"]
     assert sig.optimizer_launches_per_step == 30 and sig.zero_grad_fills_per_step == 10
+
+
+def test_nested_same_name_ops_count_once(tmp_path):
+    # Traces of torch <= 1.9 (kineto's tb_plugin ResNet-50 samples) record the autograd layer's
+    # op around the kernel's op of the same name: 161 gradients read as 322 fills, 484 ops as 967.
+    t = Trace()
+    for n in range(2):
+        s = n * 10_000.0
+        t.step(n, s, 10_000.0)
+        t.host("Optimizer.zero_grad#SGD.zero_grad", s + 10, 500.0, cat="user_annotation")
+        for i in range(10):
+            t.host("aten::zero_", s + 20 + 40 * i, 30.0)
+            t.host("aten::zero_", s + 21 + 40 * i, 28.0)
+            t.host("aten::fill_", s + 22 + 40 * i, 20.0)
+        t.host("Optimizer.step#SGD.step", s + 1000, 5000.0, cat="user_annotation")
+        for i in range(30):
+            t.host("aten::add_", s + 1010 + 100 * i, 80.0)
+            t.host("aten::add_", s + 1011 + 100 * i, 70.0)
+            t.kernel("void at::native::vectorized_elementwise_kernel<4>()", s + 1020 + 100 * i,
+                     s + 1030 + 100 * i, 5.0)
+    sig = signals(t, tmp_path)
+    assert sig.zero_grad_fills_per_step == 10 and sig.optimizer_ops_per_step == 30
+    assert sig.optimizer_impl == "single_tensor"
 
 
 def test_foreach_optimizer_and_cpu_loop_are_not_single_tensor(tmp_path):

@@ -35,6 +35,10 @@ from .model import Evidence, Finding, Fix
 # HTA cuda_kernel_analysis: runtime_cutoff 50 µs, launch_delay_cutoff 100 µs.
 RUNTIME_CUTOFF_NS = 50_000
 LAUNCH_DELAY_CUTOFF_NS = 100_000
+# The aten ops around a host-device copy, and how much more idle than the copy findings claimed
+# one may hold and still be theirs (the op also holds its own dispatch, outside the copy call).
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+COPY_CLAIM_COVER = 1.2
 # TBP: per-GPU utilization < 50% → "increase batch size" (HO-1 umbrella).
 LOW_UTIL_IDLE_PCT = 50.0
 # Optimizers whose torch.optim constructor takes fused=True (checked against the pinned torch in
@@ -375,11 +379,14 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
         if oc is not None and opt_left > 0.1 * rest:
             tops += list(oc.top)
         tops.sort(key=lambda t: -t.ns)
-        op_tops = [t for t in tops if not t.region]
+        # Idle inside blocking copies is DL-4's and HO-3's: a copy op they priced does not lead here.
+        copies = v.claimed("idle.host.htod_pageable") + v.claimed("idle.host.dtoh_copy")
+        all_ops = [t for t in tops if not t.region]
+        op_tops = [t for t in all_ops if not (t.name in COPY_OPS and v.ms(t.ns) <= COPY_CLAIM_COVER * copies)] or all_ops
         if untraced > ops:
             doing = "is outside any traced op (Python between ops, compilation, I/O, or an untraced thread)"
             lead = "untraced host work"
-        elif tops and tops[0].region and (not op_tops or op_tops[0].ns < tops[0].ns / 2):
+        elif tops and tops[0].region and (not all_ops or all_ops[0].ns < tops[0].ns / 2):
             # A labelled region (record_function) covers the idle but its ops do not: the time is
             # the region's own Python, and the region is the user's code, not something to move.
             inner = [f"`{_short(t.name)}`" for t in tops[1:] if t.region][:2]

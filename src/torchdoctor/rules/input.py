@@ -513,6 +513,17 @@ def pageable_memory(inputs: RuleInputs) -> list[Finding]:
                 f"({pg_bytes / 1e6:.1f} MB, {fmt_ms(v.ms(sum(m.ns for m in rows)))} of copy per step; "
                 f"{100 * pg_bytes / all_bytes:.0f}% of H2D bytes).",
                 {"pageable_h2d_bytes": pg_bytes, "h2d_bytes": all_bytes}))
+        waits = [c for c in (v.r.signals.blocking_copies if v.r and v.r.signals else [])
+                 if c.direction == "HtoD" and c.host_memory == "pageable"]
+        if waits and traced:
+            longest = max(waits, key=lambda c: c.host_ns)
+            ev.append(Evidence(
+                f"The host sat {fmt_ms(v.ms(sum(c.host_ns for c in waits)))} per step in these copies "
+                f"(a pageable copy waits for the work queued before it, then stages the data); the device "
+                f"idled {fmt_ms(idle)} of it. The longest (in {longest.op or longest.api}) began {at(v, longest.first_ts_ns)}.",
+                {"host_blocked_ms": round(v.ms(sum(c.host_ns for c in waits)), 3), "idle_ms": round(idle, 3)},
+                [ts_item(c.region or c.op, c.host_ns, c.count, c.first_ts_ns, v.n_steps, op=c.op, bytes=c.bytes)
+                 for c in waits[:4]]))
         if unpinned:
             ev.append(Evidence("DataLoader(pin_memory=False) while the model trains on an accelerator.",
                                {"dataloaders_unpinned": len(unpinned)}))
