@@ -128,6 +128,21 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
     return Site(library=library, library_site=library_site)
 
 
+def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int = 2, limit: int = 60) -> list[str]:
+    """The first `n` frames of the user's own code walking out from `frame`, as "file:line (function)":
+    a call made inside a helper is also found in the loop that called the helper."""
+    out: list[str] = []
+    for _ in range(limit):
+        if frame is None or len(out) >= n:
+            break
+        name = frame.f_code.co_filename
+        if not (internal(name) or name.startswith("<torchdoctor") or is_stdlib(name) or library_of(name)):
+            func = _qualname(frame.f_code)
+            out.append(f"{name}:{frame.f_lineno}" + (f" ({func})" if func else ""))
+        frame = frame.f_back
+    return out
+
+
 def _qualname(code: CodeType | None) -> str | None:
     if code is None or code.co_name.startswith("<"):  # a module body or a lambda names no function
         return None

@@ -329,6 +329,9 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # True on the steps whose comm_ms DDP's logging data measured (absent in run directories
     # written before 2026-12-05: `sampled_comm_median` then takes the steps with comm_ms > 0).
     comm_sampled: bool = False
+    # Part of forward_ms: the model's forwards run without autograd (torch.no_grad or
+    # inference_mode) on the training thread, as an evaluation or an RL rollout between updates.
+    inference_ms: float = 0.0
 
 
 def forward_unseen(steps: Sequence[StepTiming]) -> bool:
@@ -386,6 +389,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Where the job's first blocking checkpoint save was called: its "file:line", or, when a library
     # saves for it, "PKG's FUNCTION() at file:line" (the library function the user's line called).
     checkpoint_site: str | None = None
+    # Where the model's first forward without autograd after step 0 was called from (the user's
+    # line, or the library function their line called): the evaluation or rollout's call (HO-16).
+    inference_site: str | None = None
     # Probe problems, logged once each: the job carried on.
     probe_errors: list[str] = []
     # Path of the profiler-window trace this rank wrote, relative to the run directory.

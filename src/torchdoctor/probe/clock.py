@@ -58,6 +58,9 @@ class Phase(enum.IntEnum):
     # 1 when DDP's logging data timed this step's communication (it samples iterations: COMM is 0
     # on the others, and their collectives sit in BACKWARD).
     COMM_SAMPLED = 15
+    # Outside the split (part of FORWARD): the model's forwards run without autograd (no_grad,
+    # inference_mode) on the training thread: an evaluation or an RL rollout between updates.
+    INFERENCE = 16
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -210,6 +213,7 @@ class StepClock:
                     minor_faults=int(acc[Phase.MINOR_FAULTS]) if self.has_faults else None,
                     thread_sys_ms=ms[Phase.SYS_CPU] if self.has_faults else None,
                     comm_sampled=bool(acc[Phase.COMM_SAMPLED]),
+                    inference_ms=ms[Phase.INFERENCE],
                 )
             )
         return out

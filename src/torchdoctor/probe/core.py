@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from torchdoctor.callsite import Site, caller_frame, creation_site
+from torchdoctor.callsite import Site, caller_frame, creation_site, user_frames
 from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo, workers
 from torchdoctor.probe.clock import Source, StepClock
 from torchdoctor.probe.config import ProbeConfig
@@ -63,6 +63,8 @@ class Probe:
         # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
         self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
+        self.inference_site: str | None = None  # where the first forward without autograd was called (HO-16)
+        self.fwd_grad = True  # the outermost forward in progress records autograd
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).
@@ -162,6 +164,12 @@ class Probe:
         return creation_site(caller_frame(depth + 1),
                              lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir),
                              called=called)
+
+    def user_frames(self, depth: int, n: int = 2) -> list[str]:
+        """The first ``n`` frames of the user's code above the caller ``depth`` frames up."""
+        probe_dir = os.path.dirname(__file__)
+        return user_frames(caller_frame(depth + 1),
+                           lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir), n)
 
     # ------------------------------------------------------------ boundaries
     def boundary(self, source: Source, now: float) -> None:

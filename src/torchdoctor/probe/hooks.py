@@ -452,8 +452,12 @@ def _backward(probe: Probe) -> None:
 
 
 def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., None]]:
-    """Pre/post forward hooks that time the outermost module call (model, loss) of the main thread."""
+    """Pre/post forward hooks that time the outermost module call (model, loss) of the main thread,
+    and apart, the part of it run without autograd (an evaluation or a rollout)."""
+    import torch
+
     is_compiling = probe.is_compiling
+    grad_enabled = torch.is_grad_enabled
 
     def pre(module: Any, args: Any) -> None:
         if is_compiling():  # traced by dynamo: fold away, add nothing to the graph
@@ -468,6 +472,10 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 probe.activity(now)
                 probe.fwd_t0 = now
                 probe.fwd_calls += 1
+                probe.fwd_grad = grad_enabled()
+                if not probe.fwd_grad and probe.inference_site is None and probe.clock.index >= 1:
+                    # once: the walk up the stack is cheap next to a forward
+                    probe.inference_site = _inference_site(probe)
         except Exception as exc:
             ERRORS.record("forward", exc)
 
@@ -479,7 +487,10 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
         if probe.fwd_depth > 0:
             probe.fwd_depth -= 1
             if probe.fwd_depth == 0:
-                probe.clock.add(Phase.FORWARD, perf_counter() - probe.fwd_t0)
+                took = perf_counter() - probe.fwd_t0
+                probe.clock.add(Phase.FORWARD, took)
+                if not probe.fwd_grad:
+                    probe.clock.add(Phase.INFERENCE, took)
 
     unseen.hide_all(pre, post)  # torch calls them eagerly around a compiled module's frames
     return pre, post
@@ -531,10 +542,37 @@ def attach_root_hooks(probe: Probe) -> None:
         b = module.register_forward_hook(post, always_call=True)
         roots.append(weakref.ref(module))
         probe.root_hooks.append((weakref.ref(module), a.id, b.id))
+        inner = _wrapped_model(module)
+        if inner is not None:
+            # The loop may call the wrapped model itself (timm evaluates the model its training
+            # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
+            # Inside the wrapper's forward the nested call counts once (the depth counter).
+            a = inner.register_forward_pre_hook(pre)
+            try:
+                b = inner.register_forward_hook(post, always_call=True)
+            except Exception:
+                a.remove()  # never a pre hook without its post: the depth counter would drift
+                raise
+            probe.root_hooks.append((weakref.ref(inner), a.id, b.id))
     probe.roots = roots
     probe.root_hook_fns = (pre, post)
     if probe.root_hooks:
         _hooks_never_travel(probe, torch)
+
+
+def _wrapped_model(module: Any) -> Any:
+    """The child that holds WRAPPED_SHARE of `module`'s trainable parameters (the model a DDP, a
+    training task or a LightningModule wraps), or None. Not under torch.compile's wrapper, whose
+    module runs compiled: hooks there would only be traced."""
+    if hasattr(module, "_orig_mod"):
+        return None
+    total = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    for child in module.children():
+        if getattr(child, "_compiled_call_impl", None) is not None:
+            continue
+        if total and sum(p.numel() for p in child.parameters() if p.requires_grad) >= WRAPPED_SHARE * total:
+            return child
+    return None
 
 
 def descend_forward_hooks(probe: Probe) -> None:
@@ -573,6 +611,8 @@ def descend_forward_hooks(probe: Probe) -> None:
     probe.hook_frontier = frontier
 
 
+# A child holding this share of its parent's trainable parameters is the model the parent wraps.
+WRAPPED_SHARE = 0.9
 # At most this many modules get hooks at each level a descent adds (a ModuleList of 100 layers
 # would otherwise cost 100 hook pairs per step).
 _MAX_CHILD_HOOKS = 16
@@ -754,8 +794,19 @@ def _distributed(probe: Probe) -> None:
     dist.destroy_process_group = shim
 
 
-def _save_site(site: Site) -> str | None:
-    """The user's line of a save, or the library function their line called to save."""
+def _inference_site(probe: Probe) -> str | None:
+    """Where a forward without autograd was called: the user's line and the user's line that
+    called it ("ppo.py:122 (Agent.get_action_and_value), from ppo.py:201 (<module>)"), or the
+    library function the user's line called (an evaluation loop of a trainer)."""
+    frames = probe.user_frames(2, 2)  # user_frames <- _inference_site <- pre <- module call
+    site = probe.creation_site(2)
+    if site.user and frames:
+        return ", from ".join(frames)
+    return _user_call_site(site)
+
+
+def _user_call_site(site: Site) -> str | None:
+    """The user's line of a call (a save, an inference forward), or the library function their line called."""
     if site.user:
         return site.user
     if site.library and site.caller:
@@ -780,7 +831,7 @@ def _checkpoints(probe: Probe) -> None:
             return None
         depth[0] += 1
         if depth[0] == 1 and probe.checkpoint_site is None:  # once: saves are few, the walk is cheap
-            probe.checkpoint_site = _save_site(probe.creation_site(2))  # creation_site <- before <- shim <- caller
+            probe.checkpoint_site = _user_call_site(probe.creation_site(2))  # creation_site <- before <- shim <- caller
         return perf_counter() if depth[0] == 1 else None
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:

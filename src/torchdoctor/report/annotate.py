@@ -27,7 +27,7 @@ from typing import IO, Any
 import msgspec
 
 from ..metrics.model import RankResult
-from .labels import cause_label, fmt_ms
+from .labels import cause_label, fmt_ms, job_cost
 from .model import Finding, RankReport, Report
 
 # Above Linux's largest pid (2^22), so the track cannot merge with a real process of the trace;
@@ -105,6 +105,8 @@ def finding_label(f: Finding) -> str:
     gain = f"≈{f.recoverable_pct:.0f}% of step"
     if f.recoverable_ms:
         gain += f", {fmt_ms(f.recoverable_ms)} ms/step"
+    elif f.job_s:
+        gain = job_cost(f.job_s, f.job_pct, f.per)
     return f"[{f.severity}] {f.id}: {f.title} ({gain})"
 
 

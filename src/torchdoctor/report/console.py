@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..metrics.model import RankResult
 from ..metrics.store import headline
+from .labels import job_cost
 from .model import LazyRanks, Report
 from .offenders import late_line, spread, worst
 from .roofline_text import roofline_lines
@@ -213,7 +214,7 @@ def _print_findings(report: Report, console: Console, verbose: bool) -> None:
             console.print("No warning-level findings in what was recorded, and no verdict (see above).")
     else:
         top = actionable[0]
-        cost = (f"  (once: {top.job_s:.1f} s" + (f", {top.job_pct:.0f}% of the job)" if top.job_pct is not None else ")")
+        cost = (f"  ({job_cost(top.job_s, top.job_pct, top.per)})"
                 if top.job_s and not top.recoverable_ms else
                 f"  (≈{top.recoverable_pct:.0f}% of {'the traced window' if top.per == 'window' else 'step time'}"
                 + (f", {top.recoverable_ms:.1f} {'ms' if top.per == 'window' else 'ms/step'})"
@@ -231,7 +232,7 @@ def _print_findings(report: Report, console: Console, verbose: bool) -> None:
             continue
         gain = f"{f.recoverable_pct:.1f}%" + (f"\n{f.recoverable_ms:.1f} ms" if f.recoverable_ms else "")
         if f.job_s and not f.recoverable_ms:  # a one-off cost of the job, not a share of the step
-            gain = f"once: {f.job_s:.1f} s" + (f"\n{f.job_pct:.0f}% of job" if f.job_pct is not None else "")
+            gain = job_cost(f.job_s, f.job_pct, f.per, sep="\n")
         t.add_row(str(i), f.layer, f.id, Text(f.severity, SEVERITY_STYLE[f.severity]), escape(f.title), gain,
                   escape(f.fix.text if f.fix else ""))
     console.print(t)

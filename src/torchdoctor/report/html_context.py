@@ -37,7 +37,7 @@ from .html_ranks import (
     straggler_key,
 )
 from .html_text import fmt, fmt_value, short
-from .labels import CAUSE_COLOR, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms
+from .labels import CAUSE_COLOR, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms, job_cost
 from .model import ABResult, Evidence, Finding, Report
 from .offenders import late_line
 from .roofline_text import roofline_lines
@@ -128,6 +128,8 @@ def verdict(report: Report) -> Ctx:
         gain = f"≈{f.recoverable_pct:.0f}% of {'the traced window' if window else 'step time'}"
         if f.recoverable_ms:
             gain += f", {fmt_ms(f.recoverable_ms)} ms{' in the window' if window else ' per step'}"
+        elif f.job_s:  # a cost of the job (compiling, work between steps), not of the step
+            gain = job_cost(f.job_s, f.job_pct, f.per)
         top = {"severity": f.severity, "title": f.title, "gain": gain, "fix": f.fix.text if f.fix else None}
     return {"blind_spots": spots, "top": top, "healthy": top is None and bool(report.healthy)}
 
@@ -201,6 +203,8 @@ def finding(i: int, f: Finding, open_: bool = False) -> Ctx:
     if f.source:
         meta.append(("source", f.source))
     gain = f"{f.recoverable_pct:.1f}%" + (f" · {fmt_ms(f.recoverable_ms)} ms" if f.recoverable_ms else "")
+    if f.job_s and not f.recoverable_ms:
+        gain = job_cost(f.job_s, f.job_pct, f.per, sep=" · ")
     return {
         "num": i, "open": open_, "id": f.id, "title": f.title, "severity": f.severity,
         # Only a known severity becomes part of a class name (it picks the colour).

@@ -44,3 +44,11 @@ def fmt_ms(ms: float) -> str:
     if a >= 0.1:
         return f"{ms:.2f}"
     return f"{ms:.3f}"
+
+
+def job_cost(job_s: float, job_pct: float | None, per: str, sep: str = ", ") -> str:
+    """A cost priced against the job's wall time, not the step: compiling is paid once; work
+    between steps (``per`` "job") recurs over the whole run."""
+    head = f"{job_s:.1f} s in all" if per == "job" else f"once: {job_s:.1f} s"
+    return head + (f"{sep}{job_pct:.0f}% of the job" if job_pct is not None else "")
+

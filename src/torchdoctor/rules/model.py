@@ -70,5 +70,6 @@ class Finding(msgspec.Struct, omit_defaults=True):
     job_s: float | None = None
     job_pct: float | None = None
     # What recoverable_ms and recoverable_pct are per: a step, or ("window") the whole traced window
-    # of a trace without steps (no ProfilerStep and none inferred).
-    per: Literal["step", "window"] = "step"
+    # of a trace without steps (no ProfilerStep and none inferred), or ("job") nothing per step: a
+    # cost that recurs over the run outside the steps (work between steps, HO-16), in job_s/job_pct.
+    per: Literal["step", "window", "job"] = "step"

@@ -1,0 +1,175 @@
+"""Host layer, work between training steps: an evaluation, a rollout or logging every N steps (HO-16).
+
+Every other rule reads the steady step (the median, or the profiler window, which avoids the odd
+step by design). A loop that stops every N steps for work of its own, an RL rollout between
+policy updates or an evaluation every epoch, spends that time outside every steady step, and a
+report of the steady step alone calls the job healthy while most of its wall time goes there.
+Measured by the probe over the whole run (``StepTiming`` of every step): the steps whose work
+outside the training phases (forward, backward and optimizer with autograd) exceeds the median
+step's by half a median step, and what that excess is made of: the model's forwards without
+autograd (``inference_ms``: an evaluation or a rollout), an evaluation's waits for batches, and
+the rest (Python outside the model: environment steps, metrics, logging). Saves and DataLoader
+restarts are left out: DI-15 and DL-6 price them; so are longer training batches.
+
+Priced against the job, not the step: the excess is time the job spends, ``job_s`` seconds and
+``job_pct`` of its wall time since its first training activity (``RankFacts.train_wall_s``); no
+claim on the step's budget. How much of it a change gives back depends on what the work is, which
+only the user knows: the finding measures it, says what it is made of and where it is called.
+Severity by the job share, on the default ladder (5% warning, 20% critical).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from torchdoctor.facts import StepTiming
+
+from ._common import View, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+# A step is long when the work it does outside the training phases (see `_own`) exceeds the
+# median step's by LONG_SHARE of a median step, and by LONG_MIN_MS.
+LONG_SHARE = 0.5
+LONG_MIN_MS = 5.0
+# Fewer long steps than this are one-offs (a first evaluation's compile, a stray pause): not a
+# pattern of the loop.
+MIN_LONG_STEPS = 3
+# Steps the probe must have recorded (after warm-up) for a median to stand for the steady step.
+MIN_STEPS = 8
+# Below this share of the job's wall time the work between steps is not worth a finding.
+MIN_JOB_PCT = 3.0
+WARN_PCT, CRIT_PCT = 5.0, 20.0
+# The period is stated when this share of the gaps between long steps equals the median gap (+-1).
+REGULAR_SHARE = 0.6
+# Long steps with less excess than this share of the median long step's are left out as jitter.
+JITTER_SHARE = 0.25
+
+
+@dataclass
+class Between:
+    """The work between steps of one rank, from the probe's step timings (ms unless said)."""
+
+    steps: list[StepTiming]  # the long steps
+    median_ms: float  # the median step
+    excess_ms: float  # the long steps' work outside the training phases beyond the median step's
+    inference_ms: float  # of it, in the model's forwards without autograd
+    data_ms: float  # of it, waiting for batches
+    every: int | None  # steps between long steps, when regular
+    job_s: float  # the job's wall time it is a share of
+
+    @property
+    def rest_ms(self) -> float:
+        return max(0.0, self.excess_ms - self.inference_ms - self.data_ms)
+
+    @property
+    def job_pct(self) -> float:
+        return 100.0 * self.excess_ms / 1e3 / self.job_s if self.job_s > 0 else 0.0
+
+
+def _own(s: StepTiming) -> tuple[float, float, float]:
+    """(forwards without autograd, batch waits of an evaluation, the rest outside the training
+    phases) of step ``s``, ms. The forward, backward and optimizer with autograd are the training
+    step's own (a longer batch makes them longer: not work between steps); saves (DI-15) and
+    DataLoader restarts (DL-6), part of ``other_ms``, are priced elsewhere. Waits for batches count
+    only in a step that evaluated (its own loader): the training loader's are the input rules'."""
+    data = s.dataloader_ms if s.inference_ms > 0 else 0.0
+    return s.inference_ms, data, max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
+
+
+def between_steps(v: View) -> Between | None:
+    """The long steps of this rank's run and what they hold (None without enough probe steps)."""
+    if v.f is None:
+        return None
+    steps = [s for s in v.timed if s.step >= 1]
+    if len(steps) < MIN_STEPS:
+        return None
+    median = float(np.median([s.total_ms for s in steps]))
+    own = {s.step: _own(s) for s in steps}
+    base = [float(np.median([o[k] for o in own.values()])) for k in range(3)]
+
+    def beyond(s: StepTiming) -> list[float]:
+        return [max(0.0, x - b) for x, b in zip(own[s.step], base, strict=True)]
+
+    long = [s for s in steps if sum(beyond(s)) >= max(LONG_SHARE * median, LONG_MIN_MS)]
+    if len(long) < MIN_LONG_STEPS:
+        return None
+    # Long steps far shorter than the typical long one are the machine's jitter (a slow step now
+    # and then), not the loop's work: left out, they do not blur its period.
+    cut = JITTER_SHARE * float(np.median([sum(beyond(s)) for s in long]))
+    long = [s for s in long if sum(beyond(s)) >= cut]
+    if len(long) < MIN_LONG_STEPS:
+        return None
+    inference, data, rest = (sum(beyond(s)[k] for s in long) for k in range(3))
+    gaps = [b.step - a.step for a, b in zip(long, long[1:], strict=False)]
+    mid = int(np.median(gaps))
+    every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
+    wall = v.f.train_wall_s or sum(s.total_ms for s in v.f.steps) / 1e3
+    return Between(long, median, inference + data + rest, inference, data, every, wall)
+
+
+@rule("HO-16")
+def work_between_steps(inputs: RuleInputs) -> list[Finding]:
+    """Every N steps the loop stops for work of its own: an evaluation, a rollout, logging.
+
+    Live only (the probe's timing of every step; a profiler window holds steady steps). Claims
+    nothing per step: the cost is the job's (``job_s``/``job_pct``), severity by that share.
+    """
+    def one(v: View) -> Finding | None:
+        b = between_steps(v)
+        if b is None or b.job_pct < MIN_JOB_PCT:
+            return None
+        n = len(b.steps)
+        each = b.excess_ms / n
+        when = f"Every {b.every} steps" if b.every else f"At {n} irregular steps"
+        parts = [(b.inference_ms, "in the model's forwards without autograd (an evaluation or a rollout)"),
+                 (b.data_ms, "waiting for batches"),
+                 (b.rest_ms, "outside the model (Python: environment steps, metrics, logging)")]
+        split = ", ".join(f"{fmt_ms(ms / n)} {what}" for ms, what in parts if ms / n >= 0.05 * each)
+        site = v.f.inference_site if v.f is not None else None
+        title = (f"{when} the training loop stops for {fmt_ms(each)} of work between steps ({n} times, "
+                 f"{b.excess_ms / 1e3:.1f} s, {b.job_pct:.0f}% of the job's training time): {split}.")
+        first = next((s.step for s in b.steps if s.step >= 1), b.steps[0].step)
+        # Irregular long steps may be the machine's (other processes, swapping), not the loop's.
+        sev = "info" if not b.every else "critical" if b.job_pct >= CRIT_PCT else "warning" if b.job_pct >= WARN_PCT else "info"
+        f = finding(
+            v, "HO-16", "host", title, 0.0, sev=sev,
+            evidence=[Evidence(
+                f"{n} of {len(v.timed)} steps took {fmt_ms(sum(s.total_ms for s in b.steps) / n)} on average against a "
+                f"median step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
+                "optimizer step beyond the median step's (saves and DataLoader restarts left out: DI-15 and DL-6 "
+                "price them). The steady steps, which the other findings read, leave this time out."
+                + (f" The first forward without autograd after step 0 was called at {site}." if site else ""),
+                {"long_steps": n, "every_steps": b.every, "median_step_ms": round(b.median_ms, 3),
+                 "excess_ms_per_long_step": round(each, 3), "inference_ms": round(b.inference_ms / n, 3),
+                 "data_ms": round(b.data_ms / n, 3), "rest_ms": round(b.rest_ms / n, 3),
+                 "job_s": round(b.job_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
+                [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
+                  "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])],
+            fix=_fix(b, site), confidence="high" if b.every else "medium",
+            confirm=f"`torchdoctor run --profile-steps {first}:{first + 1}` traces one of these steps",
+            source="probe: every step's wall time and phases; the default ladder on the job's share")
+        f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
+        return f
+    return per_rank(inputs, one)
+
+
+def _fix(b: Between, site: str | None) -> Fix:
+    """What to do, by what the work is made of."""
+    where = f" (called at {site})" if site else ""
+    if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
+        return Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
+                   "often or on fewer samples, under torch.inference_mode(), and batch it: one forward over many "
+                   "inputs instead of one per sample or environment step.",
+                   "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
+    if b.data_ms >= b.rest_ms:
+        return Fix("Most of it waits for batches of a loader read between steps (an evaluation set): give that "
+                   "loader workers and persistent_workers=True, or evaluate on fewer batches.",
+                   "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
+    return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
+               "profiler window on one of them) and move the work off the loop: step environments in parallel "
+               "(gymnasium.vector.AsyncVectorEnv, envpool), compute metrics on the device and read them once, "
+               "log less often.",
+               "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])   # one process per env")

@@ -1,0 +1,59 @@
+"""Work between training steps (an RL rollout, an evaluation) measured live, and HO-16 on it."""
+
+from __future__ import annotations
+
+import json
+
+from probe.livejob import facts_of, run_wrapped, script
+
+# CleanRL's ppo.py in miniature: every 6 updates a rollout of policy forwards under no_grad and
+# environment steps (sleeps: the time is deterministic), timed by the job itself.
+JOB = """
+import sys, time
+import torch
+
+torch.manual_seed(0)
+policy = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+obs = torch.randn(4, 8)
+between = 0.0
+for iteration in range(8):
+    t0 = time.perf_counter()
+    for _ in range(20):  # the rollout
+        with torch.no_grad():
+            logits = policy(obs)  # ROLLOUT
+        time.sleep(0.004)  # env.step
+    between += time.perf_counter() - t0
+    for _ in range(6):  # the update
+        loss = policy(torch.randn(64, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+print(f"between {between:.4f}")
+"""
+
+
+def test_a_rollout_every_6_updates_is_measured_and_named(tmp_path):
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    report_path = tmp_path / "r.json"
+    result = run_wrapped(run_dir, job, options=("--profile-steps", "off", "--json", str(report_path)))
+    assert result.returncode == 0, result.stderr
+    between_s = float(result.stdout.split()[-1])
+    facts = facts_of(run_dir)
+    steps = {s["step"]: s for s in facts["steps"]}
+    # Step k's interval holds the rollout that follows update k - 1 (every 6th step after step 0).
+    rollouts = [k for k in steps if k >= 1 and k % 6 == 0]
+    assert rollouts == [6, 12, 18, 24, 30, 36, 42]
+    assert all(steps[k].get("inference_ms", 0.0) > 0 for k in rollouts)
+    assert not any(s.get("inference_ms", 0.0) for k, s in steps.items() if k not in rollouts and k >= 1)
+    line = next(i for i, t in enumerate(JOB.splitlines(), start=1) if "# ROLLOUT" in t)
+    assert facts["inference_site"] == f"{job}:{line}"
+    ho16 = next(f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-16")
+    assert ho16["title"].startswith("Every 6 steps the training loop stops for") and ho16["per"] == "job"
+    assert ho16["recoverable_pct"] == 0 and ho16["severity"] == "critical"
+    # The 7 rollouts after step 0 against the job's own timer of all 8 (80 ms of sleeps or more each).
+    assert abs(ho16["job_s"] - between_s * 7 / 8) <= 0.15 * between_s * 7 / 8, (ho16["job_s"], between_s)
+    values = ho16["evidence"][0]["values"]
+    assert values["long_steps"] == 7 and values["every_steps"] == 6
+    assert values["rest_ms"] > 80 * 0.9  # the sleeps: outside the model

@@ -1,0 +1,74 @@
+"""HO-16: work between training steps, from the probe's timing of every step (code-built facts)."""
+
+from __future__ import annotations
+
+from torchdoctor.facts import StepTiming
+
+from .conftest import cpu_facts, only, run, run_all
+
+
+def steps(n: int, every: int | None, extra: float, inference: float = 0.0, base: float = 10.0,
+          save_ms: float = 0.0, jitter: tuple[int, ...] = ()) -> list[StepTiming]:
+    """n steps of `base` ms; every `every`-th (from step `every`) `extra` ms longer, `inference` of
+    it in forwards without autograd; steps in `jitter` 25 ms longer (the machine's, not the loop's)."""
+    out = []
+    for i in range(n):
+        long = every is not None and i >= 1 and i % every == 0
+        total = base + (extra if long else 0.0) + (25.0 if i in jitter else 0.0) + (save_ms if long else 0.0)
+        out.append(StepTiming(step=i, total_ms=total, forward_ms=2.0 + (inference if long else 0.0),
+                              backward_ms=3.0, optimizer_ms=2.0, other_ms=total - 7.0 - (inference if long else 0.0),
+                              inference_ms=inference if long else 0.0, checkpoint_ms=save_ms if long else 0.0,
+                              checkpoint_saves=1 if long and save_ms else 0))
+    return out
+
+
+def facts(timings: list[StepTiming], **kw):
+    wall = sum(s.total_ms for s in timings) / 1e3
+    return cpu_facts(steps=timings, train_wall_s=wall, **kw)
+
+
+def test_a_rollout_every_16_steps_is_priced_against_the_job():
+    # CleanRL's ppo.py: 400 ms every 16 steps of 10 ms, 90 ms of it in no_grad forwards.
+    f = facts(steps(320, 16, 400.0, inference=90.0), inference_site="ppo.py:122 (Agent.get_action_and_value)")
+    got = only(run("HO-16", (None, f)), "HO-16")
+    n = 19  # steps 16, 32, ..., 304
+    assert got.title.startswith("Every 16 steps the training loop stops for 400.0 ms of work between steps")
+    assert f"({n} times, {n * 0.4:.1f} s" in got.title and "90.0 ms in the model's forwards without autograd" in got.title
+    assert "310.0 ms outside the model" in got.title
+    total = sum(s.total_ms for s in f.steps) / 1e3
+    assert got.job_s == round(n * 0.4, 3) and abs(got.job_pct - 100 * n * 0.4 / total) < 0.1
+    assert got.severity == "critical" and got.recoverable_pct == 0 and got.per == "job"
+    assert "AsyncVectorEnv" in got.fix.snippet and "--profile-steps 16:17" in got.confirm
+    assert "called at ppo.py:122 (Agent.get_action_and_value)" in got.evidence[0].text
+
+
+def test_an_evaluation_made_of_forwards_gets_the_inference_fix():
+    f = facts(steps(200, 50, 600.0, inference=500.0), inference_site="train.py:88")
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert got.title.startswith("Every 50 steps") and "inference_mode" in got.fix.text
+    assert "(called at train.py:88)" in got.fix.text
+
+
+def test_saves_are_di15s_and_jitter_is_not_the_loops():
+    # The long steps are checkpoint saves: DI-15 prices them, HO-16 stays silent.
+    assert run("HO-16", (None, facts(steps(200, 10, 0.0, save_ms=200.0)))) == []
+    # A few slow steps that are the machine's, next to a rollout: left out of the count and period.
+    got = only(run("HO-16", (None, facts(steps(200, 20, 300.0, jitter=(3, 55, 101, 150))))), "HO-16")
+    assert got.title.startswith("Every 20 steps") and "(9 times," in got.title
+
+
+def test_irregular_slow_steps_are_info_and_small_costs_are_silent():
+    irregular = steps(300, None, 0.0)
+    for i in (7, 31, 90, 97, 180, 250):
+        irregular[i].total_ms += 200.0
+        irregular[i].other_ms += 200.0
+    got = only(run("HO-16", (None, facts(irregular))), "HO-16")
+    assert got.severity == "info" and got.title.startswith("At 6 irregular steps")
+    # 12 ms more every 50 steps of 10 ms: 2% of the job, below the floor.
+    assert run("HO-16", (None, facts(steps(500, 50, 12.0)))) == []
+    assert run("HO-16", (None, facts(steps(6, 2, 400.0)))) == []  # too few steps to have a median
+
+
+def test_a_steady_job_stays_healthy():
+    found = run_all((None, facts(steps(300, None, 0.0))))
+    assert not [f for f in found if f.id == "HO-16"]
