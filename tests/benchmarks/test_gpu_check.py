@@ -57,9 +57,12 @@ def test_reports_parse_and_name_the_pathologies(dry_run):
     reports = {name: json.loads((out / f"{name}.json").read_text()) for name in ("demo_sick", "demo_healthy", "demo_fix")}
     for report in reports.values():
         assert report["schema"] == "torchdoctor.report/1" and len(report["ranks"]) == 2
-    # The pathological demo's top finding on a CPU: the DataLoader in the training process.
+    # The pathological demo's top finding on a CPU: the DataLoader in the training process. Which
+    # input rule leads depends on the CPU time the job measured: with a core free for a worker, DL-2
+    # (num_workers=0) claims the wait; with the job's threads on every core (a loaded machine), DL-1.
     sick = reports["demo_sick"]["findings"]
-    assert sick and sick[0]["id"] == "DL-2" and sick[0]["severity"] == "critical"
+    assert sick and sick[0]["id"] in ("DL-2", "DL-1") and sick[0]["severity"] == "critical"
+    assert any(f["id"] == "DL-2" for f in sick)
     assert reports["demo_fix"]["source"] == "fix" and reports["demo_fix"]["ab"]["remedies"]
     overhead = json.loads((out / "overhead.json").read_text())
     assert overhead["plain_steps_per_s"] and overhead["probe_steps_per_s"]

@@ -538,26 +538,29 @@ def attach_root_hooks(probe: Probe) -> None:
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
             continue
-        a = module.register_forward_pre_hook(pre)
-        b = module.register_forward_hook(post, always_call=True)
+        _hook_pair(probe, module, pre, post)
         roots.append(weakref.ref(module))
-        probe.root_hooks.append((weakref.ref(module), a.id, b.id))
         inner = _wrapped_model(module)
         if inner is not None:
             # The loop may call the wrapped model itself (timm evaluates the model its training
             # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
             # Inside the wrapper's forward the nested call counts once (the depth counter).
-            a = inner.register_forward_pre_hook(pre)
-            try:
-                b = inner.register_forward_hook(post, always_call=True)
-            except Exception:
-                a.remove()  # never a pre hook without its post: the depth counter would drift
-                raise
-            probe.root_hooks.append((weakref.ref(inner), a.id, b.id))
+            _hook_pair(probe, inner, pre, post)
     probe.roots = roots
     probe.root_hook_fns = (pre, post)
     if probe.root_hooks:
         _hooks_never_travel(probe, torch)
+
+
+def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
+    """Put the forward timing hooks on `module`, both or neither, and list them for removal."""
+    a = module.register_forward_pre_hook(pre)
+    try:
+        b = module.register_forward_hook(post, always_call=True)
+    except Exception:
+        a.remove()  # never a pre hook without its post: the depth counter would drift
+        raise
+    probe.root_hooks.append((weakref.ref(module), a.id, b.id))
 
 
 def _wrapped_model(module: Any) -> Any:
@@ -597,13 +600,7 @@ def descend_forward_hooks(probe: Probe) -> None:
             if id(child) in hooked or not any(p.requires_grad for p in child.parameters()):
                 continue
             hooked.add(id(child))
-            a = child.register_forward_pre_hook(pre)
-            try:
-                b = child.register_forward_hook(post, always_call=True)
-            except Exception:
-                a.remove()  # never a pre hook without its post: the depth counter would drift
-                raise
-            probe.root_hooks.append((weakref.ref(child), a.id, b.id))
+            _hook_pair(probe, child, pre, post)
             frontier.append(weakref.ref(child))
             probe.hook_frontier = frontier
             if len(frontier) >= _MAX_CHILD_HOOKS:

@@ -59,6 +59,7 @@ class Between:
     data_ms: float  # of it, waiting for batches
     every: int | None  # steps between long steps, when regular
     job_s: float  # the job's wall time it is a share of
+    recorded: int  # the steps it was found in
 
     @property
     def rest_ms(self) -> float:
@@ -83,7 +84,9 @@ def between_steps(v: View) -> Between | None:
     """The long steps of this rank's run and what they hold (None without enough probe steps)."""
     if v.f is None:
         return None
-    steps = [s for s in v.timed if s.step >= 1]
+    # Every step after step 0, warm-up included: a rollout or an evaluation early in the run
+    # is a slow step that the steady view (``View.timed``) drops as warm-up.
+    steps = [s for s in v.f.steps if s.step >= 1]
     if len(steps) < MIN_STEPS:
         return None
     median = float(np.median([s.total_ms for s in steps]))
@@ -107,7 +110,7 @@ def between_steps(v: View) -> Between | None:
     mid = int(np.median(gaps))
     every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
     wall = v.f.train_wall_s or sum(s.total_ms for s in v.f.steps) / 1e3
-    return Between(long, median, inference + data + rest, inference, data, every, wall)
+    return Between(long, median, inference + data + rest, inference, data, every, wall, len(steps))
 
 
 @rule("HO-16")
@@ -137,7 +140,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
         f = finding(
             v, "HO-16", "host", title, 0.0, sev=sev,
             evidence=[Evidence(
-                f"{n} of {len(v.timed)} steps took {fmt_ms(sum(s.total_ms for s in b.steps) / n)} on average against a "
+                f"{n} of {b.recorded} steps took {fmt_ms(sum(s.total_ms for s in b.steps) / n)} on average against a "
                 f"median step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
                 "optimizer step beyond the median step's (saves and DataLoader restarts left out: DI-15 and DL-6 "
                 "price them). The steady steps, which the other findings read, leave this time out."
