@@ -5,7 +5,7 @@ from __future__ import annotations
 import linecache
 import os
 
-from torchdoctor.callsite import Site, caller_frame, creation_site, editable_site, library_of
+from torchdoctor.callsite import Site, caller_frame, creation_site, editable_site, library_of, user_frames
 
 LIB = os.sep.join(["", "venv", "lib", "python3.11", "site-packages"])
 
@@ -90,3 +90,19 @@ def test_a_library_that_only_wraps_the_users_own_call_leaves_it_the_users():
             "def other():\n    return wrapper()\n", ns)
     assert ns["train_dataloader"]() == Site(user="/home/me/job/lit.py:2")
     assert ns["other"]().library == "lightning"  # a line that does not call DataLoader( itself
+
+
+def test_user_frames_name_the_library_between_them():
+    # Lightning: the user's validation_step runs the forward; Lightning's fit(), which the user's
+    # line called, calls it. A helper of the user's own (CleanRL's get_action_and_value) is not a library.
+    ns: dict = {"user_frames": user_frames, "caller_frame": caller_frame}
+    code_at("/opt/torch/nn/module.py", "def call():\n    return user_frames(caller_frame(0), "
+            "lambda n: n.startswith('/opt/torch/'), 2)\n", ns)
+    code_at("/home/me/job/train.py", "class Net:\n    def validation_step(self):\n        return call()\n"
+            "def helper():\n    return call()\ndef main():\n    return fit(Net())\ndef rollout():\n"
+            "    return helper()\n", ns)
+    code_at(f"{LIB}/lightning/pytorch/trainer/trainer.py", "def fit(model):\n    return _loop(model)\n"
+            "def _loop(model):\n    return model.validation_step()\n", ns)
+    assert ns["main"]() == ["/home/me/job/train.py:3 (Net.validation_step)",
+                            "lightning's fit() at /home/me/job/train.py:7 (main)"]
+    assert ns["rollout"]() == ["/home/me/job/train.py:5 (helper)", "/home/me/job/train.py:9 (rollout)"]

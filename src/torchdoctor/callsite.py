@@ -130,15 +130,26 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
 
 def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int = 2, limit: int = 60) -> list[str]:
     """The first `n` frames of the user's own code walking out from `frame`, as "file:line (function)":
-    a call made inside a helper is also found in the loop that called the helper."""
+    a call made inside a helper is also found in the loop that called the helper. A library between
+    two of them is named on the outer one ("lightning's Trainer.fit() at train.py:45"): the user's
+    validation_step is called by the library function their line called."""
     out: list[str] = []
+    via = ""  # the library function between this user frame and the previous one, if any
     for _ in range(limit):
         if frame is None or len(out) >= n:
             break
         name = frame.f_code.co_filename
-        if not (internal(name) or name.startswith("<torchdoctor") or is_stdlib(name) or library_of(name)):
+        if internal(name) or name.startswith("<torchdoctor") or is_stdlib(name):
+            frame = frame.f_back
+            continue
+        lib = library_of(name)
+        if lib is not None:
+            entry = _qualname(frame.f_code)
+            via = f"{lib}'s {entry}() at " if entry else f"{lib} at "  # the outermost one wins
+        else:
             func = _qualname(frame.f_code)
-            out.append(f"{name}:{frame.f_lineno}" + (f" ({func})" if func else ""))
+            out.append((via if out else "") + f"{name}:{frame.f_lineno}" + (f" ({func})" if func else ""))
+            via = ""
         frame = frame.f_back
     return out
 

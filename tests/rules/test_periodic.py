@@ -49,6 +49,16 @@ def test_an_evaluation_made_of_forwards_gets_the_inference_fix():
     assert "(called at train.py:88)" in got.fix.text
 
 
+def test_a_trainers_evaluation_gets_its_own_settings():
+    # Hugging Face Trainer with eval_strategy="steps", eval_steps=20 (measured: 738 ms per
+    # evaluation, the Trainer's own eval_runtime 0.68-0.79 s): the site names the Trainer.
+    f = facts(steps(100, 20, 700.0, inference=680.0), inference_site="transformers's Trainer.train() at train.py:23")
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert "eval_steps" in got.fix.text and "eval_dataset=eval_ds.select" in got.fix.snippet
+    f = facts(steps(100, 20, 700.0, inference=680.0), inference_site="train.py:35 (Net.validation_step), from lightning's Trainer.fit() at train.py:45")
+    assert "limit_val_batches" in only(run("HO-16", (None, f)), "HO-16").fix.snippet
+
+
 def test_saves_are_di15s_and_jitter_is_not_the_loops():
     # The long steps are checkpoint saves: DI-15 prices them, HO-16 stays silent.
     assert run("HO-16", (None, facts(steps(200, 10, 0.0, save_ms=200.0)))) == []

@@ -159,20 +159,41 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
+# Where a trainer runs the evaluation, its own settings say how often and on how much (the site
+# names the library whose function the user's line called: "transformers's Trainer.train() at ...").
+_EVAL_SETTINGS = (
+    ("transformers", "The Trainer evaluates every eval_steps on the whole eval_dataset: evaluate less often, on a "
+                     "subset, with a larger eval batch.",
+     "TrainingArguments(..., eval_steps=500, per_device_eval_batch_size=64)\n"
+     "Trainer(..., eval_dataset=eval_ds.select(range(1000)))"),
+    ("lightning", "Lightning validates every val_check_interval on limit_val_batches of the loader: validate less "
+                  "often or on fewer batches.",
+     "L.Trainer(..., val_check_interval=1.0, check_val_every_n_epoch=2, limit_val_batches=0.25)"),
+    ("pytorch_lightning", "Lightning validates every val_check_interval on limit_val_batches of the loader: validate "
+                          "less often or on fewer batches.",
+     "pl.Trainer(..., val_check_interval=1.0, check_val_every_n_epoch=2, limit_val_batches=0.25)"),
+)
+
+
 def _fix(b: Between, site: str | None) -> Fix:
-    """What to do, by what the work is made of."""
+    """What to do, by what the work is made of; through the trainer's settings where one evaluates."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
-        return Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
-                   "often or on fewer samples, under torch.inference_mode(), and batch it: one forward over many "
-                   "inputs instead of one per sample or environment step.",
-                   "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
-    if b.data_ms >= b.rest_ms:
-        return Fix("Most of it waits for batches of a loader read between steps (an evaluation set): give that "
-                   "loader workers and persistent_workers=True, or evaluate on fewer batches.",
-                   "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
-    return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
-               "profiler window on one of them) and move the work off the loop: step environments in parallel "
-               "(gymnasium.vector.AsyncVectorEnv, envpool), compute metrics on the device and read them once, "
-               "log less often.",
-               "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])   # one process per env")
+        fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
+                  "often or on fewer samples, under torch.inference_mode(), and batch it: one forward over many "
+                  "inputs instead of one per sample or environment step.",
+                  "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
+    elif b.data_ms >= b.rest_ms:
+        fix = Fix("Most of it waits for batches of a loader read between steps (an evaluation set): give that "
+                  "loader workers and persistent_workers=True, or evaluate on fewer batches.",
+                  "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
+    else:
+        return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
+                   "profiler window on one of them) and move the work off the loop: step environments in parallel "
+                   "(gymnasium.vector.AsyncVectorEnv, envpool), compute metrics on the device and read them once, "
+                   "log less often.",
+                   "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])   # one process per env")
+    for library, how, snippet in _EVAL_SETTINGS:
+        if site and f"{library}'s " in site:
+            return Fix(f"{fix.text} {how}", f"{snippet}\n{fix.snippet}")
+    return fix
