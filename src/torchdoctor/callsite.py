@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import sysconfig
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -102,19 +102,11 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
     """
     library = library_site = None
     entry: CodeType | None = None
-    for _ in range(limit):
-        if frame is None:
-            break
-        name = frame.f_code.co_filename
-        # `<torchdoctor ...>`: our own shims' code objects. Other `<...>` names (an IPython cell,
-        # `python -c`) are the user's code, with no file a diff could edit.
-        if internal(name) or name.startswith("<torchdoctor") or is_stdlib(name):
-            frame = frame.f_back
-            continue
-        lib = library_of(name)
-        here = f"{name}:{frame.f_lineno}"
+    for f, lib in _outer_frames(frame, internal, limit):
+        name = f.f_code.co_filename
+        here = f"{name}:{f.f_lineno}"
         if lib is None:
-            if library is None or (called and _line_calls(name, frame.f_lineno, called)):
+            if library is None or (called and _line_calls(name, f.f_lineno, called)):
                 return Site(user=here)
             return Site(library=library, library_site=library_site, caller=here, entry=_qualname(entry),
                         entry_params=_params(entry))
@@ -123,9 +115,22 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         # which the Trainer calls, built the loader. Its site is the nearest library frame.
         library = lib
         library_site = library_site or here
-        entry = frame.f_code
-        frame = frame.f_back
+        entry = f.f_code
     return Site(library=library, library_site=library_site)
+
+
+def _outer_frames(frame: FrameType | None, internal: Callable[[str], bool],
+                  limit: int) -> Iterator[tuple[FrameType, str | None]]:
+    """(frame, its library or None for the user's code) walking out from `frame`, past internal frames."""
+    for _ in range(limit):
+        if frame is None:
+            return
+        name = frame.f_code.co_filename
+        # `<torchdoctor ...>`: our own shims' code objects. Other `<...>` names (an IPython cell,
+        # `python -c`) are the user's code, with no file a diff could edit.
+        if not (internal(name) or name.startswith("<torchdoctor") or is_stdlib(name)):
+            yield frame, library_of(name)
+        frame = frame.f_back
 
 
 def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int = 2, limit: int = 60) -> list[str]:
@@ -135,22 +140,16 @@ def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int
     validation_step is called by the library function their line called."""
     out: list[str] = []
     via = ""  # the library function between this user frame and the previous one, if any
-    for _ in range(limit):
-        if frame is None or len(out) >= n:
+    for f, lib in _outer_frames(frame, internal, limit):
+        if len(out) >= n:
             break
-        name = frame.f_code.co_filename
-        if internal(name) or name.startswith("<torchdoctor") or is_stdlib(name):
-            frame = frame.f_back
-            continue
-        lib = library_of(name)
         if lib is not None:
-            entry = _qualname(frame.f_code)
+            entry = _qualname(f.f_code)
             via = f"{lib}'s {entry}() at " if entry else f"{lib} at "  # the outermost one wins
         else:
-            func = _qualname(frame.f_code)
-            out.append((via if out else "") + f"{name}:{frame.f_lineno}" + (f" ({func})" if func else ""))
+            func = _qualname(f.f_code)
+            out.append((via if out else "") + f"{f.f_code.co_filename}:{f.f_lineno}" + (f" ({func})" if func else ""))
             via = ""
-        frame = frame.f_back
     return out
 
 
