@@ -37,7 +37,7 @@ LONG_MIN_MS = 5.0
 # Fewer long steps than this are one-offs (a first evaluation's compile, a stray pause): not a
 # pattern of the loop.
 MIN_LONG_STEPS = 3
-# Steps the probe must have recorded (after warm-up) for a median to stand for the steady step.
+# Steps the probe must have recorded after step 0 for a median to stand for the steady step.
 MIN_STEPS = 8
 # Below this share of the job's wall time the work between steps is not worth a finding.
 MIN_JOB_PCT = 3.0
@@ -58,7 +58,7 @@ class Between:
     inference_ms: float  # of it, in the model's forwards without autograd
     data_ms: float  # of it, waiting for batches
     every: int | None  # steps between long steps, when regular
-    job_s: float  # the job's wall time it is a share of
+    job_s: float  # the job's training wall time (s) it is a share of
     recorded: int  # the steps it was found in
 
     @property
@@ -134,7 +134,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
         site = v.f.inference_site if v.f is not None else None
         title = (f"{when} the training loop stops for {fmt_ms(each)} of work between steps ({n} times, "
                  f"{b.excess_ms / 1e3:.1f} s, {b.job_pct:.0f}% of the job's training time): {split}.")
-        first = next((s.step for s in b.steps if s.step >= 1), b.steps[0].step)
+        first = b.steps[0].step
         # Irregular long steps may be the machine's (other processes, swapping), not the loop's.
         sev = "info" if not b.every else "critical" if b.job_pct >= CRIT_PCT else "warning" if b.job_pct >= WARN_PCT else "info"
         f = finding(
@@ -148,7 +148,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                 {"long_steps": n, "every_steps": b.every, "median_step_ms": round(b.median_ms, 3),
                  "excess_ms_per_long_step": round(each, 3), "inference_ms": round(b.inference_ms / n, 3),
                  "data_ms": round(b.data_ms / n, 3), "rest_ms": round(b.rest_ms / n, 3),
-                 "job_s": round(b.job_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
+                 "train_wall_s": round(b.job_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
                   "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])],
             fix=_fix(b, site), confidence="high" if b.every else "medium",
