@@ -103,7 +103,8 @@ def blocking_copies(ctx: Context, host_ops_idle: iv.Intervals, top_n: int = 8) -
     # stream's earlier work: the call returns when the last chunk is staged, a little before its
     # DMA ends (56 µs on kineto's tb_plugin V100 samples, after 8.6 ms of waiting for the queue).
     # Still running when the device copy began, it waited for the queue.
-    paged = np.fromiter((memcpy_kind(tr.names[n])[1] == "pageable" for n in tr.name[pos]), bool, pos.size)
+    kind = {n: memcpy_kind(tr.names[n]) for n in np.unique(tr.name[pos]).tolist()}  # once per copy name
+    paged = np.fromiter((kind[n][1] == "pageable" for n in tr.name[pos].tolist()), bool, pos.size)
     waited = (tr.end[calls] + CLOCK_SLACK_NS >= tr.end[pos]) | (paged & (tr.end[calls] >= tr.ts[pos]))
     blocked = (host_dur >= BLOCKING_MIN_NS) & waited
     calls, pos = calls[blocked], pos[blocked]
@@ -112,7 +113,7 @@ def blocking_copies(ctx: Context, host_ops_idle: iv.Intervals, top_n: int = 8) -
     inner, _ = enclosing_ops(ctx, calls)
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for k, (c, p) in enumerate(zip(calls, pos, strict=True)):
-        d, h = memcpy_kind(tr.names[tr.name[p]])
+        d, h = kind[int(tr.name[p])]
         groups.setdefault((tr.names[tr.name[c]], d, h, inner[k]), []).append(k)
     sites = []
     for (api, d, h, op), members in groups.items():

@@ -51,4 +51,3 @@ def job_cost(job_s: float, job_pct: float | None, per: str, sep: str = ", ") -> 
     between steps (``per`` "job") recurs over the whole run."""
     head = f"{job_s:.1f} s in all" if per == "job" else f"once: {job_s:.1f} s"
     return head + (f"{sep}{job_pct:.0f}% of the job" if job_pct is not None else "")
-

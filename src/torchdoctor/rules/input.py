@@ -517,11 +517,12 @@ def pageable_memory(inputs: RuleInputs) -> list[Finding]:
                  if c.direction == "HtoD" and c.host_memory == "pageable"]
         if waits and traced:
             longest = max(waits, key=lambda c: c.host_ns)
+            sat = v.ms(sum(c.host_ns for c in waits))
             ev.append(Evidence(
-                f"The host sat {fmt_ms(v.ms(sum(c.host_ns for c in waits)))} per step in these copies "
+                f"The host sat {fmt_ms(sat)} per step in these copies "
                 f"(a pageable copy waits for the work queued before it, then stages the data); the device "
                 f"idled {fmt_ms(idle)} of it. The longest (in {longest.op or longest.api}) began {at(v, longest.first_ts_ns)}.",
-                {"host_blocked_ms": round(v.ms(sum(c.host_ns for c in waits)), 3), "idle_ms": round(idle, 3)},
+                {"host_blocked_ms": round(sat, 3), "idle_ms": round(idle, 3)},
                 [ts_item(c.region or c.op, c.host_ns, c.count, c.first_ts_ns, v.n_steps, op=c.op, bytes=c.bytes)
                  for c in waits[:4]]))
         if unpinned:

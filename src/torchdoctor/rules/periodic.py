@@ -90,27 +90,24 @@ def between_steps(v: View) -> Between | None:
     if len(steps) < MIN_STEPS:
         return None
     median = float(np.median([s.total_ms for s in steps]))
-    own = {s.step: _own(s) for s in steps}
-    base = [float(np.median([o[k] for o in own.values()])) for k in range(3)]
-
-    def beyond(s: StepTiming) -> list[float]:
-        return [max(0.0, x - b) for x, b in zip(own[s.step], base, strict=True)]
-
-    long = [s for s in steps if sum(beyond(s)) >= max(LONG_SHARE * median, LONG_MIN_MS)]
-    if len(long) < MIN_LONG_STEPS:
+    own = np.array([_own(s) for s in steps])  # steps x (inference, data, rest)
+    beyond = np.maximum(own - np.median(own, axis=0), 0.0)  # over the median step's, part by part
+    excess = beyond.sum(axis=1)
+    long = np.flatnonzero(excess >= max(LONG_SHARE * median, LONG_MIN_MS))
+    if long.size < MIN_LONG_STEPS:
         return None
     # Long steps far shorter than the typical long one are the machine's jitter (a slow step now
     # and then), not the loop's work: left out, they do not blur its period.
-    cut = JITTER_SHARE * float(np.median([sum(beyond(s)) for s in long]))
-    long = [s for s in long if sum(beyond(s)) >= cut]
-    if len(long) < MIN_LONG_STEPS:
+    long = long[excess[long] >= JITTER_SHARE * float(np.median(excess[long]))]
+    if long.size < MIN_LONG_STEPS:
         return None
-    inference, data, rest = (sum(beyond(s)[k] for s in long) for k in range(3))
-    gaps = [b.step - a.step for a, b in zip(long, long[1:], strict=False)]
+    inference, data, rest = beyond[long].sum(axis=0).tolist()
+    picked = [steps[i] for i in long.tolist()]
+    gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
     mid = int(np.median(gaps))
     every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
     wall = v.f.train_wall_s or sum(s.total_ms for s in v.f.steps) / 1e3
-    return Between(long, median, inference + data + rest, inference, data, every, wall, len(steps))
+    return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
 
 
 @rule("HO-16")
