@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from torchdoctor.probe import imphook, output, shims, sysinfo
-from torchdoctor.probe.clock import Phase, Source, StepClock
+from torchdoctor.probe.clock import REUSE_READ_S, Phase, Source, StepClock
 from torchdoctor.runner import BOOTSTRAP_DIR
 
 
@@ -286,6 +286,35 @@ def test_ddp_logging_data_that_raises_is_guarded_and_never_called_again(tmp_path
         assert Ddp.calls == 1 and "ddp.logging_data" in ERRORS.broken
     finally:
         ERRORS.reset()
+
+
+def test_a_step_resumed_at_once_starts_from_the_counters_read_when_the_last_one_closed():
+    # Two syscalls a step fewer: with no housekeeping worth the name between two steps, the
+    # readings taken at the close are the next step's start; after a long pause they are read again.
+    calls = []
+
+    def sched():
+        calls.append("sched")
+        return (len(calls) * 1_000_000, 0)
+
+    def faults():
+        calls.append("faults")
+        return (len(calls), 0)
+
+    clock = StepClock(sched=sched, faults=faults)
+    clock.begin(0.0)
+    assert len(calls) == 2
+    clock.boundary(Source.OPTIMIZER, 0.010)
+    clock.resume(0.010 + REUSE_READ_S / 2)
+    assert len(calls) == 4  # closing reads only: reused as step 1's start
+    clock.boundary(Source.OPTIMIZER, 0.020)
+    clock.resume(0.020 + 10 * REUSE_READ_S)
+    assert len(calls) == 8  # a long pause (a flush, the profiler window): read afresh
+    clock.boundary(Source.OPTIMIZER, 0.030)
+    s0, s1, s2 = clock.steps
+    # step 1 runs from the close of step 0 (reads 3, 4) to its own close (reads 5, 6)
+    assert s1.thread_cpu_ms == (6 - 4) and s1.minor_faults == 5 - 3
+    assert s2.thread_cpu_ms == (10 - 7) and s2.minor_faults == 9 - 8  # start: reads 7 (sched), 8 (faults)
 
 
 def test_clock_records_the_training_threads_page_faults_and_system_time_per_step():

@@ -64,6 +64,8 @@ class Phase(enum.IntEnum):
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
+# A step that resumes this soon after the last one closed starts from the counters read at the close.
+REUSE_READ_S = 0.0002
 
 # Reads the calling thread's (ns on CPU, ns waiting for a CPU); None when unavailable.
 Sched = Callable[[], "tuple[int, int] | None"]
@@ -86,6 +88,10 @@ class StepClock:
         self.faults = faults  # read with sched, on the same thread
         self.faults_at: tuple[int, int] | None = None
         self.has_faults = False
+        # The counters read when the last step closed, and when: the next step starts from them
+        # when it resumes within REUSE_READ_S (two syscalls a step fewer; the probe's own
+        # housekeeping in between, microseconds, then counts in the next step).
+        self.closed_read: tuple[float, tuple[int, int] | None, tuple[int, int] | None] | None = None
         self.source = Source.NONE
         self.index = 0  # index of the step in progress
         self.started_at: float | None = None  # start of the step in progress; None between steps
@@ -110,14 +116,24 @@ class StepClock:
         """Start the next step at ``now`` (after the probe's housekeeping at a boundary)."""
         if self.first_activity is not None and self.started_at is None:
             self.started_at = now
-            self._mark_sched()
+            read, self.closed_read = self.closed_read, None
+            if read is None or now - read[0] >= REUSE_READ_S:
+                self._mark_sched()
+                return
+            self.sched_at, self.faults_at = read[1], read[2]
+            if self.sched_at is None and self.sched is not None:
+                self.sched_at = self.sched()
+            if self.faults_at is None and self.faults is not None:
+                self.faults_at = self.faults()
 
     def _mark_sched(self) -> None:
         self.sched_at = self.sched() if self.sched is not None else None
         self.faults_at = self.faults() if self.faults is not None else None
 
-    def _add_sched(self) -> None:
-        """Add the training thread's scheduler and fault counters since the step started to the step."""
+    def _add_sched(self, at: float) -> None:
+        """Add the training thread's scheduler and fault counters since the step started to the
+        step; keep the readings (``closed_read``) for the next step's start."""
+        now_f = now = None
         if self.faults_at is not None and self.faults is not None:
             now_f = self.faults()
             if now_f is not None:
@@ -125,14 +141,14 @@ class StepClock:
                 self.acc[Phase.SYS_CPU] += (now_f[1] - self.faults_at[1]) / 1e9
                 self.has_faults = True
             self.faults_at = None
-        if self.sched_at is None or self.sched is None:
-            return
-        now = self.sched()
-        if now is not None:
-            self.acc[Phase.ON_CPU] += (now[0] - self.sched_at[0]) / 1e9
-            self.acc[Phase.RUN_DELAY] += (now[1] - self.sched_at[1]) / 1e9
-            self.has_sched = True
-        self.sched_at = None
+        if self.sched_at is not None and self.sched is not None:
+            now = self.sched()
+            if now is not None:
+                self.acc[Phase.ON_CPU] += (now[0] - self.sched_at[0]) / 1e9
+                self.acc[Phase.RUN_DELAY] += (now[1] - self.sched_at[1]) / 1e9
+                self.has_sched = True
+            self.sched_at = None
+        self.closed_read = (at, now, now_f)  # a None here is read afresh by resume
 
     def add(self, phase: Phase, seconds: float) -> None:
         self.acc[phase] += seconds
@@ -155,7 +171,7 @@ class StepClock:
                 # split, e.g. the epoch start of the loader's __iter__ just before, stay in step 0).
                 return None
         closed = self.index
-        self._add_sched()
+        self._add_sched(now)
         if not self.skip(closed) and len(self.rows) < _MAX_STEPS:
             # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
             self.rows.append((closed, now - self.started_at, self.acc, self.samples))
