@@ -127,15 +127,13 @@ def micro(pairs: int) -> dict:
 # machine; one process against itself does not. Not counted: the DataLoader's collate timer (two
 # clock reads) and the probe's work at its first steps (hooks attached once).
 COMPONENTS = """
-import json, sys, timeit
-from time import perf_counter
+import json, timeit
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data import dataloader as dl
 from torch.optim import optimizer as optim
 torch.set_num_threads(1)
 from torchdoctor.probe import core
-from torchdoctor.probe.clock import Source
 probe = core.get()
 loader = DataLoader(TensorDataset(torch.randn(800000, 8), torch.randn(800000, 1)), batch_size=8)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -150,15 +148,15 @@ for _ in range(30):  # past step 0: the probe's hooks are attached and its clock
     x, y, loss = step()
 assert probe is not None and probe.clock.index > 10, "the probe is not running"
 N, REPEATS = 1000, 9  # 100,000 batches in the loader: enough for every timed call of next()
-def fastest(fn):
+def per_call_us(fn):
     return timeit.timeit(fn, number=N) / N * 1e6
 def paired(fn, remove, restore):
     with_probe, without = [], []
     for _ in range(REPEATS):
-        with_probe.append(fastest(fn))
+        with_probe.append(per_call_us(fn))
         remove()
         try:
-            without.append(fastest(fn))
+            without.append(per_call_us(fn))
         finally:
             restore()
     return min(with_probe), min(without)
@@ -192,7 +190,7 @@ shim_next = dl._BaseDataLoaderIter.__next__
 def no_next(): dl._BaseDataLoaderIter.__next__ = shim_next.__wrapped__
 def next_back(): dl._BaseDataLoaderIter.__next__ = shim_next
 parts["DataLoader next shim"] = paired(lambda: next(it), no_next, next_back)
-steps = [fastest(step) for _ in range(REPEATS)]
+steps = [per_call_us(step) for _ in range(REPEATS)]
 out = {name: {"with_us": round(a, 2), "without_us": round(b, 2), "cost_us": round(a - b, 2)}
        for name, (a, b) in parts.items()}
 print(json.dumps({"parts": out, "cost_us_per_step": round(sum(v["cost_us"] for v in out.values()), 1),

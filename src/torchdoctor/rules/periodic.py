@@ -58,7 +58,7 @@ class Between:
     inference_ms: float  # of it, in the model's forwards without autograd
     data_ms: float  # of it, waiting for batches
     every: int | None  # steps between long steps, when regular
-    job_s: float  # the job's training wall time (s) it is a share of
+    train_wall_s: float  # the job's training wall time (s) it is a share of
     recorded: int  # the steps it was found in
 
     @property
@@ -67,7 +67,7 @@ class Between:
 
     @property
     def job_pct(self) -> float:
-        return 100.0 * self.excess_ms / 1e3 / self.job_s if self.job_s > 0 else 0.0
+        return 100.0 * self.excess_ms / 1e3 / self.train_wall_s if self.train_wall_s > 0 else 0.0
 
 
 def _own(s: StepTiming) -> tuple[float, float, float]:
@@ -145,7 +145,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                 {"long_steps": n, "every_steps": b.every, "median_step_ms": round(b.median_ms, 3),
                  "excess_ms_per_long_step": round(each, 3), "inference_ms": round(b.inference_ms / n, 3),
                  "data_ms": round(b.data_ms / n, 3), "rest_ms": round(b.rest_ms / n, 3),
-                 "train_wall_s": round(b.job_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
+                 "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
                   "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])],
             fix=_fix(b, site), confidence="high" if b.every else "medium",
@@ -158,17 +158,17 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
 
 # Where a trainer runs the evaluation, its own settings say how often and on how much (the site
 # names the library whose function the user's line called: "transformers's Trainer.train() at ...").
+_LIGHTNING = ("Lightning validates every val_check_interval on limit_val_batches of the loader: validate less "
+              "often or on fewer batches.",
+              "{alias}.Trainer(..., val_check_interval=1.0, check_val_every_n_epoch=2, limit_val_batches=0.25)")
 _EVAL_SETTINGS = (
     ("transformers", "The Trainer evaluates every eval_steps on the whole eval_dataset: evaluate less often, on a "
                      "subset, with a larger eval batch.",
      "TrainingArguments(..., eval_steps=500, per_device_eval_batch_size=64)\n"
      "Trainer(..., eval_dataset=eval_ds.select(range(1000)))"),
-    ("lightning", "Lightning validates every val_check_interval on limit_val_batches of the loader: validate less "
-                  "often or on fewer batches.",
-     "L.Trainer(..., val_check_interval=1.0, check_val_every_n_epoch=2, limit_val_batches=0.25)"),
-    ("pytorch_lightning", "Lightning validates every val_check_interval on limit_val_batches of the loader: validate "
-                          "less often or on fewer batches.",
-     "pl.Trainer(..., val_check_interval=1.0, check_val_every_n_epoch=2, limit_val_batches=0.25)"),
+    # The same Trainer under its two package names, each with its usual import alias.
+    ("lightning", _LIGHTNING[0], _LIGHTNING[1].format(alias="L")),
+    ("pytorch_lightning", _LIGHTNING[0], _LIGHTNING[1].format(alias="pl")),
 )
 
 
