@@ -223,6 +223,12 @@ def test_changed_losses_reject_safe_and_numerics_has_a_tolerance() -> None:
     assert num.loss.status == "within tolerance" and num.verdicts[0].status == "kept"
     far = rounds([10, 10.2, 9.9], [20, 20.5, 19.8], ["optim.fused"], [2.3, 3.0, 2.1])
     assert judge(far, [Spec("optim.fused")], {}).verdicts[0].status == "rejected"
+    # Slower and learning differently (PyG's mutag_gin.py given a worker on 2 CPUs: x0.60): the
+    # reason leads with the speed, which was measured; the loss check comes second.
+    slow = judge(rounds([10, 10.2, 9.9], [6, 6.1, 5.9], ["dataloader.workers=1"], moved),
+                 [Spec("dataloader.workers", "1")], {}).verdicts[0]
+    assert slow.status == "rejected" and slow.reason.startswith("the job is slower: ")
+    assert "; also the job learns differently: " in slow.reason
 
 
 def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30) -> list[Arm]:

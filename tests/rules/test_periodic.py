@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchdoctor.facts import StepTiming
+from torchdoctor.facts import DataLoaderFacts, StepTiming
 
 from .conftest import cpu_facts, only, run, run_all
 
@@ -82,3 +82,34 @@ def test_irregular_slow_steps_are_info_and_small_costs_are_silent():
 def test_a_steady_job_stays_healthy():
     found = run_all((None, facts(steps(300, None, 0.0))))
     assert not [f for f in found if f.id == "HO-16"]
+
+
+def test_the_other_rules_read_the_training_steps_between_the_evaluations():
+    # An evaluation after every other step (PyG's mutag_gin.py: two batches per epoch): half of
+    # the steps hold it. the input finding prices the training loader's wait in the training steps (5 of 24 ms),
+    # not the evaluation's batches, which HO-16 prices against the job.
+    from tests.metrics.test_between import two_batch_epochs
+
+    f = facts(two_batch_epochs(), dataloaders=[DataLoaderFacts(num_workers=0, batch_size=128)])
+    found = run_all((None, f))
+    dl2 = only(found, "DL-2")  # the input finding of a loader without workers
+    assert dl2.evidence[0].values["data_wait_ms"] == 5.0 and dl2.evidence[0].values["step_ms"] == 24.0
+    assert "waits 5.0 ms (21%)" in dl2.title
+    ho16 = only(found, "HO-16")
+    assert ho16.title.startswith("Every 2 steps the training loop stops for 54.0 ms")
+
+
+def test_a_profiler_window_that_holds_an_evaluation_step_is_said_to():
+    from tests.metrics.test_between import two_batch_epochs
+
+    from .conftest import cpu_result
+
+    timings = [s for s in two_batch_epochs() if s.step not in (5, 6, 7)]  # the probe leaves profiled steps untimed
+    r = cpu_result()
+    r.window.steps = [5, 6, 7]
+    got = only(run("HO-16", (r, facts(timings))), "HO-16")
+    note = got.evidence[-1]
+    assert note.values == {"window_steps": [5, 6, 7], "long_steps_in_window": [6]}
+    assert note.text.startswith("The profiler window (steps 5–7) holds step 6, where this work recurs")
+    r.window.steps = [7]
+    assert "window_steps" not in only(run("HO-16", (r, facts(timings))), "HO-16").evidence[-1].values

@@ -325,10 +325,13 @@ def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], f
     if failed:
         v.reason = f"the job failed with the remedies (exit {failed[0].exit_code}); see {failed[0].run_dir}/job.log"
         return v
-    if not loss.passed:
-        v.reason = f"the job learns differently: {loss.text}"
-        return v
     note = " with the set" if len(treated[0].specs) > 1 else ""
+    if not loss.passed:
+        # A remedy that is measurably slower is rejected for that first: whether it learns the same
+        # is moot, and on a job that is not deterministic the loss check cannot tell anyway.
+        slower = f"the job is slower{note}: {stat.text()}; also " if stat.loss else ""
+        v.reason = f"{slower}the job learns differently: {loss.text}"
+        return v
     return _decide(v, stat, f"faster{note}", loss.status, f"the job is slower{note}", f"no established gain{note}")
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..facts import DataLoaderFacts, RankFacts, StepTiming, sampled_comm_median
+from ..metrics.between import loop_steps
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
 from .engine import RankInputs, RuleInputs
@@ -45,12 +46,13 @@ class View:
     views), so the views of thousands of ranks, and the ledger that keeps them, never hold their
     decoded results all at once."""
 
-    __slots__ = ("rank", "_r", "f", "step_ms", "n_steps", "ledger", "_source")
+    __slots__ = ("rank", "_r", "f", "step_ms", "n_steps", "ledger", "_source", "_timed")
 
     def __init__(self, rank: int | None, r: RankResult | None, f: RankFacts | None, step_ms: float | None,
                  n_steps: int, ledger: Ledger | None = None, source: RankInputs | None = None) -> None:
         self.rank, self._r, self.f, self.step_ms, self.n_steps = rank, r, f, step_ms, n_steps
         self.ledger, self._source = ledger, source
+        self._timed: list[StepTiming] | None = None
 
     @property
     def r(self) -> RankResult | None:
@@ -108,8 +110,11 @@ class View:
 
     @property
     def timed(self) -> list[StepTiming]:
-        """The probe's step timings without leading warm-up steps."""
-        return steady(self.f.steps) if self.f is not None else []
+        """The probe's steady step timings: without leading warm-up steps, nor the long steps of a
+        loop's regular work between steps (HO-16 prices those against the job)."""
+        if self._timed is None:
+            self._timed = steady_timings(self.f.steps) if self.f is not None else []
+        return self._timed
 
     @property
     def profiler_inflation_ms(self) -> float:
@@ -147,6 +152,13 @@ def steady(steps: list[StepTiming]) -> list[StepTiming]:
     return rest
 
 
+def steady_timings(steps: list[StepTiming]) -> list[StepTiming]:
+    """``steady(steps)`` less the long steps of a regular pattern of work between steps
+    (metrics/between.py): an evaluation after every other step would otherwise be half of the
+    steps that a median or a sum over them reads as the training step."""
+    return steady(loop_steps(steps))
+
+
 def views(inputs: RuleInputs) -> list[View]:
     """One View per rank, seen by the ledger. Step times are worked out once per diagnosis (a
     stored rank would otherwise be decoded for them by every rule)."""
@@ -170,7 +182,7 @@ def _step_time(r: RankResult | None, f: RankFacts | None) -> tuple[float | None,
         n = max(len(r.window.steps), 1)
         return (r.window.end_ns - r.window.start_ns) / 1e6 / n, n
     if f is not None and f.steps:
-        timed = steady(f.steps)
+        timed = steady_timings(f.steps)
         return float(np.median([s.total_ms for s in timed])), len(timed)
     return None, 0
 

@@ -24,6 +24,7 @@ from ._common import (
     handoff_share,
     pageable_h2d_idle_ms,
     per_rank,
+    steady,
     tops_text,
     ts_item,
     views,
@@ -79,8 +80,10 @@ class EpochStarts:
 
 
 def epoch_starts(v: View) -> EpochStarts | None:
-    """The epoch starts among the probe's steady steps (None: no live timings or no epoch start)."""
-    timed = v.timed
+    """The epoch starts among the probe's steps after warm-up (None: no live timings or no epoch
+    start). The long steps of work between steps stay in: a loop that evaluates at each epoch's end
+    restarts its loader in those same steps."""
+    timed = steady(v.f.steps) if v.f is not None else []
     starts = [s for s in timed if s.epoch_starts]
     if len(timed) < MIN_STEPS or not starts:
         return None

@@ -4,9 +4,9 @@ Every other rule reads the steady step (the median, or the profiler window, whic
 step by design). A loop that stops every N steps for work of its own, an RL rollout between
 policy updates or an evaluation every epoch, spends that time outside every steady step, and a
 report of the steady step alone calls the job healthy while most of its wall time goes there.
-Measured by the probe over the whole run (``StepTiming`` of every step): the steps whose work
-outside the training phases (forward, backward and optimizer with autograd) exceeds the median
-step's by half a median step, and what that excess is made of: the model's forwards without
+Measured by the probe over the whole run (``StepTiming`` of every step, metrics/between.py): the
+steps whose work outside the training phases (forward, backward and optimizer with autograd)
+exceeds the steady steps' by half a steady step, and what that excess is made of: the model's forwards without
 autograd (``inference_ms``: an evaluation or a rollout), an evaluation's waits for batches, and
 the rest (Python outside the model: environment steps, metrics, logging). Saves and DataLoader
 restarts are left out: DI-15 and DL-6 price them; so are longer training batches.
@@ -20,94 +20,21 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from torchdoctor.facts import StepTiming
-
-from ._common import View, finding, fmt_ms, per_rank
+from ..metrics.between import Between
+from ..metrics.between import between_steps as find_between
+from ._common import View, finding, fmt_ms, per_rank, views
 from .engine import RuleInputs, rule
+from .input import no_core_for_workers
 from .model import Evidence, Finding, Fix
 
-# A step is long when the work it does outside the training phases (see `_own`) exceeds the
-# median step's by LONG_SHARE of a median step, and by LONG_MIN_MS.
-LONG_SHARE = 0.5
-LONG_MIN_MS = 5.0
-# Fewer long steps than this are one-offs (a first evaluation's compile, a stray pause): not a
-# pattern of the loop.
-MIN_LONG_STEPS = 3
-# Steps the probe must have recorded after step 0 for a median to stand for the steady step.
-MIN_STEPS = 8
 # Below this share of the job's wall time the work between steps is not worth a finding.
 MIN_JOB_PCT = 3.0
 WARN_PCT, CRIT_PCT = 5.0, 20.0
-# The period is stated when this share of the gaps between long steps equals the median gap (+-1).
-REGULAR_SHARE = 0.6
-# Long steps with less excess than this share of the median long step's are left out as jitter.
-JITTER_SHARE = 0.25
-
-
-@dataclass
-class Between:
-    """The work between steps of one rank, from the probe's step timings (ms unless said)."""
-
-    steps: list[StepTiming]  # the long steps
-    median_ms: float  # the median step
-    excess_ms: float  # the long steps' work outside the training phases beyond the median step's
-    inference_ms: float  # of it, in the model's forwards without autograd
-    data_ms: float  # of it, waiting for batches
-    every: int | None  # steps between long steps, when regular
-    train_wall_s: float  # the job's training wall time (s) it is a share of
-    recorded: int  # the steps it was found in
-
-    @property
-    def rest_ms(self) -> float:
-        return max(0.0, self.excess_ms - self.inference_ms - self.data_ms)
-
-    @property
-    def job_pct(self) -> float:
-        return 100.0 * self.excess_ms / 1e3 / self.train_wall_s if self.train_wall_s > 0 else 0.0
-
-
-def _own(s: StepTiming) -> tuple[float, float, float]:
-    """(forwards without autograd, batch waits of an evaluation, the rest outside the training
-    phases) of step ``s``, ms. The forward, backward and optimizer with autograd are the training
-    step's own (a longer batch makes them longer: not work between steps); saves (DI-15) and
-    DataLoader restarts (DL-6), part of ``other_ms``, are priced elsewhere. Waits for batches count
-    only in a step that evaluated (its own loader): the training loader's are the input rules'."""
-    data = s.dataloader_ms if s.inference_ms > 0 else 0.0
-    return s.inference_ms, data, max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
 
 
 def between_steps(v: View) -> Between | None:
     """The long steps of this rank's run and what they hold (None without enough probe steps)."""
-    if v.f is None:
-        return None
-    # Every step after step 0, warm-up included: a rollout or an evaluation early in the run
-    # is a slow step that the steady view (``View.timed``) drops as warm-up.
-    steps = [s for s in v.f.steps if s.step >= 1]
-    if len(steps) < MIN_STEPS:
-        return None
-    median = float(np.median([s.total_ms for s in steps]))
-    own = np.array([_own(s) for s in steps])  # steps x (inference, data, rest)
-    beyond = np.maximum(own - np.median(own, axis=0), 0.0)  # over the median step's, part by part
-    excess = beyond.sum(axis=1)
-    long = np.flatnonzero(excess >= max(LONG_SHARE * median, LONG_MIN_MS))
-    if long.size < MIN_LONG_STEPS:
-        return None
-    # Long steps far shorter than the typical long one are the machine's jitter (a slow step now
-    # and then), not the loop's work: left out, they do not blur its period.
-    long = long[excess[long] >= JITTER_SHARE * float(np.median(excess[long]))]
-    if long.size < MIN_LONG_STEPS:
-        return None
-    inference, data, rest = beyond[long].sum(axis=0).tolist()
-    picked = [steps[i] for i in long.tolist()]
-    gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
-    mid = int(np.median(gaps))
-    every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
-    wall = v.f.train_wall_s or sum(s.total_ms for s in v.f.steps) / 1e3
-    return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
+    return find_between(v.f.steps, v.f.train_wall_s) if v.f is not None else None
 
 
 @rule("HO-16")
@@ -117,6 +44,8 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
     Live only (the probe's timing of every step; a profiler window holds steady steps). Claims
     nothing per step: the cost is the job's (``job_s``/``job_pct``), severity by that share.
     """
+    all_views = views(inputs)
+
     def one(v: View) -> Finding | None:
         b = between_steps(v)
         if b is None or b.job_pct < MIN_JOB_PCT:
@@ -138,7 +67,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
             v, "HO-16", "host", title, 0.0, sev=sev,
             evidence=[Evidence(
                 f"{n} of {b.recorded} steps took {fmt_ms(sum(s.total_ms for s in b.steps) / n)} on average against a "
-                f"median step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
+                f"median steady step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
                 "optimizer step beyond the median step's (saves and DataLoader restarts left out: DI-15 and DL-6 "
                 "price them). The steady steps, which the other findings read, leave this time out."
                 + (f" The first forward without autograd after step 0 was called at {site}." if site else ""),
@@ -147,13 +76,29 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                  "data_ms": round(b.data_ms / n, 3), "rest_ms": round(b.rest_ms / n, 3),
                  "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
-                  "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])],
-            fix=_fix(b, site), confidence="high" if b.every else "medium",
+                  "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])] + _in_window(v, b),
+            fix=_fix(b, site, no_core_for_workers(v, all_views)), confidence="high" if b.every else "medium",
             confirm=f"`torchdoctor run --profile-steps {first}:{first + 1}` traces one of these steps",
             source="probe: every step's wall time and phases; the default ladder on the job's share")
         f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
         return f
     return per_rank(inputs, one)
+
+
+def _in_window(v: View, b: Between) -> list[Evidence]:
+    """Evidence that the profiler window holds steps where the period puts this work (the probe does
+    not time the profiled steps, so the period says which): the trace's shares of that window
+    count it with the training steps'."""
+    window = v.r.window.steps if v.r is not None and v.f is not None and v.f.steps else []
+    if not b.every or not window:
+        return []
+    hit = [s for s in window if s >= b.steps[0].step and (s - b.steps[0].step) % b.every == 0]
+    if not hit:
+        return []
+    return [Evidence(
+        f"The profiler window (steps {window[0]}–{window[-1]}) holds step {', '.join(map(str, hit))}, where this "
+        "work recurs: the window's shares (the phase table, the per-rank summary) include it; the probe's figures "
+        "for the other findings leave it out.", {"window_steps": window, "long_steps_in_window": hit})]
 
 
 # Where a trainer runs the evaluation, its own settings say how often and on how much (the site
@@ -172,8 +117,9 @@ _EVAL_SETTINGS = (
 )
 
 
-def _fix(b: Between, site: str | None) -> Fix:
-    """What to do, by what the work is made of; through the trainer's settings where one evaluates."""
+def _fix(b: Between, site: str | None, crowded: bool = False) -> Fix:
+    """What to do, by what the work is made of; through the trainer's settings where one evaluates.
+    ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers)."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
         fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
@@ -181,9 +127,20 @@ def _fix(b: Between, site: str | None) -> Fix:
                   "inputs instead of one per sample or environment step.",
                   "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
     elif b.data_ms >= b.rest_ms:
-        fix = Fix("Most of it waits for batches of a loader read between steps (an evaluation set): give that "
-                  "loader workers and persistent_workers=True, or evaluate on fewer batches.",
-                  "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
+        # Batches of a fixed evaluation set are the same at every evaluation: made once, they cost
+        # nothing after; workers only move the work to other cores, which a crowded rank lacks.
+        once = ("an evaluation set without random transforms that fits in memory can be collated once and its "
+                "batches reused (val_batches = list(val_loader))")
+        if crowded:
+            fix = Fix(f"Most of it waits for batches of a loader read between steps (an evaluation set), made in the "
+                      f"training process with no CPU free for workers: {once}; or evaluate less often or on fewer "
+                      "batches.", "val_batches = list(val_loader)   # once, before training\n"
+                      "for batch in val_batches: ...             # at each evaluation")
+        else:
+            fix = Fix(f"Most of it waits for batches of a loader read between steps (an evaluation set): {once}; or "
+                      "give that loader workers and persistent_workers=True, or evaluate on fewer batches.",
+                      "val_batches = list(val_loader)   # once, before training\n"
+                      "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
     else:
         return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
                    "profiler window on one of them) and move the work off the loop: step environments in parallel "

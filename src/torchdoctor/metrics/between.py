@@ -1,0 +1,123 @@
+"""Work between training steps, from the probe's timing of every step (facts.StepTiming).
+
+A loop that stops every N steps for work of its own (an RL rollout between policy updates, an
+evaluation every epoch, logging) spends that time in a few long steps. HO-16 prices it against the
+job; every other rule reads the steady step, which must leave those long steps out.
+
+Definitions, over the steps after step 0 (warm-up included: an evaluation early in the run is a
+long step, not warm-up):
+- own(s) = (inference, data, rest) ms of step s outside its training phases: the model's forwards
+  without autograd (``inference_ms``); in a step that ran such forwards, its batch waits beyond the
+  training loader's typical wait (the median wait of the steps without them: an evaluation's
+  loader); and the rest of ``other_ms`` less checkpoint saves (DI-15's) and DataLoader restarts
+  (DL-6's). The forward, backward and optimizer with autograd are the training step's own.
+- The reference steps stand for the steady step. First the quickest REFERENCE_QUANTILE of the steps
+  (wall time at most that quantile's); then, when that found at least MIN_LONG_STEPS long steps and
+  as many others, the steps it did not find long. The median of every step is no reference when the
+  long steps are half of them or more (an evaluation after every other step: a two-batch epoch);
+  the quickest steps are training steps whenever any are, and the second pass measures against all
+  the steps that are the loop's own, so that the jitter of a steady job is judged as before.
+- excess(s) = sum over the three parts of max(0, own(s) - the reference steps' median of that part);
+  s is long when excess(s) >= max(LONG_SHARE x the reference steps' median step, LONG_MIN_MS), and
+  long steps with less than JITTER_SHARE of the median long excess are left out as the machine's
+  jitter.
+- every: the steps between long steps when at least REGULAR_SHARE of the gaps equal the median gap
+  (+-1); None (irregular) otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..facts import StepTiming
+
+LONG_SHARE = 0.5
+LONG_MIN_MS = 5.0
+# Fewer long steps than this are one-offs (a first evaluation's compile, a stray pause): not a
+# pattern of the loop.
+MIN_LONG_STEPS = 3
+# Steps the probe must have recorded after step 0 for a median to stand for the steady step.
+MIN_STEPS = 8
+REGULAR_SHARE = 0.6
+REFERENCE_QUANTILE = 25.0  # percent
+JITTER_SHARE = 0.25
+
+
+@dataclass
+class Between:
+    """The work between steps of one rank, from the probe's step timings (ms unless said)."""
+
+    steps: list[StepTiming]  # the long steps
+    median_ms: float  # the median step of the reference (steady) steps
+    excess_ms: float  # the long steps' work outside the training phases beyond the reference's
+    inference_ms: float  # of it, in the model's forwards without autograd
+    data_ms: float  # of it, waiting for batches
+    every: int | None  # steps between long steps, when regular
+    train_wall_s: float  # the job's training wall time (s) it is a share of
+    recorded: int  # the steps it was found in
+
+    @property
+    def rest_ms(self) -> float:
+        return max(0.0, self.excess_ms - self.inference_ms - self.data_ms)
+
+    @property
+    def job_pct(self) -> float:
+        return 100.0 * self.excess_ms / 1e3 / self.train_wall_s if self.train_wall_s > 0 else 0.0
+
+
+def own_parts(s: StepTiming, train_wait_ms: float) -> tuple[float, float, float]:
+    """(forwards without autograd, an evaluation's batch waits, the rest outside the training
+    phases) of step ``s``, ms (the module's own(s); ``train_wait_ms``: the training loader's
+    typical wait, which a step that also evaluated paid for its own batch)."""
+    data = max(0.0, s.dataloader_ms - train_wait_ms) if s.inference_ms > 0 else 0.0
+    return s.inference_ms, data, max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
+
+
+def _long(total: np.ndarray, own: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(reference median step, parts beyond the reference's, long-step mask) against ``ref``'s steps."""
+    median = float(np.median(total[ref]))
+    beyond = np.maximum(own - np.median(own[ref], axis=0), 0.0)
+    return median, beyond, beyond.sum(axis=1) >= max(LONG_SHARE * median, LONG_MIN_MS)
+
+
+def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Between | None:
+    """The long steps of a rank's run and what they hold (None without a pattern of them)."""
+    steps = [s for s in timings if s.step >= 1]
+    if len(steps) < MIN_STEPS:
+        return None
+    waits = [s.dataloader_ms for s in steps if s.inference_ms <= 0]
+    train_wait = float(np.median(waits)) if waits else 0.0
+    own = np.array([own_parts(s, train_wait) for s in steps])  # steps x (inference, data, rest)
+    total = np.array([s.total_ms for s in steps])
+    median, beyond, long = _long(total, own, total <= np.percentile(total, REFERENCE_QUANTILE))
+    if long.sum() >= MIN_LONG_STEPS and (~long).sum() >= MIN_LONG_STEPS:
+        median, beyond, long = _long(total, own, ~long)
+    excess = beyond.sum(axis=1)
+    idx = np.flatnonzero(long)
+    if idx.size < MIN_LONG_STEPS:
+        return None
+    # Long steps far shorter than the typical long one are the machine's jitter (a slow step now
+    # and then), not the loop's work: left out, they do not blur its period.
+    idx = idx[excess[idx] >= JITTER_SHARE * float(np.median(excess[idx]))]
+    if idx.size < MIN_LONG_STEPS:
+        return None
+    inference, data, rest = beyond[idx].sum(axis=0).tolist()
+    picked = [steps[i] for i in idx.tolist()]
+    gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
+    mid = int(np.median(gaps))
+    every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
+    wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
+    return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
+
+
+def loop_steps(timings: list[StepTiming]) -> list[StepTiming]:
+    """``timings`` less the long steps of a regular pattern of work between steps (``between_steps``
+    with a period): what the steady step is made of. Irregular long steps stay (they may be the
+    machine's, and a median does not see a few)."""
+    b = between_steps(timings, None)
+    if b is None or b.every is None:
+        return list(timings)
+    out = {id(s) for s in b.steps}
+    return [s for s in timings if id(s) not in out]
