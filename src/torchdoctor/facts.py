@@ -392,6 +392,8 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Where the model's first forward without autograd after step 0 was called from (the user's
     # line, or the library function their line called): the evaluation or rollout's call (HO-16).
     inference_site: str | None = None
+    # Whether that forward ran under torch.inference_mode() (None: no such forward seen).
+    inference_mode: bool | None = None
     # Probe problems, logged once each: the job carried on.
     probe_errors: list[str] = []
     # Path of the profiler-window trace this rank wrote, relative to the run directory.

@@ -48,7 +48,7 @@ def test_a_rollout_every_6_updates_is_measured_and_named(tmp_path):
     assert all(steps[k].get("inference_ms", 0.0) > 0 for k in rollouts)
     assert not any(s.get("inference_ms", 0.0) for k, s in steps.items() if k not in rollouts and k >= 1)
     line = next(i for i, t in enumerate(JOB.splitlines(), start=1) if "# ROLLOUT" in t)
-    assert facts["inference_site"] == f"{job}:{line}"
+    assert facts["inference_site"] == f"{job}:{line}" and facts["inference_mode"] is False
     ho16 = next(f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-16")
     assert ho16["title"].startswith("Every 6 steps the training loop stops for") and ho16["per"] == "job"
     assert ho16["recoverable_pct"] == 0 and ho16["severity"] == "critical"

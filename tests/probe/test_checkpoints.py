@@ -15,6 +15,12 @@ model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # 8
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 out = tempfile.mkdtemp()
 x = torch.randn(32, 512)
+
+
+def save_on_master(*args, **kwargs):  # as torchvision's references/classification/utils.py
+    torch.save(*args, **kwargs)  # HELPER
+
+
 for step in range(24):
     loss = model(x).pow(2).mean()
     opt.zero_grad()
@@ -24,6 +30,8 @@ for step in range(24):
         if sys.argv[1] == "dcp":
             import torch.distributed.checkpoint as dcp
             dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, f"step{step}"))
+        elif sys.argv[1] == "helper":
+            save_on_master(model.state_dict(), os.path.join(out, f"step{step}.pt"))  # CALL
         else:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(out, f"step{step}.pt"))  # SAVE
 print("ok")
@@ -54,6 +62,17 @@ def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_pa
     line = next(i for i, t in enumerate(JOB.splitlines(), start=1) if "# SAVE" in t)
     assert facts_of(run_dir)["checkpoint_site"] == f"{job}:{line}"
     assert f"(the save at {job}:{line})" in di15["fix"]["text"]
+
+
+def test_a_save_in_the_jobs_own_helper_names_the_helper_and_its_caller(tmp_path):
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, "helper", options=("--profile-steps", "off",))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    lines = JOB.splitlines()
+    helper = next(i for i, t in enumerate(lines, start=1) if "# HELPER" in t)
+    call = next(i for i, t in enumerate(lines, start=1) if "# CALL" in t)
+    assert facts_of(run_dir)["checkpoint_site"] == f"{job}:{helper} (save_on_master), from {job}:{call}"
 
 
 def test_a_dcp_save_is_one_save_not_the_torch_saves_inside_it(tmp_path):

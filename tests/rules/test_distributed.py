@@ -461,6 +461,11 @@ def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
     assert "(the save at timm's CheckpointSaver.save_checkpoint() at /job/train.py:1190)" in got.fix.text
     quiet = cpu_facts(rank=1, world_size=2, steps=[StepTiming(step=i, total_ms=100.0) for i in range(40)])
     assert run("DI-15", (None, quiet)) == []
+    # Two files at each epoch's end (torchvision's reference: model_{epoch}.pth and checkpoint.pth).
+    pairs = [StepTiming(step=i, total_ms=100.0, checkpoint_ms=400.0 if i % 20 == 19 else 0.0,
+                        checkpoint_saves=2 if i % 20 == 19 else 0) for i in range(80)]
+    got = only(run("DI-15", (None, cpu_facts(steps=pairs))), "DI-15")
+    assert "8 save(s) of 200.0 ms each in 80 steps (2 every 20 steps), 20.0 ms per step" in got.title
 
 
 def test_di16_fsdp2_resharding_with_memory_to_spare():

@@ -47,6 +47,10 @@ def test_an_evaluation_made_of_forwards_gets_the_inference_fix():
     got = only(run("HO-16", (None, f)), "HO-16")
     assert got.title.startswith("Every 50 steps") and "inference_mode" in got.fix.text
     assert "(called at train.py:88)" in got.fix.text
+    # torchvision's evaluate() already runs under torch.inference_mode(): not advised again.
+    f.inference_mode = True
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert "on fewer samples and batch it" in got.fix.text and "under torch.inference_mode()" not in got.fix.text
 
 
 def test_a_trainers_evaluation_gets_its_own_settings():

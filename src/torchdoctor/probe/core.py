@@ -64,6 +64,7 @@ class Probe:
         self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
         self.inference_site: str | None = None  # where the first forward without autograd was called (HO-16)
+        self.inference_mode: bool | None = None  # whether that forward ran under torch.inference_mode()
         self.fwd_grad = True  # the outermost forward in progress records autograd
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None

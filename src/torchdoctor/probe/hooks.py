@@ -475,7 +475,8 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 probe.fwd_grad = grad_enabled()
                 if not probe.fwd_grad and probe.inference_site is None and probe.clock.index >= 1:
                     # once: the walk up the stack is cheap next to a forward
-                    probe.inference_site = _inference_site(probe)
+                    probe.inference_site = _call_chain(probe)
+                    probe.inference_mode = torch.is_inference_mode_enabled()
         except Exception as exc:
             ERRORS.record("forward", exc)
 
@@ -791,11 +792,13 @@ def _distributed(probe: Probe) -> None:
     dist.destroy_process_group = shim
 
 
-def _inference_site(probe: Probe) -> str | None:
-    """Where a forward without autograd was called: the user's line and the user's line that
-    called it ("ppo.py:122 (Agent.get_action_and_value), from ppo.py:201 (<module>)"), or the
-    library function the user's line called (an evaluation loop of a trainer)."""
-    frames = probe.user_frames(2, 2)  # user_frames <- _inference_site <- pre <- module call
+def _call_chain(probe: Probe) -> str | None:
+    """Where a hooked call (a forward without autograd, a save) was made, for a hook called from
+    its shim: the user's line and the user's line that called it ("ppo.py:122
+    (Agent.get_action_and_value), from ppo.py:201"; a save inside the job's own helper,
+    "utils.py:242 (save_on_master), from train.py:260 (main)"), or the library function the
+    user's line called (an evaluation loop of a trainer)."""
+    frames = probe.user_frames(2, 2)  # user_frames <- _call_chain <- the hook <- its caller
     site = probe.creation_site(2)
     if site.user and frames:
         return ", from ".join(frames)
@@ -828,7 +831,7 @@ def _checkpoints(probe: Probe) -> None:
             return None
         depth[0] += 1
         if depth[0] == 1 and probe.checkpoint_site is None:  # once: saves are few, the walk is cheap
-            probe.checkpoint_site = _user_call_site(probe.creation_site(2))  # creation_site <- before <- shim <- caller
+            probe.checkpoint_site = _call_chain(probe)
         return perf_counter() if depth[0] == 1 else None
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:

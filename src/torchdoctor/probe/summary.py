@@ -219,6 +219,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         checkpoint_site=probe.checkpoint_site,
         inference_site=probe.inference_site,
+        inference_mode=probe.inference_mode,
         probe_errors=list(ERRORS.messages),
         trace_file=probe.trace_file,
         step_source=probe.clock.source.name.lower() if probe.clock.source else None,

@@ -38,6 +38,10 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
         at = [s.step for s in v.f.steps if s.checkpoint_saves] if v.f is not None else []
         gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
         every = gaps[len(gaps) // 2] if gaps else steps / n  # the median interval between saving steps
+        # Saves per saving step: torchvision's reference writes model_{epoch}.pth and checkpoint.pth
+        # at each epoch's end, two saves in one step.
+        batch = round(n / len(at)) if at else 1
+        how_often = f"one every {every:.0f} steps" if batch <= 1 else f"{batch} every {every:.0f} steps"
         distributed = v.f is not None and v.f.world_size > 1
         site = v.f.checkpoint_site if v.f is not None else None
         text = (f"Save asynchronously{f' (the save at {site})' if site else ''}: DCP async_save returns once the state is staged in host memory and writes "
@@ -51,7 +55,7 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
         return finding(
             v, "DI-15", "distributed",
             f"Checkpoint saves block the training loop: {n} save(s) of {fmt_ms(blocked / n)} each in {steps} steps "
-            f"(one every {every:.0f} steps), {fmt_ms(per_step)} per step on average.",
+            f"({how_often}), {fmt_ms(per_step)} per step on average.",
             per_step,
             evidence=[Evidence(f"{n} save(s) on the training thread took {fmt_ms(blocked)} in all over {steps} recorded "
                                f"steps; the median step is {fmt_ms(v.step_ms)}.",

@@ -77,7 +77,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                  "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1), "inference_site": site},
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
                   "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])] + _in_window(v, b),
-            fix=_fix(b, site, no_core_for_workers(v, all_views)), confidence="high" if b.every else "medium",
+            fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None), confidence="high" if b.every else "medium",
             confirm=f"`torchdoctor run --profile-steps {first}:{first + 1}` traces one of these steps",
             source="probe: every step's wall time and phases; the default ladder on the job's share")
         f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
@@ -117,14 +117,16 @@ _EVAL_SETTINGS = (
 )
 
 
-def _fix(b: Between, site: str | None, crowded: bool = False) -> Fix:
+def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None) -> Fix:
     """What to do, by what the work is made of; through the trainer's settings where one evaluates.
-    ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers)."""
+    ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers);
+    ``inference_mode``: the forwards already run under torch.inference_mode() (not advised again)."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
+        mode = "" if inference_mode else ", under torch.inference_mode(),"
         fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
-                  "often or on fewer samples, under torch.inference_mode(), and batch it: one forward over many "
-                  "inputs instead of one per sample or environment step.",
+                  f"often or on fewer samples{mode} and batch it: one forward over many inputs instead of one per "
+                  "sample or environment step.",
                   "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
     elif b.data_ms >= b.rest_ms:
         # Batches of a fixed evaluation set are the same at every evaluation: made once, they cost
