@@ -1,0 +1,99 @@
+"""Host layer, the training loop's own work in every step of a CPU-only job (HO-17).
+
+On an accelerator, host work outside the model shows as device idle and HO-5 prices it from the
+trace. On a CPU-only job there is no idle device to see: the model's compute and the loop's own
+Python (an RL environment step and replay sampling in every update, a loss or metrics computed
+outside the model, per-step logging) take turns on the same CPUs, and the report read "no
+verdict" for a job that spent half of its time in that Python (CleanRL's dqn.py: 4.1 ms of an
+8.5 ms step).
+
+Measured by the probe on the steady steps (``View.timed``: warm-up and HO-16's long steps left
+out): the median of ``other_ms`` (the step's wall time outside the DataLoader, the forward, the
+backward, the optimizer step and collectives) less checkpoint saves (DI-15's) and loader restarts
+(DL-6's). What that time is made of the probe does not see: the finding says where it is, not
+what. The probe's own per-step cost (about 0.2 ms on a tiny loop, benchmarks/probe_overhead.py)
+lands partly in it: MIN_MS keeps such loops out.
+
+Priced against the job like HO-16: the steady steps' own work summed over the run, ``job_s`` and
+``job_pct`` of the job's training wall time; no claim on the step's budget (how much of it a
+change gives back depends on what it is). Shown from INFO_PCT of the median steady step; severity
+by the job's share (a loop whose updates are a small part of the job, between long rollouts that
+HO-16 prices, is no emergency however much of each update is Python).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..facts import StepTiming
+from ._common import View, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+# Below this the loop's own work is noise, or the probe's own hooks (tiny loops).
+MIN_MS = 1.0
+# Shown from INFO_PCT of the median steady step; severity by the job's share on the ladder.
+INFO_PCT, WARN_PCT, CRIT_PCT = 10.0, 20.0, 40.0
+# Steady steps needed for a median.
+MIN_STEPS = 8
+
+
+def own_ms(s: StepTiming) -> float:
+    """The step's time outside the loader, the model's phases and collectives, less saves and
+    loader restarts (priced by DI-15 and DL-6), ms."""
+    return max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
+
+
+@rule("HO-17")
+def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
+    """Every step of a CPU-only job spends a large share outside the model: the loop's own work.
+
+    Live only (the probe's phases of every step); not on an accelerator, where HO-5 prices host
+    work by the device idle it causes. Claims nothing per step: the cost is the job's.
+    """
+    def one(v: View) -> Finding | None:
+        if v.f is None or v.accel:
+            return None
+        steps = v.timed
+        if len(steps) < MIN_STEPS:
+            return None
+        own = np.array([own_ms(s) for s in steps])
+        total = np.array([s.total_ms for s in steps])
+        mid, step = float(np.median(own)), float(np.median(total))
+        pct = 100.0 * mid / step if step > 0 else 0.0
+        if mid < MIN_MS or pct < INFO_PCT:
+            return None
+        model = float(np.median([s.forward_ms + s.backward_ms + s.optimizer_ms for s in steps]))
+        wall = v.f.train_wall_s or float(total.sum()) / 1e3
+        job_s = float(own.sum()) / 1e3
+        job_pct = 100.0 * job_s / wall if wall > 0 else 0.0
+        inference = float(np.median([s.inference_ms for s in steps]))
+        acting = (f" The model's forwards without autograd (acting, or an evaluation) take {fmt_ms(inference)} more "
+                  "of each step, inside the forward." if inference >= 0.05 * step else "")
+        sev = "critical" if job_pct >= CRIT_PCT else "warning" if job_pct >= WARN_PCT else "info"
+        title = (f"Each step spends {fmt_ms(mid)} ({pct:.0f}% of a {fmt_ms(step)} step) outside the model's forward, "
+                 f"backward and optimizer step and the DataLoader: the training loop's own work, on the same CPUs "
+                 f"as the model's {fmt_ms(model)}.")
+        f = finding(
+            v, "HO-17", "host", title, 0.0, sev=sev,
+            evidence=[Evidence(
+                f"Median over {len(steps)} steady steps (the probe's phases; saves, loader restarts and the long steps "
+                f"of work between steps left out): {fmt_ms(mid)} of {fmt_ms(step)} in the loop outside the model; "
+                f"{job_s:.1f} s over the run, {job_pct:.0f}% of its training time.{acting}",
+                {"loop_ms": round(mid, 3), "step_ms": round(step, 3), "model_ms": round(model, 3),
+                 "loop_pct": round(pct, 1), "inference_ms": round(inference, 3), "steps": len(steps),
+                 "job_s": round(job_s, 3), "job_pct": round(job_pct, 1)})],
+            fix=Fix("Find what it is with a Python profiler over a few hundred steps (py-spy record, or cProfile "
+                    "sorted by cumulative time) and take it off the per-step path: step environments as a vector "
+                    "(gymnasium.vector.AsyncVectorEnv runs them in other processes), sample replay batches as whole "
+                    "tensors instead of Python lists, compute metrics on tensors and log every N steps; a loss computed "
+                    "outside the model lands here too, and is compute, not overhead.",
+                    "py-spy record -o loop.svg -- python train.py   # or: python -m cProfile -s cumtime train.py\n"
+                    "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])"),
+            confidence="medium",
+            confirm="py-spy or cProfile over the same run names the functions that take this time",
+            source="probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "
+                   "collectives); shown from 10% of the steady step, severity by the job's share (20% warning, 40% critical)")
+        f.job_s, f.job_pct, f.per = round(job_s, 3), round(job_pct, 1), "job"
+        return f
+    return per_rank(inputs, one)

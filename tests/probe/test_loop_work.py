@@ -1,0 +1,50 @@
+"""The training loop's own work in every step of a CPU-only job, measured live, and HO-17 on it."""
+
+from __future__ import annotations
+
+import json
+
+from probe.livejob import run_wrapped, script
+
+# CleanRL's dqn.py in miniature: every update steps an environment first (a sleep: the time is
+# deterministic); the job times what lies outside its model's phases itself.
+JOB = """
+import statistics, time
+import torch
+
+torch.manual_seed(0)
+q = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+outside = []
+for step in range(60):
+    t0 = time.perf_counter()
+    time.sleep(0.004)  # env.step
+    x = torch.randn(32, 8)
+    a = time.perf_counter()
+    out = q(x)
+    b = time.perf_counter()
+    loss = out.pow(2).mean()
+    opt.zero_grad()
+    c = time.perf_counter()
+    loss.backward()
+    d = time.perf_counter()
+    opt.step()
+    e = time.perf_counter()
+    outside.append(((e - t0) - (b - a) - (d - c) - (e - d)) * 1e3)  # all but the model's phases
+print(f"outside {statistics.median(outside):.4f}")
+"""
+
+def test_an_environment_step_in_every_update_is_the_loops_own_work(tmp_path):
+    job = script(tmp_path, JOB)
+    report_path = tmp_path / "r.json"
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off", "--json", str(report_path)))
+    assert result.returncode == 0, result.stderr
+    outside_ms = float(result.stdout.split()[-1])
+    ho17 = next(f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-17")
+    values = ho17["evidence"][0]["values"]
+    # The probe's median time outside the model against the job's own: the same environment step
+    # and loss lines, plus the probe's step boundary (0.1-0.5 ms a step in situ on 2 CPUs).
+    assert outside_ms >= 4.0 and outside_ms - 0.1 <= values["loop_ms"] <= outside_ms + 1.0, (outside_ms, values)
+    assert values["loop_pct"] >= 40 and ho17["per"] == "job" and ho17["recoverable_pct"] == 0
+    assert ho17["severity"] == "critical" and values["job_pct"] >= 40
+    assert "AsyncVectorEnv" in ho17["fix"]["snippet"]
