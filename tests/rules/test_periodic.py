@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from torchdoctor.facts import DataLoaderFacts, StepTiming
 
 from .conftest import cpu_facts, only, run, run_all
@@ -117,3 +119,20 @@ def test_a_profiler_window_that_holds_an_evaluation_step_is_said_to():
     assert note.text.startswith("The profiler window (steps 5–7) holds step 6, where this work recurs")
     r.window.steps = [7]
     assert "window_steps" not in only(run("HO-16", (r, facts(timings))), "HO-16").evidence[-1].values
+
+
+def test_an_evaluation_after_every_step_is_priced_though_no_step_stands_out():
+    # PyG's gcn.py: each epoch is one full-graph update, then a full-graph forward under no_grad.
+    timings = [StepTiming(step=i, total_ms=30.0, forward_ms=16.0, backward_ms=8.0, optimizer_ms=2.0, other_ms=4.0,
+                          inference_ms=9.0) for i in range(200)]
+    f = facts(timings, inference_site="gcn.py:90 (test), from gcn.py:106")
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert got.title.startswith("After every training step the loop runs the model's forwards without autograd for "
+                                "9.0 ms (30% of a 30.0 ms step)")
+    assert got.job_s == pytest.approx(200 * 9.0 / 1e3, rel=1e-3) and got.job_pct == pytest.approx(30.0, abs=0.1)
+    assert got.severity == "critical" and got.evidence[0].values["every_steps"] == 1
+    assert "(called at gcn.py:90 (test), from gcn.py:106)" in got.fix.text and "less often" in got.fix.text
+    # An RL policy's action in each update (CleanRL's dqn.py: 0.4 ms of 8.5 ms) is not an evaluation.
+    acting = [StepTiming(step=i, total_ms=8.5, forward_ms=2.6, backward_ms=0.9, optimizer_ms=1.0, other_ms=4.0,
+                         inference_ms=0.4) for i in range(200)]
+    assert run("HO-16", (None, facts(acting))) == []

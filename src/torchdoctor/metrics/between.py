@@ -42,6 +42,9 @@ MIN_LONG_STEPS = 3
 MIN_STEPS = 8
 REGULAR_SHARE = 0.6
 REFERENCE_QUANTILE = 25.0  # percent
+# Forwards without autograd in every step count from this share of the median step and this time.
+EVERY_STEP_SHARE = 0.05
+EVERY_STEP_MIN_MS = 1.0
 JITTER_SHARE = 0.25
 
 
@@ -110,6 +113,25 @@ def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Betw
     every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
     wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
     return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
+
+
+def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None) -> Between | None:
+    """An evaluation or a rollout after every training step (PyG's gcn.py: a full-graph forward
+    without autograd after each update), which no step stands out for: the steady steps' forwards
+    without autograd, as a Between with ``every`` 1 whose ``steps`` are the steady steps that ran
+    them. None unless they run in most steady steps for at least EVERY_STEP_SHARE of the median
+    step and EVERY_STEP_MIN_MS (an RL policy's action in each update is less)."""
+    if len(steady) < MIN_STEPS:
+        return None
+    inference = np.array([s.inference_ms for s in steady])
+    median_step = float(np.median([s.total_ms for s in steady]))
+    mid = float(np.median(inference))
+    if mid < max(EVERY_STEP_MIN_MS, EVERY_STEP_SHARE * median_step):
+        return None
+    picked = [s for s in steady if s.inference_ms > 0]
+    total = float(inference.sum())
+    wall = train_wall_s or sum(s.total_ms for s in steady) / 1e3
+    return Between(picked, median_step, total, total, 0.0, 1, wall, len(steady))
 
 
 def loop_steps(timings: list[StepTiming]) -> list[StepTiming]:

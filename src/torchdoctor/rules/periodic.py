@@ -11,6 +11,11 @@ autograd (``inference_ms``: an evaluation or a rollout), an evaluation's waits f
 the rest (Python outside the model: environment steps, metrics, logging). Saves and DataLoader
 restarts are left out: DI-15 and DL-6 price them; so are longer training batches.
 
+An evaluation after every step (PyG's gcn.py: a full-graph forward without autograd after each
+update) makes no step stand out: then the steady steps' forwards without autograd are the work, when
+they run in most steps for 5% of the step and 1 ms or more (metrics/between.py,
+``inference_in_every_step``).
+
 Priced against the job, not the step: the excess is time the job spends, ``job_s`` seconds and
 ``job_pct`` of its wall time since its first training activity (``RankFacts.train_wall_s``); no
 claim on the step's budget. How much of it a change gives back depends on what the work is, which
@@ -20,7 +25,7 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 
 from __future__ import annotations
 
-from ..metrics.between import Between
+from ..metrics.between import Between, inference_in_every_step
 from ..metrics.between import between_steps as find_between
 from ._common import View, finding, fmt_ms, per_rank, views
 from .engine import RuleInputs, rule
@@ -48,10 +53,14 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
 
     def one(v: View) -> Finding | None:
         b = between_steps(v)
+        if b is None and v.f is not None:
+            b = inference_in_every_step(v.timed, v.f.train_wall_s)
         if b is None or b.job_pct < MIN_JOB_PCT:
             return None
         n = len(b.steps)
         each = b.excess_ms / n
+        if b.every == 1:
+            return _every_step(v, b, all_views)
         when = f"Every {b.every} steps" if b.every else f"At {n} irregular steps"
         parts = [(b.inference_ms, "in the model's forwards without autograd (an evaluation or a rollout)"),
                  (b.data_ms, "waiting for batches"),
@@ -83,6 +92,34 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
         f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
         return f
     return per_rank(inputs, one)
+
+
+def _every_step(v: View, b: Between, all_views: list[View]) -> Finding:
+    """HO-16 for forwards without autograd after every step (``inference_in_every_step``)."""
+    n = len(b.steps)
+    each = b.excess_ms / n
+    site = v.f.inference_site if v.f is not None else None
+    pct = 100.0 * each / b.median_ms if b.median_ms > 0 else 0.0
+    title = (f"After every training step the loop runs the model's forwards without autograd for {fmt_ms(each)} "
+             f"({pct:.0f}% of a {fmt_ms(b.median_ms)} step): an evaluation or a rollout in each step "
+             f"({b.excess_ms / 1e3:.1f} s, {b.job_pct:.0f}% of the job's training time).")
+    sev = "critical" if b.job_pct >= CRIT_PCT else "warning" if b.job_pct >= WARN_PCT else "info"
+    f = finding(
+        v, "HO-16", "host", title, 0.0, sev=sev,
+        evidence=[Evidence(
+            f"{n} of {b.recorded} steady steps ran forwards without autograd, {fmt_ms(each)} on average, inside "
+            f"steps of {fmt_ms(b.median_ms)} (median); no step stands out, so the steady step holds this work."
+            + (f" The first forward without autograd after step 0 was called at {site}." if site else ""),
+            {"long_steps": n, "every_steps": 1, "median_step_ms": round(b.median_ms, 3),
+             "excess_ms_per_long_step": round(each, 3), "inference_ms": round(each, 3), "data_ms": 0.0,
+             "rest_ms": 0.0, "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1),
+             "inference_site": site})],
+        fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None),
+        confidence="high", confirm="the trace's forward phase holds both forwards: the one without autograd "
+                                   "has no backward after it",
+        source="probe: every step's forwards without autograd; the default ladder on the job's share")
+    f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
+    return f
 
 
 def _in_window(v: View, b: Between) -> list[Evidence]:
