@@ -57,3 +57,42 @@ def test_a_rollout_every_6_updates_is_measured_and_named(tmp_path):
     values = ho16["evidence"][0]["values"]
     assert values["long_steps"] == 7 and values["every_steps"] == 6
     assert values["rest_ms"] > 80 * 0.9  # the sleeps: outside the model
+
+
+# DQN's update in miniature: a target network's forward under no_grad in every update (part of
+# the training step), and an evaluation of the trained network every 5 updates.
+TARGET = """
+import copy, time
+import torch
+
+torch.manual_seed(0)
+q = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+target = copy.deepcopy(q)
+opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+for step in range(40):
+    x = torch.randn(64, 8)
+    with torch.no_grad():
+        goal = target(x).max(1).values  # TARGET
+    loss = (q(x).max(1).values - goal).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 5 == 4:
+        with torch.no_grad():
+            q(torch.randn(512, 8))  # EVAL
+        time.sleep(0.01)
+print("ok")
+"""
+
+
+def test_a_target_networks_forward_is_the_steps_own_and_an_evaluation_is_not(tmp_path):
+    job = script(tmp_path, TARGET)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(run_dir)
+    # Step k's interval holds the evaluation after update k - 1: steps 5, 10, ... 35.
+    evaluating = sorted(s["step"] for s in facts["steps"] if s.get("inference_ms", 0.0) > 0)
+    assert evaluating == [5, 10, 15, 20, 25, 30, 35], evaluating
+    line = next(i for i, t in enumerate(TARGET.splitlines(), start=1) if "# EVAL" in t)
+    assert facts["inference_site"] == f"{job}:{line}"

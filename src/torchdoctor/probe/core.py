@@ -66,6 +66,7 @@ class Probe:
         self.inference_site: str | None = None  # where the first forward without autograd was called (HO-16)
         self.inference_mode: bool | None = None  # whether that forward ran under torch.inference_mode()
         self.fwd_grad = True  # the outermost forward in progress records autograd
+        self.fwd_evaluates = False  # ... or runs without it on a module that trains (HO-16's inference)
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).

@@ -453,11 +453,16 @@ def _backward(probe: Probe) -> None:
 
 def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., None]]:
     """Pre/post forward hooks that time the outermost module call (model, loss) of the main thread,
-    and apart, the part of it run without autograd (an evaluation or a rollout)."""
+    and apart, the part of it run without autograd by a module that trains (an evaluation or a
+    rollout)."""
     import torch
 
     is_compiling = probe.is_compiling
     grad_enabled = torch.is_grad_enabled
+    # The modules whose forward ran with autograd: the ones being trained. A forward without
+    # autograd counts as an evaluation or a rollout only on one of those; a distillation
+    # teacher's or a DQN target network's is part of the training step.
+    trained: set[int] = set()
 
     def pre(module: Any, args: Any) -> None:
         if is_compiling():  # traced by dynamo: fold away, add nothing to the graph
@@ -473,7 +478,10 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 probe.fwd_t0 = now
                 probe.fwd_calls += 1
                 probe.fwd_grad = grad_enabled()
-                if not probe.fwd_grad and probe.inference_site is None and probe.clock.index >= 1:
+                if probe.fwd_grad:
+                    trained.add(id(module))
+                probe.fwd_evaluates = not probe.fwd_grad and id(module) in trained
+                if probe.fwd_evaluates and probe.inference_site is None and probe.clock.index >= 1:
                     # once: the walk up the stack is cheap next to a forward
                     probe.inference_site = _call_chain(probe)
                     probe.inference_mode = torch.is_inference_mode_enabled()
@@ -490,7 +498,7 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
             if probe.fwd_depth == 0:
                 took = perf_counter() - probe.fwd_t0
                 probe.clock.add(Phase.FORWARD, took)
-                if not probe.fwd_grad:
+                if probe.fwd_evaluates:
                     probe.clock.add(Phase.INFERENCE, took)
 
     unseen.hide_all(pre, post)  # torch calls them eagerly around a compiled module's frames
