@@ -330,10 +330,11 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # written before 2026-12-05: `sampled_comm_median` then takes the steps with comm_ms > 0).
     comm_sampled: bool = False
     # Part of forward_ms: the model's forwards run without autograd (torch.no_grad or
-    # inference_mode) on the training thread, as an evaluation or an RL rollout between updates:
-    # of a module whose forward also ran with autograd (a frozen teacher's or a DQN target
-    # network's forwards are the training step's own, and not counted).
+    # inference_mode) on the training thread, as an evaluation or an RL rollout between updates.
     inference_ms: float = 0.0
+    # Part of inference_ms: those of modules whose forward had not run with autograd (a DQN target
+    # network, a frozen distillation teacher, an EMA copy): in every step, the training step's own.
+    frozen_inference_ms: float = 0.0
 
 
 def forward_unseen(steps: Sequence[StepTiming]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from torchdoctor.facts import StepTiming
-from torchdoctor.metrics.between import between_steps, loop_steps
+from torchdoctor.metrics.between import between_steps, inference_in_every_step, loop_steps
 
 
 def two_batch_epochs(n: int = 41) -> list[StepTiming]:
@@ -60,3 +60,22 @@ def test_a_minority_of_long_steps_is_priced_as_before():
     b = between_steps(steps, None)
     assert b is not None and b.every == 16 and len(b.steps) == 19 and b.median_ms == 10.0
     assert b.excess_ms == pytest.approx(19 * 400.0)
+
+
+def test_a_burst_of_slow_steps_is_no_period():
+    # Steps 8-12 slow one after another (contention, a slow start): long, but not "every step".
+    steps = [StepTiming(step=i, total_ms=30.0 if 8 <= i <= 12 else 10.0, other_ms=20.0 if 8 <= i <= 12 else 0.0)
+             for i in range(20)]
+    b = between_steps(steps, None)
+    assert b is not None and b.every is None and len(loop_steps(steps)) == 20
+
+
+def test_forwards_of_modules_that_never_train_are_the_steps_own():
+    # A DQN target network's forward in every update: frozen, not an evaluation after each step.
+    steady = [StepTiming(step=i, total_ms=30.0, forward_ms=16.0, inference_ms=9.0, frozen_inference_ms=9.0)
+              for i in range(100)]
+    assert inference_in_every_step(steady, 3.0) is None
+    for s in steady:
+        s.frozen_inference_ms = 0.0  # the trained model's own forward (PyG's gcn.py evaluating)
+    b = inference_in_every_step(steady, 3.0)
+    assert b is not None and b.every == 1 and b.inference_ms == pytest.approx(900.0) and b.job_pct == pytest.approx(30.0)

@@ -88,11 +88,18 @@ print("ok")
 def test_a_target_networks_forward_is_the_steps_own_and_an_evaluation_is_not(tmp_path):
     job = script(tmp_path, TARGET)
     run_dir = tmp_path / "run"
-    result = run_wrapped(run_dir, job, options=("--profile-steps", "off"))
+    report_path = tmp_path / "r.json"
+    result = run_wrapped(run_dir, job, options=("--profile-steps", "off", "--json", str(report_path)))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     facts = facts_of(run_dir)
+    steps = [s for s in facts["steps"] if s["step"] >= 1]
+    # The target network's forward, in every step, is timed apart as frozen (it never trains).
+    assert all(s.get("frozen_inference_ms", 0.0) > 0 for s in steps)
     # Step k's interval holds the evaluation after update k - 1: steps 5, 10, ... 35.
-    evaluating = sorted(s["step"] for s in facts["steps"] if s.get("inference_ms", 0.0) > 0)
+    evaluating = sorted(s["step"] for s in steps if s.get("inference_ms", 0.0) > s.get("frozen_inference_ms", 0.0))
     assert evaluating == [5, 10, 15, 20, 25, 30, 35], evaluating
     line = next(i for i, t in enumerate(TARGET.splitlines(), start=1) if "# EVAL" in t)
     assert facts["inference_site"] == f"{job}:{line}"
+    # Not "an evaluation after every training step": the target network's forward is the step's own.
+    ho16 = [f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-16"]
+    assert not any(f["title"].startswith("After every training step") for f in ho16), ho16

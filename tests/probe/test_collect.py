@@ -58,3 +58,18 @@ def test_a_loaders_epoch_is_its_own_ranks_batches():
     assert facts.batches_per_epoch is None and loader._IterableDataset_len_called is None
     len(loader)
     assert loader._IterableDataset_len_called == 10  # what the check above would catch
+
+
+def test_the_models_device_kind_is_read_through_its_wrappers():
+    # Read when the roots are found (end of step 0): a model inside main() is gone at exit.
+    from torchdoctor.probe.collect import device_of_kind, model_device_kind
+
+    class Wrapper(torch.nn.Module):  # DDP and torch.compile hold the model as .module / ._orig_mod
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    on_meta = torch.nn.Linear(4, 4, device="meta")
+    assert model_device_kind([Wrapper(on_meta), torch.nn.Linear(2, 2, device="meta")]) == "meta"
+    assert model_device_kind([torch.nn.ReLU()]) is None  # nothing to read: no verdict on the device
+    assert device_of_kind(torch, "cpu").kind == "cpu"

@@ -466,6 +466,10 @@ def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
                         checkpoint_saves=2 if i % 20 == 19 else 0) for i in range(80)]
     got = only(run("DI-15", (None, cpu_facts(steps=pairs))), "DI-15")
     assert "8 save(s) of 200.0 ms each in 80 steps (2 every 20 steps), 20.0 ms per step" in got.title
+    for i, s in enumerate(s for s in pairs if s.checkpoint_saves):  # 1, 2, 1, 2 saves: no "N every K"
+        s.checkpoint_saves, s.checkpoint_ms = (1, 200.0) if i % 2 == 0 else (2, 400.0)
+    got = only(run("DI-15", (None, cpu_facts(steps=pairs))), "DI-15")
+    assert "6 save(s) of 200.0 ms each in 80 steps (1.5 saves at a time, every 20 steps)" in got.title
 
 
 def test_di16_fsdp2_resharding_with_memory_to_spare():

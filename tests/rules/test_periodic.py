@@ -136,3 +136,12 @@ def test_an_evaluation_after_every_step_is_priced_though_no_step_stands_out():
     acting = [StepTiming(step=i, total_ms=8.5, forward_ms=2.6, backward_ms=0.9, optimizer_ms=1.0, other_ms=4.0,
                          inference_ms=0.4) for i in range(200)]
     assert run("HO-16", (None, facts(acting))) == []
+
+
+def test_a_small_pattern_does_not_hide_an_evaluation_in_every_step():
+    # gcn.py's evaluation after every step, and 20 ms of logging every 50 steps (1% of the job).
+    timings = [StepTiming(step=i, total_ms=30.0 + (20.0 if i and i % 50 == 0 else 0.0), forward_ms=16.0,
+                          backward_ms=8.0, optimizer_ms=2.0, other_ms=4.0 + (20.0 if i and i % 50 == 0 else 0.0),
+                          inference_ms=9.0) for i in range(200)]
+    got = only(run("HO-16", (None, facts(timings))), "HO-16")
+    assert got.title.startswith("After every training step") and got.job_pct == pytest.approx(100 * 197 * 9.0 / 6060.0, abs=0.1)

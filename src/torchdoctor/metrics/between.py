@@ -22,7 +22,7 @@ long step, not warm-up):
   long steps with less than JITTER_SHARE of the median long excess are left out as the machine's
   jitter.
 - every: the steps between long steps when at least REGULAR_SHARE of the gaps equal the median gap
-  (+-1); None (irregular) otherwise.
+  (+-1) and that gap is 2 or more; None (irregular) otherwise.
 """
 
 from __future__ import annotations
@@ -70,12 +70,18 @@ class Between:
         return 100.0 * self.excess_ms / 1e3 / self.train_wall_s if self.train_wall_s > 0 else 0.0
 
 
+def rest_ms(s: StepTiming) -> float:
+    """The step's time outside the loader, the model's phases and collectives, less checkpoint saves
+    (DI-15's) and DataLoader restarts (DL-6's), ms: the loop's own work."""
+    return max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
+
+
 def own_parts(s: StepTiming, train_wait_ms: float) -> tuple[float, float, float]:
     """(forwards without autograd, an evaluation's batch waits, the rest outside the training
     phases) of step ``s``, ms (the module's own(s); ``train_wait_ms``: the training loader's
     typical wait, which a step that also evaluated paid for its own batch)."""
     data = max(0.0, s.dataloader_ms - train_wait_ms) if s.inference_ms > 0 else 0.0
-    return s.inference_ms, data, max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
+    return s.inference_ms, data, rest_ms(s)
 
 
 def _long(total: np.ndarray, own: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -110,7 +116,8 @@ def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Betw
     picked = [steps[i] for i in idx.tolist()]
     gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
     mid = int(np.median(gaps))
-    every = mid if sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
+    # Long steps one after another are a burst (contention, a slow start), not a period.
+    every = mid if mid > 1 and sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
     wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
     return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
 
@@ -118,17 +125,18 @@ def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Betw
 def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None) -> Between | None:
     """An evaluation or a rollout after every training step (PyG's gcn.py: a full-graph forward
     without autograd after each update), which no step stands out for: the steady steps' forwards
-    without autograd, as a Between with ``every`` 1 whose ``steps`` are the steady steps that ran
-    them. None unless they run in most steady steps for at least EVERY_STEP_SHARE of the median
+    without autograd of modules that train (a DQN target network's or a distillation teacher's
+    are the step's own), as a Between with ``every`` 1 whose ``steps`` are the steady steps that
+    ran them. None unless they run in most steady steps for at least EVERY_STEP_SHARE of the median
     step and EVERY_STEP_MIN_MS (an RL policy's action in each update is less)."""
     if len(steady) < MIN_STEPS:
         return None
-    inference = np.array([s.inference_ms for s in steady])
+    inference = np.array([max(0.0, s.inference_ms - s.frozen_inference_ms) for s in steady])
     median_step = float(np.median([s.total_ms for s in steady]))
     mid = float(np.median(inference))
     if mid < max(EVERY_STEP_MIN_MS, EVERY_STEP_SHARE * median_step):
         return None
-    picked = [s for s in steady if s.inference_ms > 0]
+    picked = [s for s, ms in zip(steady, inference.tolist(), strict=True) if ms > 0]
     total = float(inference.sum())
     wall = train_wall_s or sum(s.total_ms for s in steady) / 1e3
     return Between(picked, median_step, total, total, 0.0, 1, wall, len(steady))

@@ -61,6 +61,9 @@ class Phase(enum.IntEnum):
     # Outside the split (part of FORWARD): the model's forwards run without autograd (no_grad,
     # inference_mode) on the training thread: an evaluation or an RL rollout between updates.
     INFERENCE = 16
+    # Part of INFERENCE: those forwards of modules whose forward never ran with autograd so far
+    # (a DQN target network, a frozen distillation teacher, an EMA copy).
+    FROZEN_INFERENCE = 17
 
 
 _MAX_STEPS = 100_000  # keep the summary small on very long runs
@@ -230,6 +233,7 @@ class StepClock:
                     thread_sys_ms=ms[Phase.SYS_CPU] if self.has_faults else None,
                     comm_sampled=bool(acc[Phase.COMM_SAMPLED]),
                     inference_ms=ms[Phase.INFERENCE],
+                    frozen_inference_ms=ms[Phase.FROZEN_INFERENCE],
                 )
             )
         return out

@@ -317,10 +317,21 @@ def device_facts(torch: Any, roots: list[Any]) -> tuple[DeviceFacts, list[Module
                         num_params=sum(p.numel() for p in module.parameters(recurse=False)),
                     )
                 )
-    device = DeviceFacts(kind=kinds.most_common(1)[0][0] if kinds else "cpu")
+    return device_of_kind(torch, kinds.most_common(1)[0][0] if kinds else "cpu"), off[:_MAX_ENTRIES]
+
+
+def model_device_kind(roots: list[Any]) -> str | None:
+    """The device kind most of the models among ``roots`` sit on (None without parameters)."""
+    kinds = Counter(d.split(":")[0] for d in (_majority_device(inner(r)) for r in roots) if d is not None)
+    return kinds.most_common(1)[0][0] if kinds else None
+
+
+def device_of_kind(torch: Any, kind: str) -> DeviceFacts:
+    """DeviceFacts of a device kind ("cuda", "cpu", ...), a CUDA device's properties filled in."""
+    device = DeviceFacts(kind=kind)
     if device.kind == "cuda":
         _fill_cuda(torch, device)
-    return device, off[:_MAX_ENTRIES]
+    return device
 
 
 def package_version(name: str) -> str | None:

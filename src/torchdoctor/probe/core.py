@@ -63,10 +63,16 @@ class Probe:
         # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
         self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
-        self.inference_site: str | None = None  # where the first forward without autograd was called (HO-16)
-        self.inference_mode: bool | None = None  # whether that forward ran under torch.inference_mode()
+        # Where the first forward without autograd after step 0 of a module that trains was called
+        # (HO-16), and whether it ran under torch.inference_mode(); the same of a frozen module's.
+        self.inference_site: str | None = None
+        self.inference_mode: bool | None = None
+        self.frozen_site: str | None = None
+        self.frozen_mode: bool | None = None
         self.fwd_grad = True  # the outermost forward in progress records autograd
-        self.fwd_evaluates = False  # ... or runs without it on a module that trains (HO-16's inference)
+        self.fwd_frozen = False  # ... or, without it, is a module that never ran with it
+        self.root_alias: dict[int, int] = {}  # a wrapped model's id -> its wrapper's (both timed)
+        self.root_device_kind: str | None = None  # the model's device kind when its roots were found
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).

@@ -7,7 +7,8 @@ batch wait             shim on ``_BaseDataLoaderIter.__next__`` (main thread onl
 DataLoader config      shims on ``DataLoader.__init__`` (call site) and ``__iter__`` (facts, workers)
 optimizer step         global ``register_optimizer_step_pre/post_hook``; shim on
                        ``Optimizer.__init__`` for the call site
-backward               shim on ``torch.autograd.backward`` (``Tensor.backward`` calls it)
+backward               shim on ``torch.autograd.backward`` (``Tensor.backward`` calls it) and on
+                       ``torch.autograd.grad`` (timed as backward; ends no step)
 forward                hooks on the root modules, found by one scan of live objects after
                        step 0 (no global module hooks: they would slow every module call and
                        make torch.compile warn and recompile)
@@ -450,19 +451,37 @@ def _backward(probe: Probe) -> None:
 
     autograd.backward = shims.around(autograd.backward, before, after, _failed("backward"))
 
+    # torch.autograd.grad inside the step (a PINN's derivatives in its loss, a gradient penalty,
+    # MAML's inner step) is backward work too; it ends no step and is no call of backward().
+    def grad_before(args: tuple[Any, ...]) -> float | None:
+        if "backward" in BROKEN or not probe.on_training_thread():
+            return None
+        probe.bwd_depth += 1
+        return perf_counter()
+
+    def grad_after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
+        if t0 is None:
+            return
+        probe.bwd_depth -= 1
+        if probe.bwd_depth == 0:
+            probe.clock.add(Phase.BACKWARD, perf_counter() - t0)
+
+    autograd.grad = shims.around(autograd.grad, grad_before, grad_after, _failed("backward"))
+
 
 def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., None]]:
     """Pre/post forward hooks that time the outermost module call (model, loss) of the main thread,
-    and apart, the part of it run without autograd by a module that trains (an evaluation or a
-    rollout)."""
+    and apart, the part of it run without autograd (an evaluation or a rollout; of it, apart again,
+    that of modules that never ran with autograd)."""
     import torch
 
     is_compiling = probe.is_compiling
     grad_enabled = torch.is_grad_enabled
-    # The modules whose forward ran with autograd: the ones being trained. A forward without
-    # autograd counts as an evaluation or a rollout only on one of those; a distillation
-    # teacher's or a DQN target network's is part of the training step.
+    # The modules whose forward ran with autograd (ids, a wrapped model's under its wrapper's: the
+    # roots live as long as the job): the ones being trained. A forward without autograd of any
+    # other (a DQN target network, a distillation teacher) is also timed apart, as "frozen".
     trained: set[int] = set()
+    alias = probe.root_alias
 
     def pre(module: Any, args: Any) -> None:
         if is_compiling():  # traced by dynamo: fold away, add nothing to the graph
@@ -478,13 +497,19 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 probe.fwd_t0 = now
                 probe.fwd_calls += 1
                 probe.fwd_grad = grad_enabled()
+                key = alias.get(id(module), id(module))
                 if probe.fwd_grad:
-                    trained.add(id(module))
-                probe.fwd_evaluates = not probe.fwd_grad and id(module) in trained
-                if probe.fwd_evaluates and probe.inference_site is None and probe.clock.index >= 1:
-                    # once: the walk up the stack is cheap next to a forward
-                    probe.inference_site = _call_chain(probe)
-                    probe.inference_mode = torch.is_inference_mode_enabled()
+                    trained.add(key)
+                else:
+                    probe.fwd_frozen = key not in trained
+                    if probe.clock.index >= 1 and probe.inference_site is None:
+                        # once each: the walk up the stack is cheap next to a forward
+                        if not probe.fwd_frozen:
+                            probe.inference_site = _call_chain(probe)
+                            probe.inference_mode = torch.is_inference_mode_enabled()
+                        elif probe.frozen_site is None:
+                            probe.frozen_site = _call_chain(probe)
+                            probe.frozen_mode = torch.is_inference_mode_enabled()
         except Exception as exc:
             ERRORS.record("forward", exc)
 
@@ -498,8 +523,10 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
             if probe.fwd_depth == 0:
                 took = perf_counter() - probe.fwd_t0
                 probe.clock.add(Phase.FORWARD, took)
-                if probe.fwd_evaluates:
+                if not probe.fwd_grad:
                     probe.clock.add(Phase.INFERENCE, took)
+                    if probe.fwd_frozen:
+                        probe.clock.add(Phase.FROZEN_INFERENCE, took)
 
     unseen.hide_all(pre, post)  # torch calls them eagerly around a compiled module's frames
     return pre, post
@@ -555,8 +582,17 @@ def attach_root_hooks(probe: Probe) -> None:
             # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
             # Inside the wrapper's forward the nested call counts once (the depth counter).
             _hook_pair(probe, inner, pre, post)
+            probe.root_alias[id(inner)] = id(module)
     probe.roots = roots
     probe.root_hook_fns = (pre, post)
+    # The model's device while it surely exists: a job whose model lives inside main() has none
+    # left when its summary is written at exit, and would read as a CPU job.
+    try:
+        from .collect import model_device_kind
+
+        probe.root_device_kind = model_device_kind([m for m in (r() for r in roots) if m is not None])
+    except Exception as exc:
+        ERRORS.record("device", exc)
     if probe.root_hooks:
         _hooks_never_travel(probe, torch)
 

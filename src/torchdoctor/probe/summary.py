@@ -172,6 +172,8 @@ def rank_facts(probe: Probe) -> RankFacts:
     rank, world, backend = probe.rank_identity()
     roots = probe.live_roots()
     device, off_device = collect.device_facts(torch, roots)
+    if not roots and probe.root_device_kind not in (None, device.kind):
+        device = collect.device_of_kind(torch, probe.root_device_kind)  # the model is gone (inside main())
     cpu = cpu_facts(probe)
     collect.attempt(lambda: place(probe, device, cpu))
     if probe.nvml is not None:
@@ -218,8 +220,8 @@ def rank_facts(probe: Probe) -> RankFacts:
         host_syncs_per_step=_syncs_per_step(probe, steps),
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         checkpoint_site=probe.checkpoint_site,
-        inference_site=probe.inference_site,
-        inference_mode=probe.inference_mode,
+        inference_site=probe.inference_site or probe.frozen_site,
+        inference_mode=probe.inference_mode if probe.inference_site else probe.frozen_mode,
         probe_errors=list(ERRORS.messages),
         trace_file=probe.trace_file,
         step_source=probe.clock.source.name.lower() if probe.clock.source else None,

@@ -38,10 +38,12 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
         at = [s.step for s in v.f.steps if s.checkpoint_saves] if v.f is not None else []
         gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
         every = gaps[len(gaps) // 2] if gaps else steps / n  # the median interval between saving steps
-        # Saves per saving step: torchvision's reference writes model_{epoch}.pth and checkpoint.pth
-        # at each epoch's end, two saves in one step.
-        batch = round(n / len(at)) if at else 1
-        how_often = f"one every {every:.0f} steps" if batch <= 1 else f"{batch} every {every:.0f} steps"
+        # Saves per saving step, when all such steps save alike: torchvision's reference writes
+        # model_{epoch}.pth and checkpoint.pth at each epoch's end, two saves in one step.
+        counts = {s.checkpoint_saves for s in v.f.steps if s.checkpoint_saves} if v.f is not None else set()
+        per = counts.pop() if len(counts) == 1 else None
+        how_often = (f"one every {every:.0f} steps" if per == 1 or not at else
+                     f"{per} every {every:.0f} steps" if per else f"{n / len(at):.1f} saves at a time, every {every:.0f} steps")
         distributed = v.f is not None and v.f.world_size > 1
         site = v.f.checkpoint_site if v.f is not None else None
         text = (f"Save asynchronously{f' (the save at {site})' if site else ''}: DCP async_save returns once the state is staged in host memory and writes "

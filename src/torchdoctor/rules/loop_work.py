@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import StepTiming
+from ..metrics.between import rest_ms
 from ._common import View, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
@@ -36,12 +36,6 @@ MIN_MS = 1.0
 INFO_PCT, WARN_PCT, CRIT_PCT = 10.0, 20.0, 40.0
 # Steady steps needed for a median.
 MIN_STEPS = 8
-
-
-def own_ms(s: StepTiming) -> float:
-    """The step's time outside the loader, the model's phases and collectives, less saves and
-    loader restarts (priced by DI-15 and DL-6), ms."""
-    return max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
 
 
 @rule("HO-17")
@@ -57,7 +51,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
         steps = v.timed
         if len(steps) < MIN_STEPS:
             return None
-        own = np.array([own_ms(s) for s in steps])
+        own = np.array([rest_ms(s) for s in steps])
         total = np.array([s.total_ms for s in steps])
         mid, step = float(np.median(own)), float(np.median(total))
         pct = 100.0 * mid / step if step > 0 else 0.0

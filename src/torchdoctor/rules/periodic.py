@@ -53,14 +53,15 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
 
     def one(v: View) -> Finding | None:
         b = between_steps(v)
-        if b is None and v.f is not None:
-            b = inference_in_every_step(v.timed, v.f.train_wall_s)
+        if (b is None or b.job_pct < MIN_JOB_PCT) and v.f is not None:
+            # A small pattern (logging every 50 steps) must not hide an evaluation in every step.
+            every = inference_in_every_step(v.timed, v.f.train_wall_s)
+            if every is not None and every.job_pct >= MIN_JOB_PCT:
+                return _every_step(v, every, all_views)
         if b is None or b.job_pct < MIN_JOB_PCT:
             return None
         n = len(b.steps)
         each = b.excess_ms / n
-        if b.every == 1:
-            return _every_step(v, b, all_views)
         when = f"Every {b.every} steps" if b.every else f"At {n} irregular steps"
         parts = [(b.inference_ms, "in the model's forwards without autograd (an evaluation or a rollout)"),
                  (b.data_ms, "waiting for batches"),
@@ -77,7 +78,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
             evidence=[Evidence(
                 f"{n} of {b.recorded} steps took {fmt_ms(sum(s.total_ms for s in b.steps) / n)} on average against a "
                 f"median steady step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
-                "optimizer step beyond the median step's (saves and DataLoader restarts left out: DI-15 and DL-6 "
+                "optimizer step beyond the steady steps' (saves and DataLoader restarts left out: DI-15 and DL-6 "
                 "price them). The steady steps, which the other findings read, leave this time out."
                 + (f" The first forward without autograd after step 0 was called at {site}." if site else ""),
                 {"long_steps": n, "every_steps": b.every, "median_step_ms": round(b.median_ms, 3),
