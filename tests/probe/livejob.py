@@ -74,6 +74,14 @@ def run_wrapped(run_dir: Path, path: Path, *args: str, options: tuple[str, ...] 
     return run(wrapper_cmd(run_dir, [PY, str(path), *args], *options), **extra_env)
 
 
+def probed_job(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], list[dict[str, Any]]]:
+    """Run ``body`` as a job under the probe, profiler off: (the run, rank 0's facts, the findings)."""
+    job, report = script(tmp_path, body), tmp_path / "r.json"
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off", "--json", str(report)))
+    assert result.returncode == 0, result.stderr
+    return result, facts_of(tmp_path / "run"), json.loads(report.read_text())["findings"]
+
+
 def job_stderr(text: str) -> str:
     """The job's own stderr: the wrapper's and the probe's lines all start with "torchdoctor:"."""
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("torchdoctor:"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from probe.livejob import facts_of, run_wrapped, script
+from probe.livejob import facts_of, probed_job, run_wrapped, script
 
 # CleanRL's ppo.py in miniature: every 6 updates a rollout of policy forwards under no_grad and
 # environment steps (sleeps: the time is deterministic), timed by the job itself.
@@ -86,12 +86,8 @@ print("ok")
 
 
 def test_a_target_networks_forward_is_the_steps_own_and_an_evaluation_is_not(tmp_path):
-    job = script(tmp_path, TARGET)
-    run_dir = tmp_path / "run"
-    report_path = tmp_path / "r.json"
-    result = run_wrapped(run_dir, job, options=("--profile-steps", "off", "--json", str(report_path)))
-    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
-    facts = facts_of(run_dir)
+    result, facts, findings = probed_job(tmp_path, TARGET)
+    assert result.stdout == "ok\n"
     steps = [s for s in facts["steps"] if s["step"] >= 1]
     # The target network's forward, in every step, is timed apart as frozen (it never trains).
     assert all(s.get("frozen_inference_ms", 0.0) > 0 for s in steps)
@@ -99,7 +95,7 @@ def test_a_target_networks_forward_is_the_steps_own_and_an_evaluation_is_not(tmp
     evaluating = sorted(s["step"] for s in steps if s.get("inference_ms", 0.0) > s.get("frozen_inference_ms", 0.0))
     assert evaluating == [5, 10, 15, 20, 25, 30, 35], evaluating
     line = next(i for i, t in enumerate(TARGET.splitlines(), start=1) if "# EVAL" in t)
-    assert facts["inference_site"] == f"{job}:{line}"
+    assert facts["inference_site"] == f"{tmp_path / 'job.py'}:{line}"
     # Not "an evaluation after every training step": the target network's forward is the step's own.
-    ho16 = [f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-16"]
+    ho16 = [f for f in findings if f["id"] == "HO-16"]
     assert not any(f["title"].startswith("After every training step") for f in ho16), ho16

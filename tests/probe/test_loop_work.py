@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from probe.livejob import facts_of, run_wrapped, script
+from probe.livejob import probed_job
 
 # CleanRL's dqn.py in miniature: every update steps an environment first (a sleep: the time is
 # deterministic); the job times what lies outside its model's phases itself.
@@ -35,12 +33,9 @@ print(f"outside {statistics.median(outside):.4f}")
 """
 
 def test_an_environment_step_in_every_update_is_the_loops_own_work(tmp_path):
-    job = script(tmp_path, JOB)
-    report_path = tmp_path / "r.json"
-    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off", "--json", str(report_path)))
-    assert result.returncode == 0, result.stderr
+    result, _, findings = probed_job(tmp_path, JOB)
     outside_ms = float(result.stdout.split()[-1])
-    ho17 = next(f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-17")
+    ho17 = next(f for f in findings if f["id"] == "HO-17")
     values = ho17["evidence"][0]["values"]
     # The probe's median time outside the model against the job's own: the same environment step
     # and loss lines, plus the probe's step boundary (0.1-0.5 ms a step in situ on 2 CPUs).
@@ -77,13 +72,10 @@ print(f"grad {statistics.median(grads):.4f}")
 
 
 def test_autograd_grad_in_the_loss_is_backward_work_not_the_loops_own(tmp_path):
-    job = script(tmp_path, PINN)
-    report_path = tmp_path / "r.json"
-    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off", "--json", str(report_path)))
-    assert result.returncode == 0, result.stderr
+    result, facts, findings = probed_job(tmp_path, PINN)
     grad_ms = float(result.stdout.split()[-1])
-    steps = [s for s in facts_of(tmp_path / "run")["steps"] if s["step"] >= 1]
+    steps = [s for s in facts["steps"] if s["step"] >= 1]
     other = sorted(s["other_ms"] for s in steps)[len(steps) // 2]
     # The job's two derivative passes (timed by the job itself) are not in the loop's own time.
     assert len(steps) >= 30 and grad_ms > 2.0 and other < 0.5 * grad_ms, (grad_ms, other)
-    assert not [f for f in json.loads(report_path.read_text())["findings"] if f["id"] == "HO-17"]
+    assert not [f for f in findings if f["id"] == "HO-17"]
