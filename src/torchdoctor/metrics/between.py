@@ -22,7 +22,9 @@ long step, not warm-up):
   long steps with less than JITTER_SHARE of the median long excess are left out as the machine's
   jitter.
 - every: the steps between long steps when at least REGULAR_SHARE of the gaps equal the median gap
-  (+-1) and that gap is 2 or more; None (irregular) otherwise.
+  (+-1) and that gap is 2 or more; None (irregular) otherwise. Irregular long steps that are more
+  than MAX_IRREGULAR_SHARE of the steps are no finding: the steps themselves vary (pytorch/examples'
+  actor_critic.py, one episode per update: 549 of 803 updates longer than the quickest ones).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ MIN_LONG_STEPS = 3
 MIN_STEPS = 8
 REGULAR_SHARE = 0.6
 REFERENCE_QUANTILE = 25.0  # percent
+# Irregular long steps beyond this share of the steps are the steps' own spread (RL episodes of
+# every length, steps that grow as the agent learns), not work between steps.
+MAX_IRREGULAR_SHARE = 0.25
 # Forwards without autograd in every step count from this share of the median step and this time.
 EVERY_STEP_SHARE = 0.05
 EVERY_STEP_MIN_MS = 1.0
@@ -118,6 +123,8 @@ def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Betw
     mid = int(np.median(gaps))
     # Long steps one after another are a burst (contention, a slow start), not a period.
     every = mid if mid > 1 and sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
+    if every is None and len(picked) > MAX_IRREGULAR_SHARE * len(steps):
+        return None
     wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
     return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps))
 
