@@ -149,11 +149,12 @@ def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None
     return Between(picked, median_step, total, total, 0.0, 1, wall, len(steady))
 
 
-def loop_steps(timings: list[StepTiming]) -> list[StepTiming]:
-    """``timings`` less the long steps of a regular pattern of work between steps (``between_steps``
-    with a period): what the steady step is made of. Irregular long steps stay (they may be the
-    machine's, and a median does not see a few)."""
-    b = between_steps(timings, None)
+def loop_steps(timings: list[StepTiming], b: Between | None = None) -> list[StepTiming]:
+    """``timings`` less the long steps of a regular pattern of work between steps (``b``, else
+    ``between_steps(timings)``, with a period): what the steady step is made of. Irregular long
+    steps stay (they may be the machine's, and a median does not see a few)."""
+    if b is None:
+        b = between_steps(timings, None)
     if b is None or b.every is None:
         return list(timings)
     out = {id(s) for s in b.steps}

@@ -13,11 +13,13 @@ through the engine's claims ledger (rules/ledger.py); the budgets' sizes are def
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import numpy as np
 
 from ..facts import DataLoaderFacts, RankFacts, StepTiming, sampled_comm_median
-from ..metrics.between import loop_steps
+from ..metrics.between import Between, loop_steps
+from ..metrics.between import between_steps as find_between
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
 from .engine import RankInputs, RuleInputs
@@ -46,13 +48,17 @@ class View:
     views), so the views of thousands of ranks, and the ledger that keeps them, never hold their
     decoded results all at once."""
 
-    __slots__ = ("rank", "_r", "f", "step_ms", "n_steps", "ledger", "_source", "_timed")
+    __slots__ = ("rank", "_r", "f", "step_ms", "n_steps", "ledger", "_source", "timed", "between")
 
-    def __init__(self, rank: int | None, r: RankResult | None, f: RankFacts | None, step_ms: float | None,
-                 n_steps: int, ledger: Ledger | None = None, source: RankInputs | None = None) -> None:
-        self.rank, self._r, self.f, self.step_ms, self.n_steps = rank, r, f, step_ms, n_steps
+    def __init__(self, rank: int | None, r: RankResult | None, f: RankFacts | None, probe: ProbeSteps,
+                 ledger: Ledger | None = None, source: RankInputs | None = None) -> None:
+        self.rank, self._r, self.f = rank, r, f
+        self.step_ms, self.n_steps = probe.step_ms, probe.n_steps
+        # The probe's steady step timings (without leading warm-up steps, nor the long steps of a
+        # loop's regular work between steps, which HO-16 prices against the job) and those long
+        # steps: worked out once per diagnosis (``views``), read by every rule.
+        self.timed, self.between = probe.timed, probe.between
         self.ledger, self._source = ledger, source
-        self._timed: list[StepTiming] | None = None
 
     @property
     def r(self) -> RankResult | None:
@@ -109,14 +115,6 @@ class View:
         return self.ms(c.ns) if c else 0.0
 
     @property
-    def timed(self) -> list[StepTiming]:
-        """The probe's steady step timings: without leading warm-up steps, nor the long steps of a
-        loop's regular work between steps (HO-16 prices those against the job)."""
-        if self._timed is None:
-            self._timed = steady_timings(self.f.steps) if self.f is not None else []
-        return self._timed
-
-    @property
     def profiler_inflation_ms(self) -> float:
         """How much longer the profiled window's steps ran than the probe's unprofiled steps (ms per
         step, >= 0; 0 without both). Kineto's per-event cost lands in whatever the window recorded
@@ -152,39 +150,44 @@ def steady(steps: list[StepTiming]) -> list[StepTiming]:
     return rest
 
 
-def steady_timings(steps: list[StepTiming]) -> list[StepTiming]:
-    """``steady(steps)`` less the long steps of a regular pattern of work between steps
-    (metrics/between.py): an evaluation after every other step would otherwise be half of the
-    steps that a median or a sum over them reads as the training step."""
-    return steady(loop_steps(steps))
+class ProbeSteps(NamedTuple):
+    """What one rank's step timings give every rule: its step time and the steady steps."""
+
+    step_ms: float | None  # the trace window's wall time per step, else the probe's median steady step
+    n_steps: int
+    timed: list[StepTiming]  # the probe's steady steps (``steady`` less a regular pattern's long steps)
+    between: Between | None  # the long steps of work between steps (metrics/between.py)
+
+
+def probe_steps(r: RankResult | None, f: RankFacts | None) -> ProbeSteps:
+    """The long steps of the rank's run, found once; the steady steps are ``steady`` of the steps
+    less a regular pattern's long ones (an evaluation after every other step would otherwise be
+    half of the steps that a median or a sum over them reads as the training step)."""
+    between = find_between(f.steps, f.train_wall_s) if f is not None else None
+    timed = steady(loop_steps(f.steps, between)) if f is not None else []
+    if r is not None and r.window.end_ns > r.window.start_ns:
+        n = max(len(r.window.steps), 1)
+        return ProbeSteps((r.window.end_ns - r.window.start_ns) / 1e6 / n, n, timed, between)
+    if timed:
+        return ProbeSteps(float(np.median([s.total_ms for s in timed])), len(timed), timed, between)
+    return ProbeSteps(None, 0, timed, between)
 
 
 def views(inputs: RuleInputs) -> list[View]:
-    """One View per rank, seen by the ledger. Step times are worked out once per diagnosis (a
-    stored rank would otherwise be decoded for them by every rule)."""
+    """One View per rank, seen by the ledger. Step times and steady steps are worked out once per
+    diagnosis (a stored rank would otherwise be decoded for them by every rule)."""
     steps = inputs.memo.get("view_steps")
     if steps is None or len(steps) != len(inputs.ranks):
-        steps = inputs.memo["view_steps"] = [_step_time(ri.view, ri.facts) for ri in inputs.ranks]
+        steps = inputs.memo["view_steps"] = [probe_steps(ri.view, ri.facts) for ri in inputs.ranks]
     out = []
-    for ri, (step_ms, n) in zip(inputs.ranks, steps, strict=True):
+    for ri, probe in zip(inputs.ranks, steps, strict=True):
         f = ri.facts
         rank = ri.rank if ri.rank is not None else (f.rank if f is not None else None)
         stored = ri.stored is not None
-        v = View(rank, None if stored else ri.result, f, step_ms, n, inputs.ledger, ri if stored else None)
+        v = View(rank, None if stored else ri.result, f, probe, inputs.ledger, ri if stored else None)
         inputs.ledger.see(v)
         out.append(v)
     return out
-
-
-def _step_time(r: RankResult | None, f: RankFacts | None) -> tuple[float | None, int]:
-    """(ms per step, steps): the trace window's wall time per step, else the probe's median step."""
-    if r is not None and r.window.end_ns > r.window.start_ns:
-        n = max(len(r.window.steps), 1)
-        return (r.window.end_ns - r.window.start_ns) / 1e6 / n, n
-    if f is not None and f.steps:
-        timed = steady_timings(f.steps)
-        return float(np.median([s.total_ms for s in timed])), len(timed)
-    return None, 0
 
 
 def severity(pct: float, warn: float = WARN_PCT, crit: float = CRIT_PCT) -> Severity:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..metrics.between import rest_ms
-from ._common import View, finding, fmt_ms, per_rank
+from ._common import View, finding, fmt_ms, per_rank, severity
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -64,7 +64,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
         inference = float(np.median([s.inference_ms for s in steps]))
         acting = (f" The model's forwards without autograd (acting, or an evaluation) take {fmt_ms(inference)} more "
                   "of each step, inside the forward." if inference >= 0.05 * step else "")
-        sev = "critical" if job_pct >= CRIT_PCT else "warning" if job_pct >= WARN_PCT else "info"
+        sev = severity(job_pct, WARN_PCT, CRIT_PCT)
         title = (f"Each step spends {fmt_ms(mid)} ({pct:.0f}% of a {fmt_ms(step)} step) outside the model's forward, "
                  f"backward and optimizer step and the DataLoader: the training loop's own work, on the same CPUs "
                  f"as the model's {fmt_ms(model)}.")

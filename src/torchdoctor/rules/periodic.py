@@ -26,8 +26,7 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 from __future__ import annotations
 
 from ..metrics.between import Between, inference_in_every_step
-from ..metrics.between import between_steps as find_between
-from ._common import View, finding, fmt_ms, per_rank, views
+from ._common import View, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
 from .input import no_core_for_workers
 from .model import Evidence, Finding, Fix
@@ -35,11 +34,6 @@ from .model import Evidence, Finding, Fix
 # Below this share of the job's wall time the work between steps is not worth a finding.
 MIN_JOB_PCT = 3.0
 WARN_PCT, CRIT_PCT = 5.0, 20.0
-
-
-def between_steps(v: View) -> Between | None:
-    """The long steps of this rank's run and what they hold (None without enough probe steps)."""
-    return find_between(v.f.steps, v.f.train_wall_s) if v.f is not None else None
 
 
 @rule("HO-16")
@@ -52,7 +46,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
     all_views = views(inputs)
 
     def one(v: View) -> Finding | None:
-        b = between_steps(v)
+        b = v.between
         if (b is None or b.job_pct < MIN_JOB_PCT) and v.f is not None:
             # A small pattern (logging every 50 steps) must not hide an evaluation in every step.
             every = inference_in_every_step(v.timed, v.f.train_wall_s)
@@ -72,7 +66,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                  f"{b.excess_ms / 1e3:.1f} s, {b.job_pct:.0f}% of the job's training time): {split}.")
         first = b.steps[0].step
         # Irregular long steps may be the machine's (other processes, swapping), not the loop's.
-        sev = "info" if not b.every else "critical" if b.job_pct >= CRIT_PCT else "warning" if b.job_pct >= WARN_PCT else "info"
+        sev = severity(b.job_pct, WARN_PCT, CRIT_PCT) if b.every else "info"
         f = finding(
             v, "HO-16", "host", title, 0.0, sev=sev,
             evidence=[Evidence(
@@ -104,7 +98,7 @@ def _every_step(v: View, b: Between, all_views: list[View]) -> Finding:
     title = (f"After every training step the loop runs the model's forwards without autograd for {fmt_ms(each)} "
              f"({pct:.0f}% of a {fmt_ms(b.median_ms)} step): an evaluation or a rollout in each step "
              f"({b.excess_ms / 1e3:.1f} s, {b.job_pct:.0f}% of the job's training time).")
-    sev = "critical" if b.job_pct >= CRIT_PCT else "warning" if b.job_pct >= WARN_PCT else "info"
+    sev = severity(b.job_pct, WARN_PCT, CRIT_PCT)
     f = finding(
         v, "HO-16", "host", title, 0.0, sev=sev,
         evidence=[Evidence(
