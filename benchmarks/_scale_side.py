@@ -15,6 +15,7 @@ from torchdoctor.metrics.summary import summary_bytes
 from torchdoctor.report.json_out import write_json
 from torchdoctor.report.model import LazyRanks
 from torchdoctor.session import analyze_paths
+from torchdoctor.trace import scanned
 
 
 def peak_mb() -> float:
@@ -53,6 +54,7 @@ def main() -> None:
         "analysed": len(sizes), "errors": len(report.errors),
         "straggler": report.cross_rank.straggler if report.cross_rank else None,
         "json_mb": round(json_mb, 1), "findings": [f.id for f in report.findings],
+        "scanner": scanned.available(),
     }))
 
 

@@ -31,6 +31,8 @@ How to run (from the repo root)
     .venv/bin/python benchmarks/scale.py                   # all: ~15 min, writes results/scale.md
     .venv/bin/python benchmarks/scale.py --sizes 64,512 --executors local,dask
     .venv/bin/python benchmarks/scale.py --no-big          # skip the 10 GB case
+    .venv/bin/python benchmarks/scale.py --executors local --decoders scanner,msgspec --results scale_decoder
+                                                # the compiled scanner against msgspec alone, interleaved
     .venv/bin/python benchmarks/scale.py --sizes 64,512 --executors local,dask-attached,ray-attached --no-big
 
 Generated traces are cached under benchmarks/out/scale/ (git-ignored): 4,096 ranks take 7.2 GB and the
@@ -58,8 +60,6 @@ BASE = REPO / "tests" / "data" / "hta" / "sampled_128rank_rank0.json.gz"
 BIG_SOURCE = REPO / "tests" / "data" / "hta" / "a100_8rank_rank3.json.gz"
 INFLATE = REPO.parent / "shared" / "tools" / "inflate_trace.py"
 OUT = HERE / "out" / "scale"
-RESULTS_MD = HERE / "results" / "scale.md"
-RESULTS_JSON = HERE / "results" / "scale.json"
 VARIANTS = 8
 STRAGGLER_COMM = 0.25  # the straggler's NCCL kernels last this share of the base's
 _RANK = re.compile(rb'("distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*)(\d+)')
@@ -183,17 +183,22 @@ def measure_attached(folder: Path, executor: str, jobs: int | None) -> dict:
         return measure(folder, spec, jobs)
 
 
-def measure(folder: Path, executor: str, jobs: int | None) -> dict:
+def measure(folder: Path, executor: str, jobs: int | None, decoder: str = "scanner") -> dict:
     cmd = [sys.executable, str(SIDE), str(folder), "--executor", executor]
     if jobs:
         cmd += ["--jobs", str(jobs)]
+    # msgspec alone: the decoder without the compiled scanner (trace/scanned.py), as where it is not built.
+    env = {**os.environ, "TORCHDOCTOR_PURE_DECODE": "1" if decoder == "msgspec" else "0"}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{executor} on {folder} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     got["wall_s"] = round(wall, 2)
+    if decoder == "scanner" and not got.get("scanner"):
+        raise SystemExit("the trace scanner is not built (pip install -e . compiles it): nothing to compare")
+    got["decoder"] = decoder
     return got
 
 
@@ -204,33 +209,59 @@ def main() -> int:
     ap.add_argument("--no-big", action="store_true", help="skip the 16 x 620 MB case")
     ap.add_argument("--jobs", type=int, help="workers per executor (default: CPUs)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not write results/")
+    ap.add_argument("--results", default="scale", help="results/NAME.md and .json (default: scale)")
+    ap.add_argument("--decoders", default="scanner",
+                    help="scanner,msgspec: also time each local case with msgspec alone (interleaved)")
     a = ap.parse_args()
+    decoders = a.decoders.split(",")
     rows = []
     for n in [int(x) for x in a.sizes.split(",") if x]:
         folder = build_ranks(n)
         size = warm(folder)
         for ex in a.executors.split(","):
-            got = (measure_attached if ex.endswith("-attached") else measure)(folder, ex, a.jobs)
-            got.update(case=f"{n} ranks", ranks=n, bytes=size, executor=ex, expected=straggler_rank(n))
-            rows.append(got)
-            print(json.dumps(got), file=sys.stderr)
+            for dec in decoders if ex == "local" else ["scanner"]:
+                if ex.endswith("-attached"):
+                    got = measure_attached(folder, ex, a.jobs)
+                else:
+                    got = measure(folder, ex, a.jobs, dec)
+                got.update(case=f"{n} ranks", ranks=n, bytes=size, executor=ex, expected=straggler_rank(n))
+                rows.append(got)
+                print(json.dumps(got), file=sys.stderr)
     if not a.no_big:
         folder = build_big()
         size = warm(folder)
-        got = measure(folder, "local", a.jobs)
-        got.update(case="16 x 620 MB", ranks=16, bytes=size, executor="local", expected=None)
-        rows.append(got)
-        print(json.dumps(got), file=sys.stderr)
+        for dec in decoders:
+            got = measure(folder, "local", a.jobs, dec)
+            got.update(case="16 x 620 MB", ranks=16, bytes=size, executor="local", expected=None)
+            rows.append(got)
+            print(json.dumps(got), file=sys.stderr)
     text = render(rows)
     print(text)
     if not a.no_write:
-        RESULTS_MD.write_text(text)
-        RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+        (HERE / "results" / f"{a.results}.md").write_text(text)
+        (HERE / "results" / f"{a.results}.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 
 def _kb(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
+
+
+def _decoder_ratios(rows: list[dict]) -> str:
+    """msgspec-alone wall / scanner wall per local case, and whether both named the same findings."""
+    pairs = {}
+    for r in rows:
+        if r["executor"] == "local":
+            pairs.setdefault(r["case"], {})[r.get("decoder", "scanner")] = r
+    lines = ["| case | msgspec alone s | scanner s | msgspec / scanner | same findings, straggler |",
+             "|---|---:|---:|---:|---|"]
+    for case, p in pairs.items():
+        if "msgspec" in p and "scanner" in p:
+            m, sc = p["msgspec"], p["scanner"]
+            same = m["findings"] == sc["findings"] and m["straggler"] == sc["straggler"]
+            lines.append(f"| {case} | {m['wall_s']:.1f} | {sc['wall_s']:.1f} | {m['wall_s'] / sc['wall_s']:.2f}x | "
+                         f"{'yes' if same else '**no**'} |")
+    return "" if len(lines) == 2 else "### Decoder: the compiled scanner against msgspec alone\n" + "\n".join(lines) + "\n\n"
 
 
 def render(rows: list[dict]) -> str:
@@ -242,16 +273,20 @@ def render(rows: list[dict]) -> str:
             "are not counted); *summary* is the msgpack size of one rank's result as it travels from its "
             "worker; *held* is what the driver keeps of it past 64 ranks (compressed field by field, "
             "metrics/store.py; below that it keeps the decoded result).\n\n")
-    t = ["| case | ranks | GB | executor | wall s | GB/s | driver peak MB | summary KB/rank (mean, max) | "
-         "held KB/rank | straggler named (injected) | errors |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+    t = ["| case | ranks | GB | executor | decoder | wall s | GB/s | driver peak MB | summary KB/rank (mean, max) | "
+         "held KB/rank | straggler named (injected) | errors |",
+         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         found = "—" if r["expected"] is None else (
             f"{r['straggler']} ({r['expected']}) " + ("yes" if r["straggler"] == r["expected"] else "**no**"))
-        t.append(f"| {r['case']} | {r['ranks']} | {r['bytes'] / 1e9:.2f} | {r['executor']} | {r['wall_s']:.1f} | "
+        t.append(f"| {r['case']} | {r['ranks']} | {r['bytes'] / 1e9:.2f} | {r['executor']} | "
+                 f"{r.get('decoder', 'scanner')} | {r['wall_s']:.1f} | "
                  f"{r['bytes'] / 1e9 / r['wall_s']:.3f} | {r['peak_mb']:.0f} | {r['summary_kb_mean']:.1f}, "
                  f"{r['summary_kb_max']:.1f} | {_kb(r.get('held_kb_mean'))} | {found} | {r['errors']} |")
     out = [head, "\n".join(t), "\n\n## Ratios\n"]
-    by = {(r["ranks"], r["executor"]): r for r in rows if r["expected"] is not None}
+    out.append(_decoder_ratios(rows))
+    by = {(r["ranks"], r["executor"]): r for r in rows
+          if r["expected"] is not None and r.get("decoder", "scanner") == "scanner"}
     engines = [ex for ex in ("dask", "ray", "dask-attached", "ray-attached") if any(k[1] == ex for k in by)]
     lines = ["| ranks | " + " | ".join(f"{ex} / local wall" for ex in engines) + " |",
              "|---:|" + "---:|" * len(engines)]

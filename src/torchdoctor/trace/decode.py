@@ -19,6 +19,7 @@ pyproject also bounds msgspec to the minor versions whose wording was checked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import math
@@ -28,13 +29,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from itertools import filterfalse, islice, repeat
+from itertools import filterfalse, islice
 from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from . import scanned
 from .model import CATEGORY_NAMES, CONCRETE_OPS, IGNORED_CATEGORIES, Cat, keeps_shapes
 
 BLOCK_BYTES = 16 << 20
@@ -200,6 +202,7 @@ _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 _any = msgspec.json.Decoder()
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 # A timestamp of 13+ integer digits (>= 2^43 µs) with decimals: a float64 would lose its ns, even
 # when the float happens to look integral (…689.047 parses as …689.0).
@@ -238,6 +241,34 @@ class Columns:
     _shape_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     _conv_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     _comm_names: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    # The compiled scanner of this file's pieces (scanned.py; None when off or not built) and what
+    # Python knows of its string tables.
+    scanner: Any = field(default_factory=scanned.new_scanner)
+    scanned_strings: scanned.Strings = field(default_factory=scanned.Strings)
+    # Pieces read by the scanner / by msgspec through add_piece (tests and benchmarks read them).
+    pieces_scanned: int = 0
+    pieces_decoded: int = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker's columns travel back pickled; the scanner (a C object) and its tables stay behind.
+        return {**self.__dict__, "scanner": None, "scanned_strings": scanned.Strings()}
+
+    @property
+    def exact(self) -> bool:
+        """Timestamps are read from their text (ns exact), not as float µs."""
+        return self.dec.event_type is ExactEvent
+
+    def add_piece(self, data: bytes | bytearray | memoryview) -> None:
+        """Add the events of `data` ('[' events ']'): the compiled scanner's reading when it has one,
+        msgspec's otherwise (the same columns). Raises msgspec's errors as `dec.events.decode` does."""
+        if scanned.add_scanned(self, data):
+            self.pieces_scanned += 1
+            return
+        self.pieces_decoded += 1
+        try:
+            self.add(self.dec.events.decode(data))
+        except msgspec.ValidationError:
+            _decode_events_lenient(data, self)
 
     def drop(self, why: str, n: int = 1) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + n
@@ -251,20 +282,14 @@ class Columns:
             kinds = Counter(map(type, filterfalse(etype.__instancecheck__, events)))
             self.instants += sum(kinds[t] for t in _INSTANT_TYPES)
             if kinds[Instant]:
-                self._memory(list(filter(Instant.__instancecheck__, events)))
+                self.memory_instants(list(filter(Instant.__instancecheck__, events)))
         n = len(xs)
         if not n:
             return
         name = _intern_ids(self.names, xs, _get_name, np.int32)
         cat = _intern_ids(self.cats, xs, _get_cat, np.int16)
-        if etype is ExactEvent:
-            ts_ns_exact = raw_ts_to_ns(list(map(_get_ts, xs)))
-            ts_us = np.where(ts_ns_exact == _MISSING_NS, math.nan, ts_ns_exact / 1000.0)
-        else:
-            ts_us = np.fromiter(map(_get_ts, xs), np.float64, n)
-            if not self.needs_exact:
-                big = ts_us >= EXACT_FLOAT_LIMIT_US
-                self.needs_exact = bool(big.any() and (ts_us[big] != np.floor(ts_us[big])).any())
+        exact = etype is ExactEvent
+        ts = raw_ts_to_ns(list(map(_get_ts, xs))) if exact else np.fromiter(map(_get_ts, xs), np.float64, n)
         dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
         pid = self._ids(list(map(_get_pid, xs)))
         tid = self._ids(list(map(_get_tid, xs)))
@@ -272,10 +297,30 @@ class Columns:
         stream = _arg_column(args, _get_stream)
         corr = _arg_column(args, _get_corr)
         nbytes = _arg_column(args, _get_bytes)
-        launch = self._launch_rows(cat, args)
-        shape = self._shape_rows(name, args)
-        coll = self._coll_rows(cat, name, args)
+        k = self.kernel_positions(cat)
+        picked = _pick(args, k)
+        launch = launch_rows(k, *(np.fromiter(map(get, picked), np.float64, k.size)
+                                  for get in (_get_blocks, _get_warps, _get_occ)),
+                             lambda j: picked[j].grid)
+        shape = self.shape_rows(name, lambda pos: _shape_keys(args, pos),
+                                lambda pos: list(map(bytes, map(_get_concrete, _pick(args, pos)))))
+        coll = self.coll_rows(cat, name, lambda pos: _pick(args, pos))
+        self.add_rows(cat, name, ts, exact, dur_us, pid, tid, stream, corr, nbytes, launch, shape, coll)
 
+    def add_rows(self, cat: np.ndarray, name: np.ndarray, ts: np.ndarray, exact: bool, dur_us: np.ndarray,
+                 pid: np.ndarray, tid: np.ndarray, stream: np.ndarray, corr: np.ndarray, nbytes: np.ndarray,
+                 launch: tuple, shape: tuple, coll: tuple) -> None:
+        """Keep a piece's events as columns, dropping those with unusable times (counted by reason).
+
+        `ts` is float µs, or int ns read from the text when `exact` (absent: the int64 minimum)."""
+        if exact:
+            ts_ns_exact = ts
+            ts_us = np.where(ts == _MISSING_NS, math.nan, ts / 1000.0)
+        else:
+            ts_us = ts
+            if not self.needs_exact:
+                big = ts_us >= EXACT_FLOAT_LIMIT_US
+                self.needs_exact = bool(big.any() and (ts_us[big] != np.floor(ts_us[big])).any())
         keep = np.isfinite(ts_us) & np.isfinite(dur_us)
         self.drop("missing or non-numeric ts/dur", int((~keep).sum()))
         bad_ts = keep & ((ts_us < 0) | (ts_us > MAX_TS_US))
@@ -288,7 +333,7 @@ class Columns:
             self.drop("negative dur clipped to 0 (kept)", int(neg.sum()))
             dur_us = np.where(neg, 0.0, dur_us)
         keep &= ~bad_ts & ~huge
-        ts_all = ts_ns_exact if etype is ExactEvent else _us_to_ns(np.where(keep, ts_us, 0.0))
+        ts_all = ts_ns_exact if exact else _us_to_ns(np.where(keep, ts_us, 0.0))
         if keep.all():
             end = ts_all + np.rint(dur_us * 1000.0).astype(np.int64)
             self.parts.append((cat, name, ts_all, end, pid, tid, stream, corr, nbytes, launch, shape, coll))
@@ -299,7 +344,7 @@ class Columns:
                            nbytes[keep], _keep_rows(launch, keep), _keep_rows(shape, keep),
                            _keep_rows(coll, keep)))
 
-    def _memory(self, instants: list[Instant]) -> None:
+    def memory_instants(self, instants: list[Instant]) -> None:
         """Keep the device allocator's `[memory]` records (CPU ones and malformed ones left out)."""
         rows, ts = [], []
         for e in instants:
@@ -326,53 +371,31 @@ class Columns:
         rows = np.concatenate(self.memory)
         return rows[np.argsort(rows[:, 0], kind="stable")]
 
-    def _launch_rows(self, cat: np.ndarray, args: list[Args]) -> tuple[np.ndarray, ...]:
-        """(positions, blocks per SM, warps per SM, est. achieved occupancy %, grid blocks) of the
-        piece's kernels.
-
-        Sparse: only kernels carry these args, so only their rows are kept (float32, NaN for an
-        absent value); the other events are not looked at (C-level gathers, no per-event Python).
-        Blocks/warps <= 0 (Kineto writes -1 without the device's SM count) and a negative occupancy
-        count as absent; an occupancy of 0 is real (Kineto rounds it to whole percent). Grid
-        blocks (the product of `grid`) only where blocks per SM is absent (rare: parsed per kernel).
-        """
+    def kernel_positions(self, cat: np.ndarray) -> np.ndarray:
+        """Positions of the piece's kernels (by interned category id)."""
         is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
-        k = np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
-        if not k.size:
-            return (k, *(np.zeros(0, np.float32) for _ in range(4)))
-        picked = _pick(args, k)
-        b, w, o = (np.fromiter(map(get, picked), np.float64, k.size) for get in (_get_blocks, _get_warps, _get_occ))
-        b = np.where(b > 0, b, np.nan).astype(np.float32)
-        w = np.where(w > 0, w, np.nan).astype(np.float32)
-        o = np.where(o >= 0, o, np.nan).astype(np.float32)
-        g = np.full(k.size, np.nan, np.float32)
-        for j in np.flatnonzero(np.isnan(b)).tolist():
-            g[j] = _grid_blocks(picked[j].grid)
-        some = np.isfinite(b) | np.isfinite(w) | np.isfinite(o) | np.isfinite(g)
-        return k[some], b[some], w[some], o[some], g[some]
+        return np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
 
-    def _shape_rows(self, name: np.ndarray, args: list[Args]) -> tuple[np.ndarray, np.ndarray]:
+    def shape_rows(self, name: np.ndarray, keys_at, concrete_at) -> tuple[np.ndarray, np.ndarray]:
         """(positions, ids into `shapes`) of the piece's events with Input Dims whose names keep them.
 
-        C-level maps over the picked ops (a record_shapes trace has one per 10 events); only the
-        distinct shapes run Python (`_new_shapes`)."""
+        ``keys_at(positions)`` gives (the positions of those events that recorded Input Dims, their
+        keys: the raw JSON texts of Input Dims and Input type joined by NUL, a byte no JSON text
+        holds); ``concrete_at(positions)`` the raw Concrete Inputs texts (b"" when absent). C-level
+        maps over the picked ops (a record_shapes trace has one per 10 events); only the distinct
+        shapes run Python (`_new_shapes`)."""
         wanted = self._shape_names = _grow_flags(self._shape_names, self.names, keeps_shapes)
         conv = self._conv_names = _grow_flags(self._conv_names, self.names, CONCRETE_OPS.__contains__)
         k = np.flatnonzero(wanted[name]) if wanted.any() else np.zeros(0, np.int64)
         if not k.size:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        picked = _pick(args, k)
-        dims = list(map(bytes, map(_get_dims, picked)))
-        has = np.fromiter(map(len, dims), np.int64, k.size) > 0
-        if not has.all():  # the op recorded no shapes
-            picked, dims, k = _pick(picked, np.flatnonzero(has)), _pick(dims, np.flatnonzero(has)), k[has]
-        # One key per op: its texts joined by NUL, a byte no JSON value holds (msgspec rejects it).
-        keys = list(map(_NUL.join, zip(dims, map(bytes, map(_get_types, picked)), strict=True)))
+        k, keys = keys_at(k)
         # Concrete values only where read: other ops' would split the interning.
-        for j in np.flatnonzero(conv[name[k]]).tolist():
-            concrete = bytes(picked[j].concrete)
-            if concrete:
-                keys[j] += _NUL + concrete
+        at = np.flatnonzero(conv[name[k]])
+        if at.size:
+            for j, concrete in zip(at.tolist(), concrete_at(k[at]), strict=True):
+                if concrete:
+                    keys[j] += _NUL + concrete
         table = self._shape_ids
         self._new_shapes([key for key in dict.fromkeys(keys) if key not in table])
         return k, np.fromiter(map(table.__getitem__, keys), np.int32, k.size)
@@ -384,10 +407,10 @@ class Columns:
             self.shapes.append((_compact_json(dims), _compact_json(types),
                                 _compact_json(concrete[0]) if concrete and concrete[0] else b""))
 
-    def _coll_rows(self, cat: np.ndarray, name: np.ndarray, args: list[Args]
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def coll_rows(self, cat: np.ndarray, name: np.ndarray, args_at) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions, descriptor ids into `colls`, sequence numbers or -1) of the piece's collectives:
-        record_param_comms ops and kernels whose args name a collective."""
+        record_param_comms ops and kernels whose args name a collective. ``args_at(positions)``
+        gives those events' `Args` (NO_ARGS where they carry none of the collective keys)."""
         is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
         comm = self._comm_names = _grow_flags(self._comm_names, self.names, COMM_RECORD_NAMES.__contains__)
         cand = np.zeros(cat.size, bool)
@@ -401,13 +424,13 @@ class Columns:
         pos: list[int] = []
         ids: list[int] = []
         seqs: list[int] = []
-        picked = _pick(args, k)
+        picked = args_at(k)
         named = np.fromiter(map(bool, map(_get_coll_name, picked)), bool, k.size)  # C-level: most have none
-        for i in k[named].tolist():
-            a = args[i]
+        for j in np.flatnonzero(named).tolist():
+            a = picked[j]
             key = (_raw_str(a.coll_name), _raw_str(a.coll_dtype), _raw_int(a.in_nelems), _raw_int(a.out_nelems),
                    _raw_int(a.group_size), _raw_str(a.pg_name))
-            pos.append(i)
+            pos.append(int(k[j]))
             ids.append(self.coll_id(key))
             seqs.append(_raw_int(a.seq))
         return np.array(pos, np.int64), np.array(ids, np.int32), np.array(seqs, np.int64)
@@ -428,23 +451,28 @@ class Columns:
         return got
 
     def _ids(self, vals: list) -> np.ndarray:
-        try:
-            return np.array(vals, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            # Rare non-int ids (the "Spans" pseudo-process): fix just those positions.
-            arr = np.array(vals, dtype=object)
-            is_int = np.fromiter(map(isinstance, vals, repeat(int)), bool, len(vals))
-            for i in np.flatnonzero(~is_int):
-                arr[i] = self._thread_id(vals[i])
+        """pid / tid column of msgspec's values (ints, or strings: see `thread_id`)."""
+        if str not in set(map(type, vals)):
             try:
-                return arr.astype(np.int64)
+                return np.array(vals, dtype=np.int64)
             except OverflowError:
-                return np.array([v if _is_int64(v) else self._thread_id(v) for v in vals], np.int64)
+                pass
+        # Rare: ids written as strings, or beyond int64. (numpy would convert a numeric string
+        # itself, but only in pieces without a name among them: the same id must not read two ways.)
+        return np.array([v if _is_int64(v) else self.thread_id(v) for v in vals], np.int64)
 
-    def _thread_id(self, v: int | str) -> int:
+    def thread_id(self, v: int | str) -> int:
+        """The id of a pid / tid written as a string or beyond int64.
+
+        A decimal string is the thread it names: old profilers wrote a CPU op's tid as "25738"
+        and the same thread's other events as 25738. Named pseudo-threads ("Spans", "PyTorch
+        Profiler", "stream 7") become negative ids; an integer beyond int64 is corrupt (-1)."""
         if isinstance(v, int):
             return v if -(2**63) <= v < 2**63 else -1
-        # Named pseudo-threads ("Spans", "PyTorch Profiler") become negative ids.
+        if _DECIMAL.fullmatch(v):
+            n = int(v)
+            if -(2**63) <= n < 2**63:
+                return n
         return -1 - self.names.setdefault(v, len(self.names))
 
     def finish(self) -> tuple[list[str], list[np.ndarray], Sparse]:
@@ -513,7 +541,7 @@ class Sparse:
         return Sparse(i64, f, f, f, f, i64, i32, i64, i32, i64)
 
 
-def _grid_blocks(raw: msgspec.Raw) -> float:
+def _grid_blocks(raw: msgspec.Raw | bytes) -> float:
     """Blocks in a kernel's launch grid ([x, y, z] as JSON), NaN when absent or not positive ints."""
     if not raw:
         return math.nan
@@ -541,6 +569,28 @@ def _keep_rows(rows: tuple[np.ndarray, ...], keep: np.ndarray) -> tuple[np.ndarr
     new_pos = np.cumsum(keep) - 1
     sel = keep[pos]
     return (new_pos[pos[sel]], *(r[sel] for r in rows[1:]))
+
+
+def launch_rows(k: np.ndarray, b: np.ndarray, w: np.ndarray, o: np.ndarray, grid_at) -> tuple[np.ndarray, ...]:
+    """(positions, blocks per SM, warps per SM, est. achieved occupancy %, grid blocks) of a piece's
+    kernels at positions `k`, from their float64 args (NaN when absent).
+
+    Sparse: only kernels carry these args, so only their rows are kept (float32, NaN for an absent
+    value). Blocks/warps <= 0 (Kineto writes -1 without the device's SM count) and a negative
+    occupancy count as absent; an occupancy of 0 is real (Kineto rounds it to whole percent). Grid
+    blocks (the product of `grid`, whose raw JSON ``grid_at(j)`` gives for the j-th kernel) only
+    where blocks per SM is absent (rare: parsed per kernel).
+    """
+    if not k.size:
+        return (k, *(np.zeros(0, np.float32) for _ in range(4)))
+    b = np.where(b > 0, b, np.nan).astype(np.float32)
+    w = np.where(w > 0, w, np.nan).astype(np.float32)
+    o = np.where(o >= 0, o, np.nan).astype(np.float32)
+    g = np.full(k.size, np.nan, np.float32)
+    for j in np.flatnonzero(np.isnan(b)).tolist():
+        g[j] = _grid_blocks(grid_at(j))
+    some = np.isfinite(b) | np.isfinite(w) | np.isfinite(o) | np.isfinite(g)
+    return k[some], b[some], w[some], o[some], g[some]
 
 
 _MISSING_NS = np.iinfo(np.int64).min
@@ -728,6 +778,18 @@ _get_occ = attrgetter("occupancy_pct")
 _get_coll_name = attrgetter("coll_name")
 _get_dims = attrgetter("input_dims")
 _get_types = attrgetter("input_type")
+_get_concrete = attrgetter("concrete")
+
+
+def _shape_keys(args: list[Args], k: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    """`Columns.shape_rows`' keys of msgspec's Args at positions `k` (those without Input Dims left out)."""
+    picked = _pick(args, k)
+    dims = list(map(bytes, map(_get_dims, picked)))
+    has = np.fromiter(map(len, dims), np.int64, k.size) > 0
+    if not has.all():  # the op recorded no shapes
+        at = np.flatnonzero(has)
+        picked, dims, k = _pick(picked, at), _pick(dims, at), k[has]
+    return k, list(map(_NUL.join, zip(dims, map(bytes, map(_get_types, picked)), strict=True)))
 _NUL = b"\0"
 
 
@@ -774,7 +836,10 @@ def _decode_events_lenient(data: bytes | memoryview, cols: Columns) -> None:
         try:
             events.append(cols.dec.one.decode(raw))
         except (msgspec.ValidationError, msgspec.DecodeError):
-            obj = _any.decode(raw)
+            try:
+                obj = _any.decode(raw)
+            except msgspec.DecodeError:  # a number beyond float64 ("Number out of range")
+                obj = None
             if isinstance(obj, dict) and obj.get("ph") == "X":
                 events.append(_coerce_event(obj, cols.dec.event_type))
             else:
@@ -927,7 +992,10 @@ def open_document(path: str, blocks: Iterator[bytes]) -> Document | bytearray:
         try:
             header = _header.decode(header_doc)
         except msgspec.ValidationError:  # one key of an odd shape: keep the others
-            header = _header_of(_any.decode(header_doc))
+            try:
+                header = _header_of_raw(_top_level(header_doc) or {})
+            except msgspec.DecodeError:  # and the text breaks later on
+                header = Header()
         except msgspec.DecodeError:
             # Header keys we don't understand are not fatal: the events still are a trace.
             header = Header()
@@ -954,20 +1022,50 @@ def scan_events(buf: bytearray, blocks: Iterator[bytes], cols: Columns, consumed
 def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> None:
     """Decode the last events, the closing ']' and any top-level keys after the array."""
     dec = cols.dec
+    if not doc.is_list and _scanned_tail(buf, doc, cols):
+        return
     tail_doc = bytes(buf) if doc.is_list else b'{"traceEvents":' + bytes(buf)
     try:
         if doc.is_list:
-            cols.add(dec.events.decode(tail_doc))
+            cols.add_piece(tail_doc)
         else:
+            cols.pieces_decoded += 1
             tail = dec.header.decode(tail_doc)
             cols.add(tail.traceEvents)
             doc.header.fill(tail)
     except msgspec.ValidationError:
-        _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
+        try:
+            _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
+        except msgspec.DecodeError as e:
+            raise _tail_error(e, consumed) from None
     except msgspec.DecodeError as e:
-        if "truncated" in str(e):
-            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
-        raise TraceFormatError(_describe(e, consumed - 15)) from None
+        raise _tail_error(e, consumed) from None
+
+
+def _tail_error(e: msgspec.DecodeError, consumed: int) -> TraceFormatError:
+    if "truncated" in str(e):
+        return TraceFormatError("invalid JSON: file ends in the middle of the trace")
+    return TraceFormatError(_describe(e, consumed - 15))
+
+
+def _scanned_tail(buf: bytearray, doc: Document, cols: Columns) -> bool:
+    """The last events and the top-level keys after them, the events through the scanner: True when
+    done. False (nothing added) when the scanner is off or gave up, or the keys after the array do
+    not decode as they are: then `decode_tail` reads it all with msgspec, errors worded as ever."""
+    piece = scanned.scan_piece(cols, buf, rest_ok=True)
+    if piece is None:
+        return False
+    try:
+        rest = cols.dec.header.decode(b'{"traceEvents": []' + bytes(buf[piece.end:]))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        rest = None
+    if rest is None or rest.traceEvents:  # a second event array: msgspec's reading decides
+        piece.give_up()
+        return False
+    piece.commit()
+    cols.pieces_scanned += 1
+    doc.header.fill(rest)
+    return True
 
 
 def decode_middle(buf: bytearray, cols: Columns, consumed: int) -> None:
@@ -976,9 +1074,7 @@ def decode_middle(buf: bytearray, cols: Columns, consumed: int) -> None:
     if body.endswith(b","):
         body = body[:-1]
     try:
-        cols.add(cols.dec.events.decode(body + b"]"))
-    except msgspec.ValidationError:
-        _decode_events_lenient(body + b"]", cols)
+        cols.add_piece(body + b"]")
     except msgspec.DecodeError as e:
         raise TraceFormatError(_describe(e, consumed)) from None
 
@@ -1019,10 +1115,7 @@ def _cut_and_decode(buf: bytearray, cols: Columns, offset: int) -> int:
         buf[p + 1] = ord("]")
         view = memoryview(buf)[: p + 2]
         try:
-            try:
-                cols.add(cols.dec.events.decode(view))
-            except msgspec.ValidationError:
-                _decode_events_lenient(view, cols)
+            cols.add_piece(view)
         except msgspec.DecodeError as e:
             if not _error_at_end(e, p + 2):
                 raise TraceFormatError(_describe(e, offset)) from None
@@ -1042,12 +1135,36 @@ def _decode_tail_lenient(doc: bytes, is_list: bool, header: Header, cols: Column
     if is_list:
         _decode_events_lenient(doc, cols)
         return
-    obj = _any.decode(doc)
-    events = obj.get("traceEvents") if isinstance(obj, dict) else None
-    if not isinstance(events, list):
+    top = _top_level(doc)
+    events = bytes(top["traceEvents"]) if top and "traceEvents" in top else b""
+    if not events.startswith(b"["):
         raise TraceFormatError("traceEvents is not a list")
-    _decode_events_lenient(msgspec.json.encode(events), cols)
-    header.fill(_header_of(obj))
+    _decode_events_lenient(events, cols)
+    header.fill(_header_of_raw(top))
+
+
+_top = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_HEADER_KEYS = ("distributedInfo", "deviceProperties", "computeProperties")
+
+
+def _top_level(doc: bytes) -> dict[str, msgspec.Raw] | None:
+    """A document's top-level keys with their values undecoded (Raw: a value msgspec would reject
+    when built, such as a number beyond float64, rejects only itself), or None when the document
+    is not an object. Raises msgspec.DecodeError when it is not JSON."""
+    try:
+        return _top.decode(doc)
+    except msgspec.ValidationError:
+        return None
+
+
+def _header_of_raw(top: dict[str, msgspec.Raw]) -> Header:
+    """`_header_of` the Header keys of `_top_level`'s result, a key that does not decode left out."""
+    obj = {}
+    for key in _HEADER_KEYS:
+        if key in top:
+            with contextlib.suppress(msgspec.DecodeError):
+                obj[key] = _any.decode(top[key])
+    return _header_of(obj)
 
 
 def _header_of(obj: dict[str, Any]) -> Header:
@@ -1076,18 +1193,19 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
     """A dict without a literal "traceEvents": [ ... ] (odd spacing, missing key): decode it whole."""
     data = head + b"".join(blocks)
     try:
-        obj = _any.decode(data)
+        top = _top_level(data)
     except msgspec.DecodeError as e:
         if "truncated" in str(e):
             raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
         raise TraceFormatError(_describe(e, 0)) from None
-    if not isinstance(obj, dict) or "traceEvents" not in obj:
+    if top is None or "traceEvents" not in top:
         raise TraceFormatError("no traceEvents key: not a Kineto trace")
-    if not isinstance(obj["traceEvents"], list):
+    events = bytes(top["traceEvents"])
+    if not events.startswith(b"["):
         raise TraceFormatError("traceEvents is not a list")
     cols = Columns(dec=dec)
-    _decode_events_lenient(msgspec.json.encode(obj["traceEvents"]), cols)
-    return _header_of(obj), cols
+    _decode_events_lenient(events, cols)
+    return _header_of_raw(top), cols
 
 
 def _decode_whole(path: str, dec: Decoders) -> tuple[Header, Columns]:

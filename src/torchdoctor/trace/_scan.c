@@ -1,0 +1,943 @@
+/* A strict, narrow scanner of Kineto event arrays into fixed-size records (decode.py's fast path).
+ *
+ * Why: on a 620 MB trace the typed msgspec decode plus the per-column passes over its structs cost
+ * about 3 s of CPU per core-GHz; this scanner reads the bytes once and writes every field the
+ * analysis reads into one record per complete ("X") event.
+ *
+ * How it stays exact: it accepts only input whose meaning it is sure of, and gives up on the whole
+ * piece otherwise (returns None). decode.py then decodes that piece with msgspec exactly as before,
+ * so a defect, an odd type, an escaped key, a surrogate escape, a number outside int64 or anything
+ * else unusual is handled (and worded) by the msgspec path. What it accepts it reads as msgspec
+ * would: JSON grammar checked on every value (skipped ones too), last duplicate key wins, floats
+ * correctly rounded (exact fast path or CPython's dtoa), strings handed back as raw bytes that
+ * Python decodes with msgspec once per distinct string.
+ *
+ * Trace content is untrusted: every read is bounds-checked against the end of the buffer, nesting
+ * is limited, and nothing is evaluated. Tested against the msgspec path (tests/trace/test_scan.py),
+ * on the repository's real traces and on mutated ones.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#if defined(__GNUC__)
+#define HOT static inline __attribute__((always_inline))
+#else
+#define HOT static inline
+#endif
+#define ABSENT_NS INT64_MIN
+
+/* One complete event. scanned.py's REC_DTYPE mirrors this layout field by field. */
+typedef struct {
+    double ts;          /* µs (fast mode); NaN when absent */
+    int64_t ts_ns;      /* ns from the text (exact mode); INT64_MIN when absent or beyond int64 */
+    double dur;         /* µs; 0 when absent */
+    int64_t pid, tid;   /* 0 when absent or a string */
+    int64_t stream, corr, nbytes; /* -1 when absent */
+    double blocks, warps, occ;    /* NaN when absent */
+    int32_t name, cat;            /* ids into the scanner's string tables */
+    int32_t pid_str, tid_str;     /* id into the strings table when the id is a string, else -1 */
+    int32_t shape;    /* id into the shapes table of "Input Dims" NUL "Input type" (raw); -1 without dims */
+    int32_t has_coll; /* args carry collective metadata (decoded by Python from the args span) */
+    int64_t grid_off, conc_off, args_off; /* raw JSON value spans in the buffer */
+    int32_t grid_len, conc_len, args_len; /* 0 when absent */
+    int32_t pad_;
+} Rec;
+
+/* ---- interning table of raw string bytes (open addressing; ids in first-seen order) ---- */
+typedef struct {
+    char *arena;
+    Py_ssize_t arena_len, arena_cap;
+    Py_ssize_t *offs;
+    Py_ssize_t *lens;
+    uint64_t *hashes;
+    Py_ssize_t n, cap;
+    int32_t *slots; /* -1 empty */
+    Py_ssize_t nslots;
+} Table;
+
+static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
+    uint64_t h = 0x243F6A8885A308D3ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, (size_t)n);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 32;
+    return h;
+}
+
+static void table_free(Table *t) {
+    PyMem_Free(t->arena);
+    PyMem_Free(t->offs);
+    PyMem_Free(t->lens);
+    PyMem_Free(t->hashes);
+    PyMem_Free(t->slots);
+    memset(t, 0, sizeof(*t));
+}
+
+static int table_rehash(Table *t, Py_ssize_t nslots) {
+    int32_t *slots = PyMem_Malloc((size_t)nslots * sizeof(int32_t));
+    if (!slots) return -1;
+    memset(slots, 0xff, (size_t)nslots * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        Py_ssize_t j = (Py_ssize_t)(t->hashes[i] & (uint64_t)(nslots - 1));
+        while (slots[j] >= 0) j = (j + 1) & (nslots - 1);
+        slots[j] = (int32_t)i;
+    }
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->nslots = nslots;
+    return 0;
+}
+
+/* Id of the bytes [s, s+n); added when unseen. -1 on memory error. */
+static int32_t table_id(Table *t, const char *s, Py_ssize_t n) {
+    uint64_t h = hash_bytes(s, n);
+    if (t->nslots == 0 && table_rehash(t, 1024) < 0) return -1;
+    Py_ssize_t mask = t->nslots - 1;
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)mask);
+    while (t->slots[j] >= 0) {
+        int32_t i = t->slots[j];
+        if (t->hashes[i] == h && t->lens[i] == n && memcmp(t->arena + t->offs[i], s, (size_t)n) == 0) return i;
+        j = (j + 1) & mask;
+    }
+    if (t->n >= INT32_MAX - 1) return -1;
+    if (t->n == t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap * 2 : 256;
+        Py_ssize_t *offs = PyMem_Realloc(t->offs, (size_t)cap * sizeof(Py_ssize_t));
+        if (!offs) return -1;
+        t->offs = offs;
+        Py_ssize_t *lens = PyMem_Realloc(t->lens, (size_t)cap * sizeof(Py_ssize_t));
+        if (!lens) return -1;
+        t->lens = lens;
+        uint64_t *hashes = PyMem_Realloc(t->hashes, (size_t)cap * sizeof(uint64_t));
+        if (!hashes) return -1;
+        t->hashes = hashes;
+        t->cap = cap;
+    }
+    if (t->arena_len + n > t->arena_cap) {
+        Py_ssize_t cap = t->arena_cap ? t->arena_cap : 4096;
+        while (cap < t->arena_len + n) cap *= 2;
+        char *arena = PyMem_Realloc(t->arena, (size_t)cap);
+        if (!arena) return -1;
+        t->arena = arena;
+        t->arena_cap = cap;
+    }
+    memcpy(t->arena + t->arena_len, s, (size_t)n);
+    int32_t id = (int32_t)t->n;
+    t->offs[id] = t->arena_len;
+    t->lens[id] = n;
+    t->hashes[id] = h;
+    t->arena_len += n;
+    t->n++;
+    t->slots[j] = id;
+    if (t->n * 2 > t->nslots && table_rehash(t, t->nslots * 2) < 0) return -1;
+    return id;
+}
+
+/* Forget the entries from id `n` on. Safe for open addressing: an older key's probe never
+ * passes through a slot filled after it was inserted. */
+static void table_rollback(Table *t, Py_ssize_t n) {
+    if (n < 0 || n >= t->n) return;
+    for (Py_ssize_t j = 0; j < t->nslots; j++)
+        if (t->slots[j] >= n) t->slots[j] = -1;
+    t->arena_len = t->offs[n];
+    t->n = n;
+}
+
+static PyObject *table_new_entries(Table *t, Py_ssize_t from) {
+    PyObject *out = PyList_New(t->n - from);
+    if (!out) return NULL;
+    for (Py_ssize_t i = from; i < t->n; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(t->arena + t->offs[i], t->lens[i]);
+        if (!b) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i - from, b);
+    }
+    return out;
+}
+
+/* ---- strict JSON scanning ---- */
+typedef struct {
+    const char *p, *end;
+} Cur;
+
+HOT void ws(Cur *c) {
+    const char *p = c->p, *end = c->end;
+    /* Kineto writes one space or none: the common case is one comparison. */
+    while (p < end && (unsigned char)*p <= ' ' && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    c->p = p;
+}
+
+static inline int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* The first byte at or after p that is '"', '\\' or a control character (or end). Eight bytes at a
+ * time: a word with none of them is skipped whole; otherwise the bytes are looked at one by one. */
+HOT const char *plain_run(const char *p, const char *end) {
+    while (end - p >= 8) {
+        uint64_t w, q, b, hit;
+        memcpy(&w, p, 8);
+        q = w ^ (ONES * '"');
+        b = w ^ (ONES * '\\');
+        /* A byte of q or b is zero, or a byte of w is below 0x20. The classic has-less test can flag
+         * bytes above a real hit (a borrow), never below one: the lowest flag is the first hit. */
+        hit = (((q - ONES) & ~q) | ((b - ONES) & ~b) | ((w - ONES * 0x20) & ~w)) & HIGHS;
+        if (hit) {
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            return p + (__builtin_ctzll(hit) >> 3);
+#else
+            break;
+#endif
+        }
+        p += 8;
+    }
+    while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) p++;
+    return p;
+}
+
+/* A string at c->p ('"'): sets [*s, *s + *n) to its raw content and *esc when it has escapes.
+ * 0 on success. Control characters and surrogate escapes fail (msgspec's path decides those). */
+HOT int scan_string(Cur *c, const char **s, Py_ssize_t *n, int *esc) {
+    const char *p = c->p + 1;
+    const char *start = p;
+    *esc = 0;
+    for (;;) {
+        p = plain_run(p, c->end);
+        if (p >= c->end) return -1;
+        if (*p == '"') break;
+        if ((unsigned char)*p < 0x20) return -1;
+        /* backslash */
+        *esc = 1;
+        if (p + 1 >= c->end) return -1;
+        char e = p[1];
+        if (e == 'u') {
+            if (p + 6 > c->end) return -1;
+            int v = 0;
+            for (int k = 2; k < 6; k++) {
+                int h = hexval(p[k]);
+                if (h < 0) return -1;
+                v = v * 16 + h;
+            }
+            if (v >= 0xD800 && v <= 0xDFFF) return -1;
+            p += 6;
+        } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
+            p += 2;
+        } else {
+            return -1;
+        }
+    }
+    *s = start;
+    *n = p - start;
+    c->p = p + 1;
+    return 0;
+}
+
+/* A number at c->p; checks JSON's grammar. *is_int: no fraction and no exponent. */
+HOT int scan_number(Cur *c, int *is_int) {
+    const char *p = c->p;
+    *is_int = 1;
+    if (p < c->end && *p == '-') p++;
+    if (p >= c->end) return -1;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < c->end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return -1;
+    }
+    if (p < c->end && *p == '.') {
+        *is_int = 0;
+        p++;
+        if (p >= c->end || !(*p >= '0' && *p <= '9')) return -1;
+        while (p < c->end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < c->end && (*p == 'e' || *p == 'E')) {
+        *is_int = 0;
+        p++;
+        if (p < c->end && (*p == '+' || *p == '-')) p++;
+        if (p >= c->end || !(*p >= '0' && *p <= '9')) return -1;
+        while (p < c->end && *p >= '0' && *p <= '9') p++;
+    }
+    c->p = p;
+    return 0;
+}
+
+static int skip_value(Cur *c, int depth);
+
+static int skip_container(Cur *c, int depth, char close, int is_object) {
+    if (depth > MAX_DEPTH) return -1;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        if (is_object) {
+            const char *s;
+            Py_ssize_t n;
+            int esc;
+            if (c->p >= c->end || *c->p != '"' || scan_string(c, &s, &n, &esc) < 0) return -1;
+            ws(c);
+            if (c->p >= c->end || *c->p != ':') return -1;
+            c->p++;
+            ws(c);
+        }
+        if (skip_value(c, depth + 1) < 0) return -1;
+        ws(c);
+        if (c->p >= c->end) return -1;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p == close) {
+            c->p++;
+            return 0;
+        }
+        return -1;
+    }
+}
+
+static int skip_literal(Cur *c, const char *lit, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, lit, (size_t)n) != 0) return -1;
+    c->p += n;
+    return 0;
+}
+
+static int skip_value(Cur *c, int depth) {
+    if (c->p >= c->end) return -1;
+    switch (*c->p) {
+    case '"': {
+        const char *s;
+        Py_ssize_t n;
+        int esc;
+        return scan_string(c, &s, &n, &esc);
+    }
+    case '{':
+        return skip_container(c, depth, '}', 1);
+    case '[':
+        return skip_container(c, depth, ']', 0);
+    case 't':
+        return skip_literal(c, "true", 4);
+    case 'f':
+        return skip_literal(c, "false", 5);
+    case 'n':
+        return skip_literal(c, "null", 4);
+    default: {
+        int is_int;
+        return scan_number(c, &is_int);
+    }
+    }
+}
+
+/* ---- number conversion ---- */
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The correctly rounded double of the (grammar-checked) number [s, e). -1 when out of range. */
+static int to_double(const char *s, const char *e, double *out) {
+    const char *p = s;
+    int neg = 0;
+    if (*p == '-') {
+        neg = 1;
+        p++;
+    }
+    uint64_t m = 0;
+    int digits = 0, frac = 0, fast = 1, int_form = 1;
+    for (; p < e && *p >= '0' && *p <= '9'; p++) {
+        if (m || *p != '0') digits++;
+        if (digits > 19) fast = 0;
+        else m = m * 10 + (uint64_t)(*p - '0');
+    }
+    if (p < e && *p == '.') {
+        int_form = 0;
+        for (p++; p < e && *p >= '0' && *p <= '9'; p++) {
+            if (m || *p != '0') digits++;
+            if (digits > 19) fast = 0;
+            else {
+                m = m * 10 + (uint64_t)(*p - '0');
+                frac++;
+            }
+        }
+    }
+    if (p < e) fast = 0, int_form = 0; /* exponent: leave it to dtoa */
+    if (int_form && m == 0) neg = 0; /* msgspec reads "-0" as the int 0, a float +0.0 */
+    if (fast && (frac == 0 || (m <= (1ULL << 53) && frac <= 22))) {
+        /* An integer of up to 19 digits converts with one rounding (the hardware's, to nearest even);
+         * m <= 2^53 and 10^frac are exact doubles, so the quotient is rounded once (Clinger). */
+        double v = frac ? (double)m / POW10[frac] : (double)m;
+        *out = neg ? -v : v;
+        return 0;
+    }
+    char small[64];
+    char *buf = small;
+    Py_ssize_t n = e - s;
+    if (n >= (Py_ssize_t)sizeof(small)) {
+        buf = PyMem_Malloc((size_t)n + 1);
+        if (!buf) return -1;
+    }
+    memcpy(buf, s, (size_t)n);
+    buf[n] = 0;
+    char *endp = NULL;
+    double v = PyOS_string_to_double(buf, &endp, NULL);
+    int ok = endp == buf + n && !PyErr_Occurred();
+    if (buf != small) PyMem_Free(buf);
+    if (!ok) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (isinf(v)) return -1; /* msgspec: "Number out of range" */
+    *out = v;
+    return 0;
+}
+
+/* The int64 of an integer-form number [s, e); -1 when outside int64. */
+static int to_int64(const char *s, const char *e, int64_t *out) {
+    const char *p = s;
+    int neg = 0;
+    if (*p == '-') {
+        neg = 1;
+        p++;
+    }
+    uint64_t v = 0;
+    for (; p < e; p++) {
+        uint64_t d = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1;
+        v = v * 10 + d;
+    }
+    if (neg) {
+        if (v > (uint64_t)INT64_MAX + 1) return -1;
+        *out = (int64_t)(0 - v);
+    } else {
+        if (v > (uint64_t)INT64_MAX) return -1;
+        *out = (int64_t)v;
+    }
+    return 0;
+}
+
+/* Exact ns of a µs timestamp's text, as decode.py's _raw_to_ns: whole µs * 1000 + the first three
+ * decimals, the fourth rounding half up; ABSENT_NS when that is beyond int64 (raw_ts_to_ns reads such a
+ * value as missing). Negative or with an exponent: -1 (left to the msgspec path). */
+static int to_ns(const char *s, const char *e, int64_t *out) {
+    const char *p = s;
+    if (*p == '-') return -1;
+    uint64_t whole = 0;
+    int too_big = 0;
+    for (; p < e && *p >= '0' && *p <= '9'; p++) {
+        if (whole > (uint64_t)INT64_MAX / 1000) too_big = 1;
+        else whole = whole * 10 + (uint64_t)(*p - '0');
+    }
+    uint64_t ns = 0;
+    if (p < e && *p == '.') {
+        p++;
+        uint64_t scale = 100;
+        int k = 0;
+        for (; p < e && *p >= '0' && *p <= '9'; p++, k++) {
+            if (k < 3) {
+                ns += (uint64_t)(*p - '0') * scale;
+                scale /= 10;
+            } else if (k == 3 && *p >= '5') {
+                ns += 1;
+            }
+        }
+    }
+    if (p < e) return -1; /* exponent */
+    if (too_big || whole > (uint64_t)INT64_MAX / 1000 || whole * 1000 > (uint64_t)INT64_MAX - ns) {
+        *out = ABSENT_NS;
+        return 0;
+    }
+    *out = (int64_t)(whole * 1000 + ns);
+    return 0;
+}
+
+/* ---- events ---- */
+typedef struct {
+    const char *s, *e; /* value span; s == NULL when absent */
+    char kind;         /* first byte of the value */
+    char is_int;       /* a number without fraction or exponent */
+} Span;
+
+static inline int is_number_start(char ch) {
+    return ch == '-' || (ch >= '0' && ch <= '9');
+}
+
+static inline int key_is(const char *s, Py_ssize_t n, const char *lit, Py_ssize_t litn) {
+    return n == litn && s[0] == lit[0] && memcmp(s, lit, (size_t)n) == 0;
+}
+#define KEY(lit) key_is(ks, kn, lit, (Py_ssize_t)sizeof(lit) - 1)
+
+typedef struct {
+    PyObject_HEAD
+    Table names, cats, strs, shapes;
+    char *key;         /* scratch for a shapes key */
+    Py_ssize_t key_cap;
+} Scanner;
+
+/* A value span (after ws) at c->p, validated; fills `sp`. */
+HOT int take_span(Cur *c, Span *sp) {
+    sp->s = c->p;
+    sp->kind = c->p < c->end ? *c->p : 0;
+    sp->is_int = 0;
+    if (is_number_start(sp->kind)) {
+        /* Checked once here; read_float / read_int then only convert. */
+        int is_int;
+        if (scan_number(c, &is_int) < 0) return -1;
+        sp->is_int = (char)is_int;
+    } else if (skip_value(c, 1) < 0) {
+        return -1;
+    }
+    sp->e = c->p;
+    return 0;
+}
+
+static int read_string_id(Table *t, const Span *sp, int32_t *id) {
+    if (sp->kind != '"') return -1;
+    /* The raw bytes between the quotes: Python decodes each distinct one once (escapes, UTF-8). */
+    *id = table_id(t, sp->s + 1, sp->e - sp->s - 2);
+    return *id < 0 ? -2 : 0;
+}
+
+static int read_float(const Span *sp, double *out) {
+    if (!is_number_start(sp->kind)) return -1;
+    return to_double(sp->s, sp->e, out);
+}
+
+static int read_int(const Span *sp, int64_t *out) {
+    if (!is_number_start(sp->kind) || !sp->is_int) return -1;
+    return to_int64(sp->s, sp->e, out);
+}
+
+/* pid / tid: an int64 or a string (its id in the strings table). */
+static int read_ident(Scanner *sc, const Span *sp, int64_t *v, int32_t *str_id) {
+    *v = 0;
+    *str_id = -1;
+    if (!sp->s) return 0;
+    if (sp->kind == '"') return read_string_id(&sc->strs, sp, str_id);
+    return read_int(sp, v);
+}
+
+/* An args object at c->p ('{'), read into r in one pass. Returns -1 when it is not JSON; sets *bad
+ * when a value the analysis reads has a type msgspec's Args would reject (fatal only for "X"). */
+/* Where an args object's shape texts lie (raw JSON values), for the shapes key. */
+typedef struct {
+    const char *dims, *types;
+    Py_ssize_t dims_n, types_n;
+} ShapeText;
+
+static int read_args(const char *base, Cur *c, Rec *r, ShapeText *st, int *bad) {
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        const char *ks;
+        Py_ssize_t kn;
+        int esc;
+        if (c->p >= c->end || *c->p != '"' || scan_string(c, &ks, &kn, &esc) < 0) return -1;
+        if (esc) *bad = 1; /* msgspec matches keys after unescaping: leave such a piece to it */
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return -1;
+        c->p++;
+        ws(c);
+        Span v;
+        if (take_span(c, &v) < 0) return -1;
+        Py_ssize_t off = v.s - base;
+        int32_t len = (int32_t)(v.e - v.s);
+        if (v.e - v.s > INT32_MAX) *bad = 1;
+        /* By length first: most keys (External id, Trace name, Call stack ...) match nothing. */
+        switch (kn) {
+        case 3:
+            if (KEY("Seq")) r->has_coll = 1;
+            break;
+        case 4:
+            if (KEY("grid")) r->grid_off = off, r->grid_len = len;
+            break;
+        case 5:
+            if (KEY("bytes")) {
+                if (read_int(&v, &r->nbytes) < 0) *bad = 1;
+            } else if (KEY("dtype")) {
+                r->has_coll = 1;
+            }
+            break;
+        case 6:
+            if (KEY("stream") && read_int(&v, &r->stream) < 0) *bad = 1;
+            break;
+        case 10:
+            if (KEY("Input Dims")) {
+                st->dims = v.s, st->dims_n = v.e - v.s;
+            } else if (KEY("Input type")) {
+                st->types = v.s, st->types_n = v.e - v.s;
+            } else if (KEY("Group size")) {
+                r->has_coll = 1;
+            }
+            break;
+        case 11:
+            if (KEY("correlation") && read_int(&v, &r->corr) < 0) *bad = 1;
+            break;
+        case 12:
+            if (KEY("warps per SM") && read_float(&v, &r->warps) < 0) *bad = 1;
+            break;
+        case 13:
+            if (KEY("blocks per SM")) {
+                if (read_float(&v, &r->blocks) < 0) *bad = 1;
+            } else if (KEY("In msg nelems")) {
+                r->has_coll = 1;
+            }
+            break;
+        case 14:
+            if (KEY("Out msg nelems")) r->has_coll = 1;
+            break;
+        case 15:
+            if (KEY("Concrete Inputs")) r->conc_off = off, r->conc_len = len;
+            else if (KEY("Collective name")) r->has_coll = 1;
+            break;
+        case 18:
+            if (KEY("Process Group Name")) r->has_coll = 1;
+            break;
+        case 25:
+            if (KEY("est. achieved occupancy %") && read_float(&v, &r->occ) < 0) *bad = 1;
+            break;
+        default:
+            break;
+        }
+        ws(c);
+        if (c->p >= c->end) return -1;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            return 0;
+        }
+        return -1;
+    }
+}
+
+/* The shapes id of an op's "Input Dims" and "Input type" texts: their raw bytes joined by NUL (a byte
+ * no JSON text holds), as decode.py's shape_rows keys them. -1 without dims. */
+static int shape_id(Scanner *sc, const ShapeText *st, int32_t *id) {
+    *id = -1;
+    if (!st->dims) return 0;
+    Py_ssize_t n = st->dims_n + 1 + st->types_n;
+    if (n > sc->key_cap) {
+        Py_ssize_t cap = n * 2;
+        char *k = PyMem_Realloc(sc->key, (size_t)cap);
+        if (!k) return -2;
+        sc->key = k;
+        sc->key_cap = cap;
+    }
+    memcpy(sc->key, st->dims, (size_t)st->dims_n);
+    sc->key[st->dims_n] = 0;
+    if (st->types_n) memcpy(sc->key + st->dims_n + 1, st->types, (size_t)st->types_n);
+    *id = table_id(&sc->shapes, sc->key, n);
+    return *id < 0 ? -2 : 0;
+}
+
+static void rec_defaults(Rec *r) {
+    r->ts = NAN;
+    r->ts_ns = ABSENT_NS;
+    r->dur = 0.0;
+    r->pid = r->tid = 0;
+    r->stream = r->corr = r->nbytes = -1;
+    r->blocks = r->warps = r->occ = NAN;
+    r->name = r->cat = 0;
+    r->pid_str = r->tid_str = -1;
+    r->shape = -1;
+    r->has_coll = 0;
+    r->grid_off = r->conc_off = r->args_off = -1;
+    r->grid_len = r->conc_len = r->args_len = 0;
+    r->pad_ = 0;
+}
+
+/* Growable output. */
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static void *buf_push(Buf *b, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap * 2 : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        char *d = PyMem_Realloc(b->data, (size_t)cap);
+        if (!d) return NULL;
+        b->data = d;
+        b->cap = cap;
+    }
+    void *out = b->data + b->len;
+    b->len += n;
+    return out;
+}
+
+enum { K_PH, K_CAT, K_NAME, K_TS, K_DUR, K_PID, K_TID, K_ARGS, K_N };
+
+/* Phases msgspec's union skips unbuilt (decode.py's SKIPPED_PH), besides "X" and "i". */
+static int skipped_phase(const char *s, Py_ssize_t n) {
+    static const char *const PH = "sftMICbenBEPONDR";
+    if (n != 1) return 0;
+    return strchr(PH, s[0]) != NULL && s[0] != 0;
+}
+
+/* One event object at c->p. Returns 0, or -1 to give the piece up, -2 on memory error. */
+static int scan_event(Scanner *sc, const char *base, Cur *c, int exact, Buf *recs, Buf *instants,
+                      Py_ssize_t *n_instants) {
+    const char *obj_start = c->p;
+    if (c->p >= c->end || *c->p != '{') return -1;
+    c->p++;
+    ws(c);
+    Span f[K_N];
+    memset(f, 0, sizeof(f));
+    Rec tmp;
+    ShapeText st = {NULL, NULL, 0, 0};
+    int args_bad = 0;
+    rec_defaults(&tmp);
+    if (c->p < c->end && *c->p == '}') return -1; /* no "ph": msgspec's union rejects it */
+    for (;;) {
+        const char *ks;
+        Py_ssize_t kn;
+        int esc;
+        if (c->p >= c->end || *c->p != '"' || scan_string(c, &ks, &kn, &esc) < 0 || esc) return -1;
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return -1;
+        c->p++;
+        ws(c);
+        int k = -1;
+        if (kn == 2) {
+            k = ks[0] == 'p' && ks[1] == 'h' ? K_PH : ks[0] == 't' && ks[1] == 's' ? K_TS : -1;
+        } else if (kn == 3) {
+            k = KEY("cat") ? K_CAT : KEY("dur") ? K_DUR : KEY("pid") ? K_PID : KEY("tid") ? K_TID : -1;
+        } else if (kn == 4) {
+            k = KEY("name") ? K_NAME : KEY("args") ? K_ARGS : -1;
+        }
+        if (k == K_PH && f[K_PH].s) return -1; /* a second tag: msgspec rejects it */
+        Span v;
+        if (k == K_ARGS && c->p < c->end && *c->p == '{') {
+            /* Read in the same pass (a later "args" key replaces it, as in msgspec). */
+            v.s = c->p;
+            v.kind = '{';
+            rec_defaults(&tmp);
+            memset(&st, 0, sizeof(st));
+            args_bad = 0;
+            if (read_args(base, c, &tmp, &st, &args_bad) < 0) return -1;
+            v.e = c->p;
+        } else if (take_span(c, &v) < 0) {
+            return -1;
+        }
+        if (k >= 0) f[k] = v;
+        ws(c);
+        if (c->p >= c->end) return -1;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            break;
+        }
+        return -1;
+    }
+    const Span *ph = &f[K_PH];
+    if (!ph->s || ph->kind != '"') return -1;
+    const char *phs = ph->s + 1;
+    Py_ssize_t phn = ph->e - ph->s - 2;
+    if (phn == 1 && phs[0] == 'i') {
+        int64_t *span = buf_push(instants, 2 * sizeof(int64_t));
+        if (!span) return -2;
+        span[0] = obj_start - base;
+        span[1] = c->p - obj_start;
+        (*n_instants)++;
+        return 0;
+    }
+    if (skipped_phase(phs, phn)) {
+        if (phs[0] == 'I') (*n_instants)++;
+        return 0;
+    }
+    if (!(phn == 1 && phs[0] == 'X')) return -1;
+
+    if (f[K_ARGS].s && (f[K_ARGS].kind != '{' || args_bad)) return -1;
+    Rec *r = buf_push(recs, sizeof(Rec));
+    if (!r) return -2;
+    *r = tmp; /* the args' fields (defaults when there are none) */
+    static const char QUOTES[] = "\"\"";
+    const Span EMPTY = {QUOTES, QUOTES + 2, '"'};
+    int rc;
+    if ((rc = read_string_id(&sc->cats, f[K_CAT].s ? &f[K_CAT] : &EMPTY, &r->cat)) < 0) return rc;
+    if ((rc = read_string_id(&sc->names, f[K_NAME].s ? &f[K_NAME] : &EMPTY, &r->name)) < 0) return rc;
+    if (f[K_TS].s) {
+        if (exact) {
+            if (!is_number_start(f[K_TS].kind) || to_ns(f[K_TS].s, f[K_TS].e, &r->ts_ns) < 0) return -1;
+        } else if (read_float(&f[K_TS], &r->ts) < 0) {
+            return -1;
+        }
+    }
+    if (f[K_DUR].s && read_float(&f[K_DUR], &r->dur) < 0) return -1;
+    if ((rc = read_ident(sc, &f[K_PID], &r->pid, &r->pid_str)) < 0) return rc;
+    if ((rc = read_ident(sc, &f[K_TID], &r->tid, &r->tid_str)) < 0) return rc;
+    if ((rc = shape_id(sc, &st, &r->shape)) < 0) return rc;
+    if (f[K_ARGS].s) {
+        if (r->has_coll) {
+            if (f[K_ARGS].e - f[K_ARGS].s > INT32_MAX) return -1;
+            r->args_off = f[K_ARGS].s - base;
+            r->args_len = (int32_t)(f[K_ARGS].e - f[K_ARGS].s);
+        }
+    }
+    return 0;
+}
+
+static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
+    Py_buffer view;
+    int exact, rest_ok = 0;
+    if (!PyArg_ParseTuple(args, "y*p|p", &view, &exact, &rest_ok)) return NULL;
+    Py_ssize_t n0 = self->names.n, c0 = self->cats.n, s0 = self->strs.n, h0 = self->shapes.n;
+    Buf recs = {0}, instants = {0};
+    Py_ssize_t n_instants = 0;
+    const char *base = view.buf;
+    Cur c = {base, base + view.len};
+    int rc = 0;
+    ws(&c);
+    if (c.p >= c.end || *c.p != '[') rc = -1;
+    else {
+        c.p++;
+        ws(&c);
+        if (c.p < c.end && *c.p == ']') {
+            c.p++;
+        } else {
+            for (;;) {
+                rc = scan_event(self, base, &c, exact, &recs, &instants, &n_instants);
+                if (rc < 0) break;
+                ws(&c);
+                if (c.p < c.end && *c.p == ',') {
+                    c.p++;
+                    ws(&c);
+                    continue;
+                }
+                if (c.p < c.end && *c.p == ']') {
+                    c.p++;
+                    break;
+                }
+                rc = -1;
+                break;
+            }
+        }
+        ws(&c);
+        /* rest_ok: the array may be followed by more of a document (the top-level keys after it). */
+        if (rc == 0 && c.p != c.end && !rest_ok) rc = -1;
+    }
+    PyObject *out = NULL;
+    if (rc == 0) {
+        PyObject *nn = table_new_entries(&self->names, n0);
+        PyObject *nc = table_new_entries(&self->cats, c0);
+        PyObject *ns = table_new_entries(&self->strs, s0);
+        PyObject *nh = table_new_entries(&self->shapes, h0);
+        if (nn && nc && ns && nh)
+            out = Py_BuildValue("(y#y#OOOOnn)", recs.data ? recs.data : "", recs.len,
+                                instants.data ? instants.data : "", instants.len, nn, nc, ns, nh, n_instants,
+                                (Py_ssize_t)(c.p - base));
+        Py_XDECREF(nn);
+        Py_XDECREF(nc);
+        Py_XDECREF(ns);
+        Py_XDECREF(nh);
+    }
+    PyMem_Free(recs.data);
+    PyMem_Free(instants.data);
+    PyBuffer_Release(&view);
+    if (!out) {
+        table_rollback(&self->names, n0);
+        table_rollback(&self->cats, c0);
+        table_rollback(&self->strs, s0);
+        table_rollback(&self->shapes, h0);
+        if (rc == -2) return PyErr_NoMemory();
+        if (rc == 0) return NULL; /* an exception from building the result */
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+static PyObject *Scanner_rollback(Scanner *self, PyObject *args) {
+    Py_ssize_t n, c, s, h;
+    if (!PyArg_ParseTuple(args, "nnnn", &n, &c, &s, &h)) return NULL;
+    table_rollback(&self->names, n);
+    table_rollback(&self->cats, c);
+    table_rollback(&self->strs, s);
+    table_rollback(&self->shapes, h);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scanner_sizes(Scanner *self, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("(nnnn)", self->names.n, self->cats.n, self->strs.n, self->shapes.n);
+}
+
+static void Scanner_dealloc(Scanner *self) {
+    table_free(&self->names);
+    table_free(&self->cats);
+    table_free(&self->strs);
+    table_free(&self->shapes);
+    PyMem_Free(self->key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Scanner_methods[] = {
+    {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
+     "scan(buf, exact, rest_ok=False) -> (records, instant spans, new names, new cats, new strings, "
+     "new shapes, instants, end of the array) or None"},
+    {"rollback", (PyCFunction)Scanner_rollback, METH_VARARGS, "rollback(n_names, n_cats, n_strings, n_shapes)"},
+    {"sizes", (PyCFunction)Scanner_sizes, METH_NOARGS, "(n_names, n_cats, n_strings, n_shapes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torchdoctor.trace._scan.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Scans Kineto event arrays into records; string tables persist across calls (one file).",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Scanner_dealloc,
+    .tp_methods = Scanner_methods,
+};
+
+static struct PyModuleDef scan_module = {
+    PyModuleDef_HEAD_INIT, "_scan", "Strict scanner of Kineto event arrays (see decode.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&scan_module);
+    if (!m) return NULL;
+    Py_INCREF(&ScannerType);
+    if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(&ScannerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "RECORD_BYTES", (long)sizeof(Rec)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
