@@ -15,6 +15,7 @@ import os
 import random
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -205,6 +206,14 @@ ODD_EVENTS = [
     b'{"ph":"i","name":"[memory]","ts":5,"args":{"x":"\xff"}}',
     b'{"ph":"I","name":"instant","ts":5}',
     b'{"ph":"X","name":"a","ts":100,"dur":1,"~torchdoctor padding":1}',
+    # A known key twice: msgspec checks each copy, so a bad first one sends the event to the
+    # lenient path (found by review: the scanner used to read only the last copy).
+    b'{"ph":"X","name":"aten::mm","ts":"x","ts":5,"dur":1,"args":{"Input Dims":"abc"}}',
+    b'{"ph":"X","name":"aten::mm","ts":5,"dur":1,"args":{"stream":"x"},"args":{"Input Dims":"abc"}}',
+    b'{"ph":"X","name":"a","ts":1e400,"ts":5,"dur":1}',
+    b'{"ph":"X","name":"aten::mm","ts":5,"dur":1,"~torchdoctor padding":1,"args":{"Input Dims":"abc"}}',
+    b'{"ph":"X","name":"a","ts":1712195495519689.047,"dur":"x","dur":1}',
+    b'{"ph":"X","name":"aten::mm","ts":5,"dur":1,"args":{"Input Dims":[[2,3]],"Input Dims":[[4]]}}',
 ]
 
 
@@ -220,15 +229,110 @@ def test_odd_events_decode_identically(tmp_path, monkeypatch, event, as_list):
     assert_same(path, monkeypatch, block=64)
 
 
-def test_the_scanner_reads_the_common_odd_cases_itself(tmp_path, monkeypatch):
+READ_BY_THE_SCANNER = [
+    b'{"ph":"X","name":"a","ts":-0,"dur":-0.0}',
+    b'{"ph":"X","name":"a","ts":1.5e3,"dur":25E-1}',
+    b'{"ph":"X","name":"a","ts":1661203462755402,"dur":3}',
+    b'{"ph":"X","name":"a","ts":9007199254740993,"dur":3}',
+    b'{"ph":"X","name":"a","ts":1712195495519689.047,"dur":3.0005}',
+    b'{"ph":"X","name":"a","ts":4.9406564584124654e-324,"dur":2.2250738585072011e-308}',
+    b'{"ph":"X","name":"a","ts":100,"dur":1,"pid":"Spans","tid":"-12"}',
+    b'{"ph":"X","name":"\\u00e9\\n\\/","ts":100,"dur":1}',
+    b'{"ph":"X","name":"\xc3\xa9\xe4\xb8\xad","ts":100,"dur":1}',
+    b'{"ph":"X","name":"a","other":"\xff\xfe","ts":100,"dur":1}',
+    b'{"ph":"X","name":"a","ts":100,"dur":1,"args":{"stream":7,"stream":8,"correlation":-0}}',
+    b'{"name":"late tag","ts":100,"dur":1,"ph":"X"}',
+    b'{"ph":"i","name":"[memory]","ts":5,"args":{"Device Type":1,"Bytes":8,"Total Allocated":8,'
+    b'"Total Reserved":64,"Device Id":0}}',
+]
+
+
+@pytest.mark.parametrize("event", READ_BY_THE_SCANNER, ids=range(len(READ_BY_THE_SCANNER)))
+def test_the_scanner_reads_the_common_odd_cases_itself(tmp_path, monkeypatch, event):
     """Not a fallback for everything: numbers in every JSON form, escapes in names, string ids,
-    duplicate keys and instants are read by the scanner (no piece handed to msgspec)."""
-    for event in (ODD_EVENTS[0], ODD_EVENTS[1], ODD_EVENTS[3], ODD_EVENTS[4], ODD_EVENTS[6], ODD_EVENTS[8],
-                  ODD_EVENTS[10], ODD_EVENTS[12], ODD_EVENTS[18], ODD_EVENTS[19], ODD_EVENTS[29], ODD_EVENTS[47]):
+    duplicate args keys, a late tag and instants are read by the scanner (no piece handed over)."""
+    path = tmp_path / "t.json"
+    path.write_bytes(b"[" + event + b"]")
+    assert_same(path, monkeypatch)
+    _, (scanned_pieces, decoded) = read(path, False, monkeypatch)
+    assert (scanned_pieces, decoded) == (1, 0)
+
+
+@pytest.mark.parametrize("event", ODD_EVENTS, ids=range(len(ODD_EVENTS)))
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_piece_msgspec_rejects_is_one_the_scanner_gives_up(event, exact):
+    """The scanner's contract, checked directly: where msgspec's typed decode raises (so the piece
+    goes to the lenient path or is an error), scanning gives the piece up (None). Comparing final columns alone
+    would miss a case the lenient path happens to rebuild identically."""
+    good = b'{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":50,"dur":2}'
+    piece = b"[" + good + b", " + event + b"]"
+    dec = decode.EXACT if exact else decode.FAST
+    try:
+        dec.events.decode(piece)
+        rejected = False
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        rejected = True
+    # The scanner with the Python side's checks of what it hands back (strings decoded by msgspec).
+    got = scanned.scan_piece(decode.Columns(dec=dec), piece)
+    if rejected:
+        assert got is None
+
+
+def test_a_second_event_array_after_the_first_is_read_as_msgspec_reads_it(tmp_path, monkeypatch):
+    """msgspec keeps the last of two "traceEvents" keys, even an empty one (found by review)."""
+    ev = b'{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":5,"dur":1}'
+    for second in (b"[]", b"[" + ev.replace(b'"a"', b'"b"') + b"]"):
         path = tmp_path / "t.json"
-        path.write_bytes(b"[" + event + b"]")
-        _, (scanned_pieces, decoded) = read(path, False, monkeypatch)
-        assert (scanned_pieces, decoded) == (1, 0), event
+        path.write_bytes(b'{"traceEvents": [' + ev + b'], "traceEvents": ' + second + b"}")
+        assert_same(path, monkeypatch)
+
+
+def test_a_file_whose_pieces_the_scanner_keeps_handing_over_goes_to_msgspec(tmp_path, monkeypatch):
+    """ROCm's string-typed `bytes` in every block: after two hand-overs the rest is not scanned first."""
+    ev = b'{"ph":"X","cat":"cuda_runtime","name":"hipMemcpy","pid":1,"tid":1,"ts":%d,"dur":1,"args":{"bytes":"8"}}'
+    path = tmp_path / "t.json"
+    path.write_bytes(b"[" + b",".join(ev % i for i in range(200)) + b"]")
+    assert_same(path, monkeypatch, block=512)
+    monkeypatch.setenv("TORCHDOCTOR_PURE_DECODE", "0")
+    _, cols = decode.decode_file(str(path))
+    assert cols.pieces_scanned == 0 and cols.handed_over == 2 and cols.scanner is None
+
+
+def colliding_names(seed: int, count: int) -> list[bytes]:
+    """8-byte names whose hash under `seed` (_scan.c's hash_bytes, inverted) is the same modulo 2^24."""
+    mask = (1 << 64) - 1
+    k = 0x9E3779B97F4A7C15
+    k_inv = pow(k, -1, 1 << 64)
+
+    def unshift(h: int, s: int) -> int:  # inverse of h ^= h >> s
+        x = h
+        for _ in range(64 // s + 1):
+            x = h ^ (x >> s)
+        return x & mask
+
+    rng = random.Random(seed)
+    out: list[bytes] = []
+    while len(out) < count:
+        h = (rng.getrandbits(40) << 24) | 0xABCDE  # the target: same low 24 bits
+        h = unshift(h, 32)  # final step: h ^= h >> 32
+        h = (h * k_inv) & mask  # h = (h ^ 0) * k, the empty tail word
+        h = unshift(h, 29)  # the one full word: h ^= h >> 29
+        h = (h * k_inv) & mask  # h = (h ^ w) * k
+        w = (h ^ seed ^ 8).to_bytes(8, "little")  # h started as seed ^ len
+        if all(0x20 <= c < 0x7F and c not in b'"\\' for c in w):
+            out.append(w)
+    return out
+
+
+def test_colliding_strings_cannot_slow_the_scanner_down():
+    """Names crafted to collide under one key: the scanner gives the piece up after MAX_PROBE probes
+    (msgspec then reads it) instead of slowing down quadratically; under another key, such as the
+    random one each file's scanner gets, the same names do not collide and are read."""
+    names = colliding_names(1, 1500)
+    piece = b"[" + b",".join(b'{"ph":"X","name":"%s","ts":1,"dur":1}' % n for n in names) + b"]"
+    assert scanned._scan.Scanner(1).scan(piece, False) is None
+    got = scanned._scan.Scanner(2).scan(piece, False)
+    assert got is not None and len(got[2]) == 1500
 
 
 def mutate(doc: bytes, rng: random.Random) -> bytes:

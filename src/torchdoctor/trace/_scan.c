@@ -49,6 +49,7 @@ typedef struct {
 
 /* ---- interning table of raw string bytes (open addressing; ids in first-seen order) ---- */
 typedef struct {
+    uint64_t seed; /* random per scanner: crafted strings cannot be made to collide */
     char *arena;
     Py_ssize_t arena_len, arena_cap;
     Py_ssize_t *offs;
@@ -59,8 +60,8 @@ typedef struct {
     Py_ssize_t nslots;
 } Table;
 
-static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
-    uint64_t h = 0x243F6A8885A308D3ULL ^ (uint64_t)n;
+static uint64_t hash_bytes(uint64_t seed, const char *s, Py_ssize_t n) {
+    uint64_t h = seed ^ (uint64_t)n;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, s, 8);
@@ -70,7 +71,7 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, s, (size_t)n);
+    if (n) memcpy(&w, s, (size_t)n);
     h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
     h ^= h >> 32;
     return h;
@@ -100,28 +101,35 @@ static int table_rehash(Table *t, Py_ssize_t nslots) {
     return 0;
 }
 
-/* Id of the bytes [s, s+n); added when unseen. -1 on memory error. */
+/* A probe this long means colliding keys (crafted, or a poor hash): the piece is left to msgspec
+ * rather than slowed down quadratically. */
+#define MAX_PROBE 256
+
+/* Id of the bytes [s, s+n); added when unseen. -2 on memory error, -1 after MAX_PROBE collisions. */
 static int32_t table_id(Table *t, const char *s, Py_ssize_t n) {
-    uint64_t h = hash_bytes(s, n);
-    if (t->nslots == 0 && table_rehash(t, 1024) < 0) return -1;
+    uint64_t h = hash_bytes(t->seed, s, n);
+    if (t->nslots == 0 && table_rehash(t, 1024) < 0) return -2;
     Py_ssize_t mask = t->nslots - 1;
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)mask);
+    int probes = 0;
     while (t->slots[j] >= 0) {
         int32_t i = t->slots[j];
-        if (t->hashes[i] == h && t->lens[i] == n && memcmp(t->arena + t->offs[i], s, (size_t)n) == 0) return i;
+        if (t->hashes[i] == h && t->lens[i] == n && (n == 0 || memcmp(t->arena + t->offs[i], s, (size_t)n) == 0))
+            return i;
+        if (++probes > MAX_PROBE) return -1;
         j = (j + 1) & mask;
     }
     if (t->n >= INT32_MAX - 1) return -1;
     if (t->n == t->cap) {
         Py_ssize_t cap = t->cap ? t->cap * 2 : 256;
         Py_ssize_t *offs = PyMem_Realloc(t->offs, (size_t)cap * sizeof(Py_ssize_t));
-        if (!offs) return -1;
+        if (!offs) return -2;
         t->offs = offs;
         Py_ssize_t *lens = PyMem_Realloc(t->lens, (size_t)cap * sizeof(Py_ssize_t));
-        if (!lens) return -1;
+        if (!lens) return -2;
         t->lens = lens;
         uint64_t *hashes = PyMem_Realloc(t->hashes, (size_t)cap * sizeof(uint64_t));
-        if (!hashes) return -1;
+        if (!hashes) return -2;
         t->hashes = hashes;
         t->cap = cap;
     }
@@ -129,11 +137,11 @@ static int32_t table_id(Table *t, const char *s, Py_ssize_t n) {
         Py_ssize_t cap = t->arena_cap ? t->arena_cap : 4096;
         while (cap < t->arena_len + n) cap *= 2;
         char *arena = PyMem_Realloc(t->arena, (size_t)cap);
-        if (!arena) return -1;
+        if (!arena) return -2;
         t->arena = arena;
         t->arena_cap = cap;
     }
-    memcpy(t->arena + t->arena_len, s, (size_t)n);
+    if (n) memcpy(t->arena + t->arena_len, s, (size_t)n);
     int32_t id = (int32_t)t->n;
     t->offs[id] = t->arena_len;
     t->lens[id] = n;
@@ -141,7 +149,7 @@ static int32_t table_id(Table *t, const char *s, Py_ssize_t n) {
     t->arena_len += n;
     t->n++;
     t->slots[j] = id;
-    if (t->n * 2 > t->nslots && table_rehash(t, t->nslots * 2) < 0) return -1;
+    if (t->n * 2 > t->nslots && table_rehash(t, t->nslots * 2) < 0) return -2;
     return id;
 }
 
@@ -515,7 +523,7 @@ static int read_string_id(Table *t, const Span *sp, int32_t *id) {
     if (sp->kind != '"') return -1;
     /* The raw bytes between the quotes: Python decodes each distinct one once (escapes, UTF-8). */
     *id = table_id(t, sp->s + 1, sp->e - sp->s - 2);
-    return *id < 0 ? -2 : 0;
+    return *id < 0 ? *id : 0;
 }
 
 static int read_float(const Span *sp, double *out) {
@@ -655,7 +663,7 @@ static int shape_id(Scanner *sc, const ShapeText *st, int32_t *id) {
     sc->key[st->dims_n] = 0;
     if (st->types_n) memcpy(sc->key + st->dims_n + 1, st->types, (size_t)st->types_n);
     *id = table_id(&sc->shapes, sc->key, n);
-    return *id < 0 ? -2 : 0;
+    return *id < 0 ? *id : 0;
 }
 
 static void rec_defaults(Rec *r) {
@@ -734,7 +742,10 @@ static int scan_event(Scanner *sc, const char *base, Cur *c, int exact, Buf *rec
         } else if (kn == 4) {
             k = KEY("name") ? K_NAME : KEY("args") ? K_ARGS : -1;
         }
-        if (k == K_PH && f[K_PH].s) return -1; /* a second tag: msgspec rejects it */
+        /* A known key twice: msgspec type-checks every copy (and rejects a second tag), the last one
+         * wins. Kineto never writes one twice: leave it to msgspec. So too any key of decode.py's
+         * padding fields ("~torchdoctor padding"), which msgspec checks are null. */
+        if ((k >= 0 && f[k].s) || (kn > 0 && ks[0] == '~')) return -1;
         Span v;
         if (k == K_ARGS && c->p < c->end && *c->p == '{') {
             /* Read in the same pass (a later "args" key replaces it, as in msgspec). */
@@ -852,9 +863,9 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     PyObject *out = NULL;
     if (rc == 0) {
         PyObject *nn = table_new_entries(&self->names, n0);
-        PyObject *nc = table_new_entries(&self->cats, c0);
-        PyObject *ns = table_new_entries(&self->strs, s0);
-        PyObject *nh = table_new_entries(&self->shapes, h0);
+        PyObject *nc = nn ? table_new_entries(&self->cats, c0) : NULL;
+        PyObject *ns = nc ? table_new_entries(&self->strs, s0) : NULL;
+        PyObject *nh = ns ? table_new_entries(&self->shapes, h0) : NULL;
         if (nn && nc && ns && nh)
             out = Py_BuildValue("(y#y#OOOOnn)", recs.data ? recs.data : "", recs.len,
                                 instants.data ? instants.data : "", instants.len, nn, nc, ns, nh, n_instants,
@@ -877,6 +888,17 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
         Py_RETURN_NONE;
     }
     return out;
+}
+
+static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
+    unsigned long long seed = 0x243F6A8885A308D3ULL;
+    static char *kwlist[] = {"seed", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|K", kwlist, &seed)) return -1;
+    self->names.seed = seed;
+    self->cats.seed = seed * 3 + 1;
+    self->strs.seed = seed * 5 + 2;
+    self->shapes.seed = seed * 7 + 3;
+    return 0;
 }
 
 static PyObject *Scanner_rollback(Scanner *self, PyObject *args) {
@@ -915,8 +937,10 @@ static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torchdoctor.trace._scan.Scanner",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Scans Kineto event arrays into records; string tables persist across calls (one file).",
+    .tp_doc = "Scanner(seed=...): scans Kineto event arrays into records; string tables persist across calls "
+              "(one file). Give it a random seed: the tables' hash is keyed by it.",
     .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Scanner_init,
     .tp_dealloc = (destructor)Scanner_dealloc,
     .tp_methods = Scanner_methods,
 };

@@ -248,6 +248,7 @@ class Columns:
     # Pieces read by the scanner / by msgspec through add_piece (tests and benchmarks read them).
     pieces_scanned: int = 0
     pieces_decoded: int = 0
+    handed_over: int = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker's columns travel back pickled; the scanner (a C object) and its tables stay behind.
@@ -269,6 +270,13 @@ class Columns:
             self.add(self.dec.events.decode(data))
         except msgspec.ValidationError:
             _decode_events_lenient(data, self)
+        if self.scanner is not None:
+            # A readable piece the scanner handed over. Twice in one file (ROCm's string-typed
+            # args in every block, say) and the rest of it goes to msgspec straight away rather
+            # than being scanned first in vain.
+            self.handed_over += 1
+            if self.handed_over >= 2:
+                self.scanner = None
 
     def drop(self, why: str, n: int = 1) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + n
@@ -1055,11 +1063,12 @@ def _scanned_tail(buf: bytearray, doc: Document, cols: Columns) -> bool:
     piece = scanned.scan_piece(cols, buf, rest_ok=True)
     if piece is None:
         return False
+    after = bytes(buf[piece.end:])
     try:
-        rest = cols.dec.header.decode(b'{"traceEvents": []' + bytes(buf[piece.end:]))
+        rest = cols.dec.header.decode(b'{"traceEvents": []' + after)
     except (msgspec.DecodeError, msgspec.ValidationError):
         rest = None
-    if rest is None or rest.traceEvents:  # a second event array: msgspec's reading decides
+    if rest is None or b'"traceEvents"' in after:  # a second event array: msgspec's reading decides
         piece.give_up()
         return False
     piece.commit()

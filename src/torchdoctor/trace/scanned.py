@@ -48,7 +48,8 @@ def available() -> bool:
 
 def new_scanner() -> Any:
     """A scanner for one file (its string tables persist across the file's pieces), or None."""
-    return _scan.Scanner() if available() else None
+    # A random key for the scanner's hash tables: a trace cannot be crafted to make them collide.
+    return _scan.Scanner(int.from_bytes(os.urandom(8), "little")) if available() else None
 
 
 class Strings:
