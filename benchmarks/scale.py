@@ -297,7 +297,8 @@ def render(rows: list[dict]) -> str:
             r = by.get((n, ex))
             cells.append(f"{r['wall_s'] / loc['wall_s']:.2f}x" if r and loc else "—")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    out.append("\n".join(lines))
+    if engines:  # no engine measured: no engine / local table
+        out.append("\n".join(lines))
     mem = ["\n\n| executor | driver peak, largest / smallest size | sizes |", "|---|---:|---|"]
     for ex in sorted({k[1] for k in by}):
         rs = sorted((r for (n, e), r in by.items() if e == ex), key=lambda r: r["ranks"])
