@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -290,41 +291,57 @@ HOT int scan_number(Cur *c, int *is_int) {
     return 0;
 }
 
-static int skip_value(Cur *c, int depth);
+/* A member's key at c->p ('"') and the ':' after it; leaves c->p at the value. */
+HOT int member_key(Cur *c, const char **ks, Py_ssize_t *kn, int *esc) {
+    if (c->p >= c->end || *c->p != '"' || scan_string(c, ks, kn, esc) < 0) return -1;
+    ws(c);
+    if (c->p >= c->end || *c->p != ':') return -1;
+    c->p++;
+    ws(c);
+    return 0;
+}
 
-static int skip_container(Cur *c, int depth, char close, int is_object) {
-    if (depth > MAX_DEPTH) return -1;
+/* After a member or element: 1 when a ',' follows (c->p at the next one), 0 past `close`, -1 else. */
+HOT int next_member(Cur *c, char close) {
+    ws(c);
+    if (c->p >= c->end) return -1;
+    if (*c->p == ',') {
+        c->p++;
+        ws(c);
+        return 1;
+    }
+    if (*c->p == close) {
+        c->p++;
+        return 0;
+    }
+    return -1;
+}
+
+/* Past '{' or '[' at c->p: 1 when a member follows, 0 when the container is empty (c->p past it). */
+HOT int open_container(Cur *c, char close) {
     c->p++;
     ws(c);
     if (c->p < c->end && *c->p == close) {
         c->p++;
         return 0;
     }
-    for (;;) {
-        if (is_object) {
-            const char *s;
-            Py_ssize_t n;
-            int esc;
-            if (c->p >= c->end || *c->p != '"' || scan_string(c, &s, &n, &esc) < 0) return -1;
-            ws(c);
-            if (c->p >= c->end || *c->p != ':') return -1;
-            c->p++;
-            ws(c);
-        }
+    return 1;
+}
+
+static int skip_value(Cur *c, int depth);
+
+static int skip_container(Cur *c, int depth, char close, int is_object) {
+    if (depth > MAX_DEPTH) return -1;
+    int more = open_container(c, close);
+    while (more > 0) {
+        const char *s;
+        Py_ssize_t n;
+        int esc;
+        if (is_object && member_key(c, &s, &n, &esc) < 0) return -1;
         if (skip_value(c, depth + 1) < 0) return -1;
-        ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p == close) {
-            c->p++;
-            return 0;
-        }
-        return -1;
+        more = next_member(c, close);
     }
+    return more;
 }
 
 static int skip_literal(Cur *c, const char *lit, Py_ssize_t n) {
@@ -366,11 +383,8 @@ static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
 /* The correctly rounded double of the (grammar-checked) number [s, e). -1 when out of range. */
 static int to_double(const char *s, const char *e, double *out) {
     const char *p = s;
-    int neg = 0;
-    if (*p == '-') {
-        neg = 1;
-        p++;
-    }
+    int neg = *p == '-';
+    p += neg;
     uint64_t m = 0;
     int digits = 0, frac = 0, fast = 1, int_form = 1;
     for (; p < e && *p >= '0' && *p <= '9'; p++) {
@@ -423,11 +437,8 @@ static int to_double(const char *s, const char *e, double *out) {
 /* The int64 of an integer-form number [s, e); -1 when outside int64. */
 static int to_int64(const char *s, const char *e, int64_t *out) {
     const char *p = s;
-    int neg = 0;
-    if (*p == '-') {
-        neg = 1;
-        p++;
-    }
+    int neg = *p == '-';
+    p += neg;
     uint64_t v = 0;
     for (; p < e; p++) {
         uint64_t d = (uint64_t)(*p - '0');
@@ -547,6 +558,61 @@ static int read_ident(Scanner *sc, const Span *sp, int64_t *v, int32_t *str_id) 
 
 /* An args object at c->p ('{'), read into r in one pass. Returns -1 when it is not JSON; sets *bad
  * when a value the analysis reads has a type msgspec's Args would reject (fatal only for "X"). */
+/* The args keys the analysis reads (decode.py's Args), and what each gives. */
+enum { ARG_INT, ARG_FLOAT, ARG_GRID, ARG_CONCRETE, ARG_DIMS, ARG_TYPES, ARG_COLL };
+typedef struct {
+    const char *key;
+    Py_ssize_t len;
+    int kind;
+    size_t field; /* ARG_INT / ARG_FLOAT: where in Rec */
+} ArgKey;
+#define ARG(key, kind, field) {key, (Py_ssize_t)sizeof(key) - 1, kind, field}
+static const ArgKey ARG_KEYS[] = {
+    ARG("stream", ARG_INT, offsetof(Rec, stream)),
+    ARG("correlation", ARG_INT, offsetof(Rec, corr)),
+    ARG("bytes", ARG_INT, offsetof(Rec, nbytes)),
+    ARG("blocks per SM", ARG_FLOAT, offsetof(Rec, blocks)),
+    ARG("warps per SM", ARG_FLOAT, offsetof(Rec, warps)),
+    ARG("est. achieved occupancy %", ARG_FLOAT, offsetof(Rec, occ)),
+    ARG("grid", ARG_GRID, 0),
+    ARG("Concrete Inputs", ARG_CONCRETE, 0),
+    ARG("Input Dims", ARG_DIMS, 0),
+    ARG("Input type", ARG_TYPES, 0),
+    /* Collective metadata: the args object is handed to msgspec whole (scanned.py). */
+    ARG("Collective name", ARG_COLL, 0),
+    ARG("dtype", ARG_COLL, 0),
+    ARG("In msg nelems", ARG_COLL, 0),
+    ARG("Out msg nelems", ARG_COLL, 0),
+    ARG("Group size", ARG_COLL, 0),
+    ARG("Process Group Name", ARG_COLL, 0),
+    ARG("Seq", ARG_COLL, 0),
+};
+
+#define N_ARG_KEYS (sizeof(ARG_KEYS) / sizeof(ARG_KEYS[0]))
+#define MAX_ARG_KEY 32
+/* The entries of each key length (set up once by index_arg_keys): at most three share one. */
+static unsigned char ARGS_OF_LEN[MAX_ARG_KEY][4];
+
+static void index_arg_keys(void) {
+    memset(ARGS_OF_LEN, 0xff, sizeof(ARGS_OF_LEN));
+    for (size_t i = 0; i < N_ARG_KEYS; i++) {
+        unsigned char *at = ARGS_OF_LEN[ARG_KEYS[i].len];
+        while (*at != 0xff) at++; /* room for three, the fourth slot stays 0xff */
+        *at = (unsigned char)i;
+    }
+}
+
+/* The entry of an args key, or NULL (most keys: External id, Trace name, Call stack ...): only the
+ * entries of the key's length are compared. */
+HOT const ArgKey *arg_key(const char *ks, Py_ssize_t kn) {
+    if (kn >= MAX_ARG_KEY) return NULL;
+    for (const unsigned char *at = ARGS_OF_LEN[kn]; *at != 0xff; at++) {
+        const ArgKey *a = &ARG_KEYS[*at];
+        if (a->key[0] == ks[0] && memcmp(a->key, ks, (size_t)kn) == 0) return a;
+    }
+    return NULL;
+}
+
 /* Where an args object's shape texts lie (raw JSON values), for the shapes key. */
 typedef struct {
     const char *dims, *types;
@@ -554,96 +620,46 @@ typedef struct {
 } ShapeText;
 
 static int read_args(const char *base, Cur *c, Rec *r, ShapeText *st, int *bad) {
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
+    int more = open_container(c, '}');
+    while (more > 0) {
         const char *ks;
         Py_ssize_t kn;
         int esc;
-        if (c->p >= c->end || *c->p != '"' || scan_string(c, &ks, &kn, &esc) < 0) return -1;
+        if (member_key(c, &ks, &kn, &esc) < 0) return -1;
         if (esc) *bad = 1; /* msgspec matches keys after unescaping: leave such a piece to it */
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        ws(c);
         Span v;
         if (take_span(c, &v) < 0) return -1;
         Py_ssize_t off = v.s - base;
         int32_t len = (int32_t)(v.e - v.s);
         if (v.e - v.s > INT32_MAX) *bad = 1;
-        /* By length first: most keys (External id, Trace name, Call stack ...) match nothing. */
-        switch (kn) {
-        case 3:
-            if (KEY("Seq")) r->has_coll = 1;
-            break;
-        case 4:
-            if (KEY("grid")) r->grid_off = off, r->grid_len = len;
-            break;
-        case 5:
-            if (KEY("bytes")) {
-                if (read_int(&v, &r->nbytes) < 0) *bad = 1;
-            } else if (KEY("dtype")) {
-                r->has_coll = 1;
-            }
-            break;
-        case 6:
-            if (KEY("stream") && read_int(&v, &r->stream) < 0) *bad = 1;
-            break;
-        case 10:
-            if (KEY("Input Dims")) {
+        const ArgKey *ak = arg_key(ks, kn);
+        if (ak) {
+            switch (ak->kind) {
+            case ARG_INT:
+                if (read_int(&v, (int64_t *)((char *)r + ak->field)) < 0) *bad = 1;
+                break;
+            case ARG_FLOAT:
+                if (read_float(&v, (double *)((char *)r + ak->field)) < 0) *bad = 1;
+                break;
+            case ARG_GRID:
+                r->grid_off = off, r->grid_len = len;
+                break;
+            case ARG_CONCRETE:
+                r->conc_off = off, r->conc_len = len;
+                break;
+            case ARG_DIMS:
                 st->dims = v.s, st->dims_n = v.e - v.s;
-            } else if (KEY("Input type")) {
+                break;
+            case ARG_TYPES:
                 st->types = v.s, st->types_n = v.e - v.s;
-            } else if (KEY("Group size")) {
+                break;
+            default: /* ARG_COLL */
                 r->has_coll = 1;
             }
-            break;
-        case 11:
-            if (KEY("correlation") && read_int(&v, &r->corr) < 0) *bad = 1;
-            break;
-        case 12:
-            if (KEY("warps per SM") && read_float(&v, &r->warps) < 0) *bad = 1;
-            break;
-        case 13:
-            if (KEY("blocks per SM")) {
-                if (read_float(&v, &r->blocks) < 0) *bad = 1;
-            } else if (KEY("In msg nelems")) {
-                r->has_coll = 1;
-            }
-            break;
-        case 14:
-            if (KEY("Out msg nelems")) r->has_coll = 1;
-            break;
-        case 15:
-            if (KEY("Concrete Inputs")) r->conc_off = off, r->conc_len = len;
-            else if (KEY("Collective name")) r->has_coll = 1;
-            break;
-        case 18:
-            if (KEY("Process Group Name")) r->has_coll = 1;
-            break;
-        case 25:
-            if (KEY("est. achieved occupancy %") && read_float(&v, &r->occ) < 0) *bad = 1;
-            break;
-        default:
-            break;
         }
-        ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            return 0;
-        }
-        return -1;
+        more = next_member(c, '}');
     }
+    return more;
 }
 
 /* The shapes id of an op's "Input Dims" and "Input type" texts: their raw bytes joined by NUL (a byte
@@ -716,24 +732,19 @@ static int scan_event(Scanner *sc, const char *base, Cur *c, int exact, Buf *rec
                       Py_ssize_t *n_instants) {
     const char *obj_start = c->p;
     if (c->p >= c->end || *c->p != '{') return -1;
-    c->p++;
-    ws(c);
+    int more = open_container(c, '}');
+    if (!more) return -1; /* {}: no "ph", which msgspec's union rejects */
     Span f[K_N];
     memset(f, 0, sizeof(f));
     Rec tmp;
     ShapeText st = {NULL, NULL, 0, 0};
     int args_bad = 0;
     rec_defaults(&tmp);
-    if (c->p < c->end && *c->p == '}') return -1; /* no "ph": msgspec's union rejects it */
-    for (;;) {
+    while (more > 0) {
         const char *ks;
         Py_ssize_t kn;
         int esc;
-        if (c->p >= c->end || *c->p != '"' || scan_string(c, &ks, &kn, &esc) < 0 || esc) return -1;
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        ws(c);
+        if (member_key(c, &ks, &kn, &esc) < 0 || esc) return -1;
         int k = -1;
         if (kn == 2) {
             k = ks[0] == 'p' && ks[1] == 'h' ? K_PH : ks[0] == 't' && ks[1] == 's' ? K_TS : -1;
@@ -760,19 +771,9 @@ static int scan_event(Scanner *sc, const char *base, Cur *c, int exact, Buf *rec
             return -1;
         }
         if (k >= 0) f[k] = v;
-        ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            break;
-        }
-        return -1;
+        more = next_member(c, '}');
     }
+    if (more < 0) return -1;
     const Span *ph = &f[K_PH];
     if (!ph->s || ph->kind != '"') return -1;
     const char *phs = ph->s + 1;
@@ -834,28 +835,13 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     ws(&c);
     if (c.p >= c.end || *c.p != '[') rc = -1;
     else {
-        c.p++;
-        ws(&c);
-        if (c.p < c.end && *c.p == ']') {
-            c.p++;
-        } else {
-            for (;;) {
-                rc = scan_event(self, base, &c, exact, &recs, &instants, &n_instants);
-                if (rc < 0) break;
-                ws(&c);
-                if (c.p < c.end && *c.p == ',') {
-                    c.p++;
-                    ws(&c);
-                    continue;
-                }
-                if (c.p < c.end && *c.p == ']') {
-                    c.p++;
-                    break;
-                }
-                rc = -1;
-                break;
-            }
+        int more = open_container(&c, ']');
+        while (more > 0) {
+            rc = scan_event(self, base, &c, exact, &recs, &instants, &n_instants);
+            if (rc < 0) break;
+            more = next_member(&c, ']');
         }
+        if (rc == 0 && more < 0) rc = -1;
         ws(&c);
         /* rest_ok: the array may be followed by more of a document (the top-level keys after it). */
         if (rc == 0 && c.p != c.end && !rest_ok) rc = -1;
@@ -950,6 +936,7 @@ static struct PyModuleDef scan_module = {
 };
 
 PyMODINIT_FUNC PyInit__scan(void) {
+    index_arg_keys();
     if (PyType_Ready(&ScannerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&scan_module);
     if (!m) return NULL;
