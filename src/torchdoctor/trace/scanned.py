@@ -141,19 +141,14 @@ def _intern_new(table: dict[str, int], values: list[str]) -> list[int]:
 
 
 def _add_records(cols: Any, rec: np.ndarray, view: Any, strings: Strings, coll_args: dict[int, Any]) -> None:
+    """The piece's records as columns, through the code `Columns.add` uses for msgspec's structs."""
     exact = cols.exact
     name = strings.name_ids[rec["name"]]
     cat = strings.cat_ids[rec["cat"]]
     pid = _idents(cols, rec["pid"], rec["pid_str"], strings)
     tid = _idents(cols, rec["tid"], rec["tid_str"], strings)
     ts = rec["ts_ns"].copy() if exact else rec["ts"].copy()
-
-    def text(off: int, n: int) -> bytes:
-        return bytes(view[off:off + n]) if n else b""
-
-    k = cols.kernel_positions(cat)
-    kr = rec[k]
-    launch = _launch(k, kr, text)
+    launch = _launch(cols.kernel_positions(cat), rec, view)
     shape = cols.shape_rows(name, lambda pos: _shape_keys(rec, pos, strings.shapes),
                             lambda pos: _texts(rec, "conc", pos, view))
     coll = cols.coll_rows(cat, name, lambda pos: _args(pos, coll_args))
@@ -161,11 +156,15 @@ def _add_records(cols: Any, rec: np.ndarray, view: Any, strings: Strings, coll_a
                   rec["nbytes"].copy(), launch, shape, coll)
 
 
-def _launch(k: np.ndarray, kr: np.ndarray, text) -> tuple:
+def _launch(k: np.ndarray, rec: np.ndarray, view: Any) -> tuple:
+    """`launch_rows` of the kernels at `k`; a grid's raw text is sliced only where launch_rows asks
+    (kernels without blocks per SM)."""
     from .decode import launch_rows
 
+    kr = rec[k]
     offs, lens = kr["grid_off"].tolist(), kr["grid_len"].tolist()
-    return launch_rows(k, kr["blocks"], kr["warps"], kr["occ"], lambda j: text(offs[j], lens[j]))
+    return launch_rows(k, kr["blocks"], kr["warps"], kr["occ"],
+                       lambda j: bytes(view[offs[j]:offs[j] + lens[j]]) if lens[j] else b"")
 
 
 def _shape_keys(rec: np.ndarray, pos: np.ndarray, shapes: list[bytes]) -> tuple[np.ndarray, list[bytes]]:
