@@ -759,12 +759,9 @@ static int scan_event(Scanner *sc, const char *base, Cur *c, int exact, Buf *rec
         if ((k >= 0 && f[k].s) || (kn > 0 && ks[0] == '~')) return -1;
         Span v;
         if (k == K_ARGS && c->p < c->end && *c->p == '{') {
-            /* Read in the same pass (a later "args" key replaces it, as in msgspec). */
+            /* Read in the same pass (once: a second "args" was given up above). */
             v.s = c->p;
             v.kind = '{';
-            rec_defaults(&tmp);
-            memset(&st, 0, sizeof(st));
-            args_bad = 0;
             if (read_args(base, c, &tmp, &st, &args_bad) < 0) return -1;
             v.e = c->p;
         } else if (take_span(c, &v) < 0) {
@@ -897,10 +894,6 @@ static PyObject *Scanner_rollback(Scanner *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Scanner_sizes(Scanner *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("(nnnn)", self->names.n, self->cats.n, self->strs.n, self->shapes.n);
-}
-
 static void Scanner_dealloc(Scanner *self) {
     table_free(&self->names);
     table_free(&self->cats);
@@ -915,7 +908,6 @@ static PyMethodDef Scanner_methods[] = {
      "scan(buf, exact, rest_ok=False) -> (records, instant spans, new names, new cats, new strings, "
      "new shapes, instants, end of the array) or None"},
     {"rollback", (PyCFunction)Scanner_rollback, METH_VARARGS, "rollback(n_names, n_cats, n_strings, n_shapes)"},
-    {"sizes", (PyCFunction)Scanner_sizes, METH_NOARGS, "(n_names, n_cats, n_strings, n_shapes)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -379,9 +379,14 @@ class Columns:
         rows = np.concatenate(self.memory)
         return rows[np.argsort(rows[:, 0], kind="stable")]
 
+    def kernel_flags(self) -> np.ndarray:
+        """Per interned category id: is it a kernel category (grown as categories are seen)."""
+        self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
+        return self._kernel_cats
+
     def kernel_positions(self, cat: np.ndarray) -> np.ndarray:
         """Positions of the piece's kernels (by interned category id)."""
-        is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
+        is_kernel = self.kernel_flags()
         return np.flatnonzero(is_kernel[cat]) if is_kernel.any() else np.zeros(0, np.int64)
 
     def shape_rows(self, name: np.ndarray, keys_at, concrete_at) -> tuple[np.ndarray, np.ndarray]:
@@ -419,7 +424,7 @@ class Columns:
         """(positions, descriptor ids into `colls`, sequence numbers or -1) of the piece's collectives:
         record_param_comms ops and kernels whose args name a collective. ``args_at(positions)``
         gives those events' `Args` (NO_ARGS where they carry none of the collective keys)."""
-        is_kernel = self._kernel_cats = _grow_flags(self._kernel_cats, self.cats, _is_kernel_cat)
+        is_kernel = self.kernel_flags()
         comm = self._comm_names = _grow_flags(self._comm_names, self.names, COMM_RECORD_NAMES.__contains__)
         cand = np.zeros(cat.size, bool)
         if is_kernel.any():
@@ -787,6 +792,7 @@ _get_coll_name = attrgetter("coll_name")
 _get_dims = attrgetter("input_dims")
 _get_types = attrgetter("input_type")
 _get_concrete = attrgetter("concrete")
+_NUL = b"\0"
 
 
 def _shape_keys(args: list[Args], k: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
@@ -798,7 +804,6 @@ def _shape_keys(args: list[Args], k: np.ndarray) -> tuple[np.ndarray, list[bytes
         at = np.flatnonzero(has)
         picked, dims, k = _pick(picked, at), _pick(dims, at), k[has]
     return k, list(map(_NUL.join, zip(dims, map(bytes, map(_get_types, picked)), strict=True)))
-_NUL = b"\0"
 
 
 def _arg_column(args: list[Args], get: attrgetter) -> np.ndarray:
@@ -1045,15 +1050,16 @@ def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> 
         try:
             _decode_tail_lenient(tail_doc, doc.is_list, doc.header, cols)
         except msgspec.DecodeError as e:
-            raise _tail_error(e, consumed) from None
+            raise _json_error(e, consumed - 15) from None
     except msgspec.DecodeError as e:
-        raise _tail_error(e, consumed) from None
+        raise _json_error(e, consumed - 15) from None
 
 
-def _tail_error(e: msgspec.DecodeError, consumed: int) -> TraceFormatError:
+def _json_error(e: msgspec.DecodeError, offset: int) -> TraceFormatError:
+    """The one-line error of a document msgspec could not read (`offset`: where its text starts)."""
     if "truncated" in str(e):
         return TraceFormatError("invalid JSON: file ends in the middle of the trace")
-    return TraceFormatError(_describe(e, consumed - 15))
+    return TraceFormatError(_describe(e, offset))
 
 
 def _scanned_tail(buf: bytearray, doc: Document, cols: Columns) -> bool:
@@ -1204,9 +1210,7 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
     try:
         top = _top_level(data)
     except msgspec.DecodeError as e:
-        if "truncated" in str(e):
-            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
-        raise TraceFormatError(_describe(e, 0)) from None
+        raise _json_error(e, 0) from None
     if top is None or "traceEvents" not in top:
         raise TraceFormatError("no traceEvents key: not a Kineto trace")
     events = bytes(top["traceEvents"])
@@ -1232,7 +1236,5 @@ def _decode_whole(path: str, dec: Decoders) -> tuple[Header, Columns]:
     try:
         _decode_events_lenient(data, cols)
     except msgspec.DecodeError as e:
-        if "truncated" in str(e):
-            raise TraceFormatError("invalid JSON: file ends in the middle of the trace") from None
-        raise TraceFormatError(_describe(e, 0)) from None
+        raise _json_error(e, 0) from None
     return Header(), cols

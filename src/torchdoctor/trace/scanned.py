@@ -194,8 +194,17 @@ def _args(pos: np.ndarray, coll_args: dict[int, Any]) -> list:
 
 
 def _idents(cols: Any, values: np.ndarray, str_ids: np.ndarray, strings: Strings) -> np.ndarray:
-    """pid / tid column: ints as read; ids written as strings mapped as `Columns._ids` maps them."""
+    """pid / tid column: ints as read; ids written as strings mapped as `Columns._ids` maps them,
+    once per distinct string, in the order they first occur (which `thread_id` interns names in).
+    Old profilers write every CPU op's tid as a string: no Python per event."""
     out = values.copy()
-    for j in np.flatnonzero(str_ids >= 0).tolist():
-        out[j] = cols.thread_id(strings.texts[str_ids[j]])
+    at = np.flatnonzero(str_ids >= 0)
+    if not at.size:
+        return out
+    ids = str_ids[at]
+    distinct, first = np.unique(ids, return_index=True)
+    mapped = np.empty(distinct.size, np.int64)
+    for u in np.argsort(first, kind="stable").tolist():
+        mapped[u] = cols.thread_id(strings.texts[distinct[u]])
+    out[at] = mapped[np.searchsorted(distinct, ids)]
     return out
