@@ -328,6 +328,53 @@ def test_recorder_keeps_losses_and_stops_after_n_steps(runtime: Runtime, monkeyp
     assert record is not None and record["losses"] == plain
 
 
+def hand_written_sgd(steps: int) -> list[float]:
+    """word_language_model's loop: no torch.optim optimizer, the update is `p.data.add_`."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        model.zero_grad()
+        loss = model(torch.randn(4, 8, generator=g)).pow(2).mean()
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-1e-2)
+        out.append(loss.item())
+    return out
+
+
+def test_recorder_stops_a_job_without_an_optimizer_after_n_backwards(runtime: Runtime,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_STEPS, "3")
+    monkeypatch.delenv("TORCHDOCTOR_RUN_DIR", raising=False)
+    plain = hand_written_sgd(3)
+    recorder.install(torch, runtime)
+    done: list[float] = []
+    with pytest.raises(SystemExit) as stop:
+        done.extend(hand_written_sgd(10))
+    assert stop.value.code == 0 and runtime.backward_steps == 3 and runtime.steps == 0
+    record = runtime.record()
+    assert record is not None and record["losses"] == plain and record["steps"] == 3
+
+
+def test_recorder_counts_optimizer_steps_once_the_job_builds_an_optimizer(runtime: Runtime,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradient accumulation: 4 backwards a step; the limit is in optimizer steps, never backwards."""
+    monkeypatch.setenv(ENV_STEPS, "2")
+    recorder.install(torch, runtime)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with pytest.raises(SystemExit):
+        for _ in range(5):
+            for _ in range(4):
+                model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    record = runtime.record()
+    assert runtime.steps == 2 and record is not None and len(record["losses"]) == 8 and record["steps"] == 2
+
+
 def test_expandable_segments_joins_the_jobs_allocator_settings(runtime: Runtime, monkeypatch) -> None:
     from torchdoctor.remedies.suggest import _snippet
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")

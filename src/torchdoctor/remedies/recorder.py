@@ -4,6 +4,9 @@ Armed only in the A/B arms (``TORCHDOCTOR_AB_RECORD``). ``torch.autograd.backwar
 ``Tensor.backward`` calls) keeps a detached copy of each scalar it is given: no host sync per
 step, the values are read once at the end. With ``TORCHDOCTOR_AB_STEPS=N`` the job ends cleanly
 (``SystemExit(0)``) right after its N-th optimizer step, so both arms run exactly the same steps.
+A job that builds no ``torch.optim`` optimizer (word_language_model's ``p.data.add_`` loop, a
+hand-written SGD) counts a step per top-level backward, as the probe does, and ends as its
+(N+1)-th backward is called: step N is closed by then, and the two arms still stop at the same place.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ def install(torch: Any, rt: Runtime) -> None:
     limit = int(text) if text.isdigit() else 0
     rt.recording = True
 
+    optimizers: list[bool] = []  # one entry once the job builds a torch.optim optimizer
+
     def note(args: tuple[Any, ...]) -> None:
+        if limit and not optimizers:
+            if rt.backward_steps >= limit:
+                rt.write()
+                raise SystemExit(0)  # BaseException: the shim lets it through, the job ends cleanly
+            rt.backward_steps += 1
         loss = args[0] if args else None
         if isinstance(loss, (list, tuple)) and len(loss) == 1:
             loss = loss[0]
@@ -54,6 +64,12 @@ def install(torch: Any, rt: Runtime) -> None:
     torch.autograd.backward = before_only(torch.autograd.backward, note, failed)
 
     from torch.optim import optimizer as optim
+
+    def made(args: tuple[Any, ...]) -> None:
+        if not optimizers:
+            optimizers.append(True)
+
+    optim.Optimizer.__init__ = before_only(optim.Optimizer.__init__, made, failed)
 
     primary: list[Any] = []
     post_handle: list[Any] = []

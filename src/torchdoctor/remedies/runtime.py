@@ -5,7 +5,8 @@ at exit (``torchdoctor fix`` merges them):
 
     {"pid", "rank", "requested": [ids], "applied": [{id, target, site, set, was}],
      "refused": [{id, reason}], "skipped": [{id, reason}] (nothing to change here),
-     "losses": [float per backward], "steps": optimizer steps}
+     "losses": [float per backward], "steps": optimizer steps (top-level backwards in a job
+     without an optimizer)}
 
 A refusal is printed once per job on stderr: the ids already printed travel to child processes in
 an environment variable, so ranks started by a launcher do not repeat what the launcher said.
@@ -50,6 +51,7 @@ class Runtime:
         self.losses: list[Any] = []  # detached scalar tensors, converted at exit
         self.loss_values: list[float] = []
         self.steps = 0
+        self.backward_steps = 0  # top-level backwards, the step count of a job without an optimizer
         self.rank: int | None = None
         self.recording = False
 
@@ -99,7 +101,8 @@ class Runtime:
     def record(self) -> dict[str, Any] | None:
         """This process's record, or None when it has nothing to say."""
         self._finish_losses()
-        if not (self.applied or self.refused or self.skipped or self.loss_values or self.steps):
+        if not (self.applied or self.refused or self.skipped or self.loss_values or self.steps
+                or self.backward_steps):
             return None
         return {
             "pid": os.getpid(),
@@ -110,7 +113,7 @@ class Runtime:
             "skipped": [{"id": k, "reason": v} for k, v in self.skipped.items()
                         if k not in {a["id"] for a in self.applied}],
             "losses": self.loss_values,
-            "steps": self.steps,
+            "steps": self.steps or self.backward_steps,
         }
 
     def write(self) -> None:
