@@ -177,6 +177,6 @@ def test_analyze_keeps_freed_memory_in_its_own_process(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(ha, "keep_freed_memory", lambda **kw: calls.append(kw))
     assert main(["analyze", str(good_trace(tmp_path / "t.json")), "-q"]) == 0
-    # Without the top pad: analyze's blocks stay under the mmap threshold, and the pad would only
-    # keep more resident (advice/host_allocator.keep_freed_memory).
-    assert calls == [{"top_pad": False}]
+    # Without the top pad and the heap for big blocks: analyze's blocks stay under the mmap
+    # threshold, and both would only keep more resident (advice/host_allocator.keep_freed_memory).
+    assert calls == [{"big_blocks": False}]

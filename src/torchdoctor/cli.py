@@ -178,7 +178,7 @@ def cmd_analyze(args) -> int:
     # ourselves): on 16 x 620 MB this cut system time 8.6 -> 2.0 s and wall 10%. This process and the
     # workers it forks are ours (the local Dask cluster's too), so the setting is too (never a library
     # caller's or an attached engine's).
-    keep_freed_memory(top_pad=False)
+    keep_freed_memory(big_blocks=False)
     try:
         report = analyze_paths(args.paths, steps=args.steps, rank=args.rank, jobs=args.jobs,
                                config=getattr(args, "rule_config", None), executor=executor,

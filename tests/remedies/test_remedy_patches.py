@@ -465,7 +465,8 @@ if sys.argv[1] == "on":
     rt.specs[spec.id] = spec
 patch_flags.host_allocator(rt)
 after = mmapped(4 << 20)
-print(json.dumps({"before": before, "after": after, "above_max": mmapped(40 << 20), "applied": rt.applied,
+print(json.dumps({"before": before, "after": after, "above_max": mmapped(40 << 20),
+                  "above_pad": mmapped(300 << 20), "applied": rt.applied,
                   "env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}))
 """
 
@@ -491,8 +492,11 @@ def test_host_allocator_serves_mib_blocks_from_the_heap_here_and_in_the_processe
     # A block above glibc's largest threshold (32 MiB) is mapped, unless the heap's free top holds it:
     # the top pad kept 256 MiB free there when the 4 MiB block grew the heap.
     assert off["above_max"] and not on["above_max"]
+    # A block larger than the pad (several live at once: word_language_model's 81 MB logits and
+    # gradients) is served from the heap too: no block is mapped at all.
+    assert off["above_pad"] and not on["above_pad"]
     assert on["env"] == {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
-                         "MALLOC_TOP_PAD_": "268435456"}
+                         "MALLOC_TOP_PAD_": "268435456", "MALLOC_MMAP_MAX_": "0"}
     (entry,) = on["applied"]
     assert entry["id"] == "memory.host_allocator" and entry["target"] == "environment"
 

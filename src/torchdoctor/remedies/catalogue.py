@@ -16,6 +16,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal
 
+from ..advice import host_allocator
+
 Safety = Literal["safe", "numerics", "experimental"]
 SAFETY_RANK: dict[str, int] = {"safe": 0, "numerics": 1, "experimental": 2}
 ValueKind = Literal["", "int", "float", "dtype", "mode"]
@@ -137,13 +139,13 @@ REMEDIES: tuple[Remedy, ...] = (
            "at start-up, before torch initialises CUDA", gpu_only=True,
            snippet="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Remedy("memory.host_allocator", ("HO-15",), "glibc malloc keeps freed memory in the process "
-           "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=256 MiB, MALLOC_TOP_PAD_=256 MiB; mallopt in the running process): the "
-           "step's buffers are reused instead of being unmapped and faulted in again", "safe",
+           "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=256 MiB, MALLOC_TOP_PAD_=256 MiB, MALLOC_MMAP_MAX_=0; "
+           "mallopt in the running process): the step's buffers, those above 32 MiB included, are reused from the "
+           "heap instead of being unmapped and faulted in again", "safe",
            "the allocation strategy only: the same tensors and numbers; resident memory stays at the step's "
            "peak (and up to 256 MiB freed at the heap's top) instead of going back to the kernel between steps", "glibc (Linux); a job that sets "
            "its own thresholds or preloads jemalloc/tcmalloc keeps its choice",
-           snippet="export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=268435456\n"
-                   "# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+           snippet=f"{host_allocator.SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

@@ -76,8 +76,9 @@ def page_faults(inputs: RuleInputs) -> list[Finding]:
                 {"minor_faults_per_step": round(faults), "thread_sys_ms": round(sys_ms, 3),
                  "fault_ms_claimed": round(fault_ms, 3),
                  "step_ms": round(step, 3), "steps": len(v.timed)})],
-            fix=Fix("Keep freed memory in the process: raise glibc malloc's mmap and trim thresholds, or run the "
-                    "job with jemalloc or tcmalloc (LD_PRELOAD), as PyTorch's CPU tuning guide advises.",
+            fix=Fix("Keep freed memory in the process: raise glibc malloc's mmap and trim thresholds and serve "
+                    "big blocks from the heap (resident memory then stays at the step's peak), or run the job "
+                    "with jemalloc or tcmalloc (LD_PRELOAD), as PyTorch's CPU tuning guide advises.",
                     f"{SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
                     "shell"),
             confidence="medium", remedy="memory.host_allocator",
