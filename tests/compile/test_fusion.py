@@ -46,6 +46,42 @@ def test_kernel_names_split_back_into_op_names():
         "log_softmax", "unsafe_view", "nll_loss_forward", "view"]
     assert fusion.ops_from_name("cpp_fused__to_copy_mse_loss_smooth_l1_loss_backward_2") == [
         "to_copy", "mse_loss", "smooth_l1_loss_backward"]
+    # PyG's compiled GIN on a CPU (torch 2.14.1): "relu_scatter, add" and "native_batch_norm, legit, no,
+    # training" before.
+    assert fusion.ops_from_name("cpp_fused_expand_index_select_new_zeros_relu_scatter_add_select_view_3") == [
+        "expand", "index_select", "new_zeros", "relu", "scatter_add", "select", "view"]
+    assert fusion.ops_from_name("cpp_fused__native_batch_norm_legit_no_training_relu_2") == [
+        "native_batch_norm_legit_no_training", "relu"]
+    assert fusion.ops_from_name("cpp_fused__native_batch_norm_legit_functional_copy__relu_2") == [
+        "native_batch_norm_legit_functional", "copy", "relu"]
+    assert fusion.ops_from_name("triton_poi_fused_add_slice_scatter_zeros_0") == ["add", "slice_scatter", "zeros"]
+    assert fusion.ops_from_name("triton_poi_fused_select_backward_slice_scatter_add_1") == [
+        "select_backward", "slice_scatter", "add"]
+
+
+# torch 2.14.1 on a CPU (PyG's compiled GIN): fallbacks without "torch.ops.", and a comment written
+# above a fallback, none above the C++ kernel that follows it.
+CODE_214 = '''
+class Runner:
+    def call(self, args):
+        buf60 = empty_strided_cpu((1, ), (1, ), torch.int64)
+        # Topologically Sorted Source Nodes: [x_38], Original ATen: [aten.native_dropout]
+        aten.randint.low_out(-9223372036854775808, 9223372036854775807, [1], out=buf60)
+        buf0 = empty_strided_cpu((s77, 7), (7, 1), torch.float32)
+        cpp_fused_add_copy__expand_index_select_new_zeros_relu_scatter_add_select_view_0(buf60, buf0, s77)
+        aten.scatter_reduce_.two(buf0,0,buf1, reduce='sum', include_self=True)
+        return (buf0, )
+'''
+
+
+def test_a_comment_belongs_to_the_next_launch_only():
+    got = fusion.parse(CODE_214)
+    (kernel,) = got["kernels"]
+    assert kernel["nodes"] == [] and kernel["ops_from"] == "name"
+    assert kernel["aten"] == ["add", "copy", "expand", "index_select", "new_zeros", "relu", "scatter_add", "select",
+                              "view"]
+    assert [(e["name"], e["aten"], e["nodes"], e.get("fallback")) for e in got["externs"]] == [
+        ("aten.randint", ["native_dropout"], ["x_38"], True), ("aten.scatter_reduce_", ["scatter_reduce_"], [], True)]
 
 
 def test_a_run_s_report_ties_kernels_to_user_lines(tmp_path):

@@ -9,7 +9,10 @@ extern calls (reference section 6):
   Nodes: [a, b], Original ATen: [aten.x, aten.y]``) where Inductor writes one, else the op names in
   its name (sorted and deduplicated by Inductor, so not in execution order);
 - an extern call: ``extern_kernels.mm/addmm/bmm/convolution(...)`` (a library GEMM or convolution,
-  not fused), and ATen fallbacks ``torch.ops.aten.<op>.<overload>(...)``.
+  not fused), and ATen fallbacks ``torch.ops.aten.<op>.<overload>(...)``, written ``aten.<op>.<overload>(...)``
+  by torch 2.14 (``aten.scatter_reduce_.two``, ``aten.randint.low_out``).
+A comment belongs to the next launch only: torch 2.14 writes none above C++ kernels, so a comment
+above a fallback must not pass to the kernel after it (PyG's compiled GIN: dropout's seed call).
 Source nodes are the Dynamo graph's node names: they lead to the user's lines.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 _COMMENT = re.compile(r"#\s*(?:Topologically Sorted|Unsorted) Source Nodes: \[([^\]]*)\], Original ATen: \[([^\]]*)\]")
 _KERNEL_CALL = re.compile(r"^\s+((?:cpp|triton)_\w+?)(?:\.run)?\(")
 _EXTERN = re.compile(r"^\s+extern_kernels\.(\w+)\(")
-_FALLBACK = re.compile(r"^\s+(?:\w+\s*=\s*)?torch\.ops\.aten\.(\w+)\.\w+\(")
+_FALLBACK = re.compile(r"^\s+(?:\w+\s*=\s*)?(?:torch\.ops\.)?aten\.(\w+)\.\w+\(")
 _TRITON_CAT = re.compile(r"^triton_(poi|red|per|tem|for|spl|unk)_")
 _SUFFIX = re.compile(r"_\d+$")
 # Kernels named past this many ops would make the console line unreadable.
@@ -32,10 +35,16 @@ MAX_OPS = 12
 # Words of multi-word ATen op names: joined to the word before (SUFFIXES) or after (PREFIXES) when a
 # kernel's name is split back into ops ("gelu_gelu_backward_sum" -> gelu, gelu_backward, sum).
 SUFFIXES = frozenset({"backward", "forward", "with", "indices", "norm", "dense", "put", "like", "pool2d", "pool3d",
-                      "pool1d", "nd", "scatter", "reduce", "grad", "logits", "entropy", "bag", "loss"})
+                      "pool1d", "nd", "reduce", "grad", "logits", "entropy", "bag", "loss", "legit", "functional",
+                      "no"})
 PREFIXES = frozenset({"native", "layer", "batch", "group", "instance", "adaptive", "index", "unsafe",
                       "log", "scaled", "binary", "cross", "upsample", "constant", "reflection", "replication", "where",
-                      "nll", "smooth", "to", "new"})
+                      "nll", "smooth", "to", "new", "no"})
+# "scatter" ends slice_scatter, select_scatter, ... and starts scatter_add, scatter_reduce: which one
+# depends on its neighbour ("relu_scatter_add" is relu, scatter_add; "slice_scatter_add" is
+# slice_scatter, add).
+JOINS_AFTER = {"scatter": frozenset({"slice", "select", "masked", "diagonal", "strided"})}
+STARTS = {"scatter": frozenset({"add", "reduce"})}
 
 
 def ops_from_name(name: str) -> list[str]:
@@ -43,14 +52,16 @@ def ops_from_name(name: str) -> list[str]:
     each: best effort (Inductor joins op names with "_", the same character many op names contain)."""
     body = _SUFFIX.sub("", _TRITON_CAT.sub("triton_", name))
     body = body.split("fused_", 1)[1] if "fused_" in body else ""
+    words = [w for w in body.split("_") if w]
     ops: list[str] = []
     glue = False
-    for word in (w for w in body.split("_") if w):
-        if ops and (glue or word in SUFFIXES):
+    for i, word in enumerate(words):
+        joined = bool(ops) and (glue or word in SUFFIXES or words[i - 1] in JOINS_AFTER.get(word, ()))
+        if joined:
             ops[-1] += "_" + word
         else:
             ops.append(word)
-        glue = word in PREFIXES
+        glue = word in PREFIXES or (not joined and i + 1 < len(words) and words[i + 1] in STARTS.get(word, ()))
     return list(dict.fromkeys(ops))[:MAX_OPS]
 
 
