@@ -42,6 +42,28 @@ def test_an_evaluation_after_every_other_step_is_measured_against_the_training_s
     assert b is not None and b.every == 2 and len(b.steps) == 19 and b.median_ms == 24.0
 
 
+def test_a_first_evaluation_that_compiles_is_a_one_off_not_the_pattern():
+    # PyG's compiled GIN (examples/compile/gin.py, torch 2.14.1): the first evaluation recompiles the
+    # model for no_grad, 10 s in step 2; every later one costs 54 ms. A mean over the long steps read
+    # 145 ms of work each time, 14.2 s in all, the compile counted again beside CG-3's 10 s.
+    steps = two_batch_epochs()
+    steps[2] = StepTiming(step=2, total_ms=10_024.0, dataloader_ms=35.0, forward_ms=9_973.0, backward_ms=5.0,
+                          optimizer_ms=4.0, other_ms=7.0, inference_ms=9_966.0, epoch_starts=3)
+    b = between_steps(steps, 60.0)
+    assert b is not None and b.every == 2 and len(b.steps) == 19
+    assert [s.step for s in b.one_offs] == [2]
+    assert b.excess_ms / len(b.steps) == pytest.approx(54.0) and b.excess_ms == pytest.approx(19 * 54.0)
+    # The one-off is no steady step either.
+    assert [s.step for s in loop_steps(steps)] == [0, *range(1, 41, 2)]
+    # Three such steps are a pattern of their own (an evaluation every 1,000 steps beside logging
+    # every 10): priced, not left out.
+    for i in (12, 22):
+        steps[i] = StepTiming(**{**{f: getattr(steps[2], f) for f in steps[2].__struct_fields__}, "step": i})
+    b = between_steps(steps, 60.0)
+    assert b is not None and not b.one_offs and len(b.steps) == 20
+    assert b.excess_ms == pytest.approx(17 * 54.0 + 3 * (9_966.0 + 30.0 + 4.0 + 20.0 - 20.0))
+
+
 def test_the_steady_steps_leave_a_regular_pattern_out_and_keep_irregular_slow_steps():
     steps = two_batch_epochs()
     kept = loop_steps(steps)

@@ -25,7 +25,7 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 
 from __future__ import annotations
 
-from ..metrics.between import Between, inference_in_every_step
+from ..metrics.between import ONE_OFF_FACTOR, Between, inference_in_every_step
 from ._common import View, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
 from .input import no_core_for_workers
@@ -74,7 +74,8 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                 f"median steady step of {fmt_ms(b.median_ms)}; counted: their time outside the forward, backward and "
                 "optimizer step beyond the steady steps' (saves and DataLoader restarts left out: DI-15 and DL-6 "
                 "price them). The steady steps, which the other findings read, leave this time out."
-                + (f" The first forward without autograd after step 0 was called at {site}." if site else ""),
+                + (f" The first forward without autograd after step 0 was called at {site}." if site else "")
+                + _one_offs(b),
                 {"long_steps": n, "every_steps": b.every, "median_step_ms": round(b.median_ms, 3),
                  "excess_ms_per_long_step": round(each, 3), "inference_ms": round(b.inference_ms / n, 3),
                  "data_ms": round(b.data_ms / n, 3), "rest_ms": round(b.rest_ms / n, 3),
@@ -115,6 +116,16 @@ def _every_step(v: View, b: Between, all_views: list[View]) -> Finding:
         source="probe: every step's forwards without autograd; the default ladder on the job's share")
     f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
     return f
+
+
+def _one_offs(b: Between) -> str:
+    """The long steps left out of the pattern as one-offs, in words ("" without any)."""
+    if not b.one_offs:
+        return ""
+    named = ", ".join(f"step {s.step} ({fmt_ms(s.total_ms)})" for s in b.one_offs[:3])
+    more = f" and {len(b.one_offs) - 3} more" if len(b.one_offs) > 3 else ""
+    return (f" Left out as one-offs, over {ONE_OFF_FACTOR:.0f} times the typical long step's work: {named}{more}"
+            " (such as a first evaluation compiling its graph, which the compile findings price).")
 
 
 def _in_window(v: View, b: Between) -> list[Evidence]:
