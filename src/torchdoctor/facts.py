@@ -386,6 +386,10 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Wall seconds from the first training activity (first forward, batch or optimizer step) to
     # this summary: the job-level denominator for one-off costs such as compiling.
     train_wall_s: float | None = None
+    # Peak resident memory of this rank's process at this summary (getrusage ru_maxrss, MiB; its
+    # DataLoader workers are processes of their own): what `fix` compares between its arms, since a
+    # remedy that keeps freed memory (memory.host_allocator) trades resident memory for speed.
+    peak_rss_mib: float | None = None
     # Host syncs counted by the probe per step (e.g. loss.item() every step), by call site.
     host_syncs_per_step: float | None = None
     host_sync_sites: dict[str, int] = {}

@@ -135,6 +135,8 @@ def test_single_process_facts(tmp_path):
     assert len(c["graph_hashes"]) == 1 and len(c["graph_hashes"][0]) == 16  # the one graph, hashed
     assert abs(c["dynamo_s"] + c["backend_s"] - c["compile_time_s"]) < 0.01 and c["compile_time_s"] > 0
     assert 0 < c["compile_time_s"] < facts["train_wall_s"]
+    # Peak resident memory of the process (ru_maxrss): torch alone keeps well over 50 MiB resident.
+    assert 50 < facts["peak_rss_mib"] < 16_384
     assert all(s["forward_ms"] > 0 for s in facts["steps"][1:])  # roots are hooked after step 0
     # 12 steps; 5, 6 and 7 ran under the profiler and are left out of the timings.
     assert facts["step_source"] == "optimizer" and facts["profile_steps"] == [5, 8]

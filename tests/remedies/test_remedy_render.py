@@ -61,3 +61,26 @@ def test_without_ablation_only_the_set_is_compared():
     got = estimate_vs_measured(outcome([ABRemedy("debug.off", True, geomean=1.6, method=set_method)]),
                                {"debug.off": 30.0})
     assert got["per_remedy"] == [] and got["estimated_pct"] == pytest.approx(30.0)
+
+
+def test_each_arm_keeps_its_largest_rank_s_peak_memory_and_the_details_their_medians(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from torchdoctor.remedies.measure import Arm, load
+    from torchdoctor.remedies.render import _details
+
+    arms = []
+    for label, kind, peaks in (("A1", "baseline", [590.0, 410.0]), ("B1", "treated", [930.0, 400.0]),
+                               ("B2", "treated", [880.0, None]), ("A2", "baseline", [578.0, 420.0])):
+        run = tmp_path / label
+        run.mkdir()
+        ranks = [{"facts": {"rank": r, **({"peak_rss_mib": p} if p else {}),
+                            "steps": [{"step": i, "total_ms": 10.0} for i in range(8)]}} for r, p in enumerate(peaks)]
+        (run / "run.json").write_text(json.dumps({"exit_code": 0, "ranks": ranks}))
+        arms.append(load(Arm(label, kind, [], str(run))))
+    assert [a.peak_rss_mib for a in arms] == [590.0, 930.0, 880.0, 578.0]
+    opts = SimpleNamespace(apply="safe", ablate=False, steps=None, rtol=0.05)
+    d = _details(outcome([]), arms, [], {}, [], opts, str(tmp_path), None)
+    # A job without a DataLoader (no samples/s) still gets them.
+    assert d["baseline_peak_rss_mib"] == 584.0 and d["treated_peak_rss_mib"] == 905.0

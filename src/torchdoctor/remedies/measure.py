@@ -46,6 +46,7 @@ class Arm:
     steps_per_s: float | None = None
     samples_per_s: float | None = None
     steady_steps: int = 0
+    peak_rss_mib: float | None = None  # the largest rank process's peak resident memory
     facts: list[RankFacts] = field(default_factory=list)
     losses: dict[int, list[float]] = field(default_factory=dict)
     applied: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -110,6 +111,7 @@ def load(arm: Arm) -> Arm:
         manifest = _Manifest()
     arm.facts = [e.facts for e in manifest.ranks if e.facts is not None]
     arm.steps_per_s, arm.samples_per_s, arm.steady_steps = job_rate(arm.facts)
+    arm.peak_rss_mib = max((f.peak_rss_mib for f in arm.facts if f.peak_rss_mib), default=None)
     for i, rec in enumerate(read_records(arm.run_dir)):
         if rec.get("losses"):
             rank = rec.get("rank")

@@ -93,6 +93,9 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "noise": round(outcome.noise, 4),
         "baseline_samples_per_s": _median([a.samples_per_s for a in base]),
         "treated_samples_per_s": _median([a.samples_per_s for a in treated]),
+        # Every finished arm of each kind (a job without a DataLoader has no samples/s).
+        "baseline_peak_rss_mib": _median([a.peak_rss_mib for a in arms if a.kind == "baseline" and a.ok]),
+        "treated_peak_rss_mib": _median([a.peak_rss_mib for a in arms if a.kind == "treated" and a.ok]),
         "loss_check": {"status": outcome.loss.status, "text": outcome.loss.text, "rtol": opts.rtol},
         "chosen_by": {str(c.spec): c.why for c in choices},
         "unknown": unknown,
@@ -157,6 +160,9 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
               f"min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}, noise {outcome.noise:.0%}: "
               f"{ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} steps/s{samples}")
         print(f"learning: {outcome.loss.status}: {outcome.loss.text}")
+        if d["baseline_peak_rss_mib"] and d["treated_peak_rss_mib"]:
+            print(f"host memory: peak resident {d['baseline_peak_rss_mib']:.0f} -> {d['treated_peak_rss_mib']:.0f} MiB "
+                  "(the largest rank process; median over the arms)")
         if evm is not None:
             iv = evm["measured_interval_pct"]
             print(f"estimate vs measured: the findings behind these remedies claimed {evm['estimated_pct']:.1f}% of "
