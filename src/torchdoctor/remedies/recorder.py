@@ -5,8 +5,9 @@ Armed only in the A/B arms (``TORCHDOCTOR_AB_RECORD``). ``torch.autograd.backwar
 step, the values are read once at the end. With ``TORCHDOCTOR_AB_STEPS=N`` the job ends cleanly
 (``SystemExit(0)``) right after its N-th optimizer step, so both arms run exactly the same steps.
 A job that builds no ``torch.optim`` optimizer (word_language_model's ``p.data.add_`` loop, a
-hand-written SGD) counts a step per top-level backward, as the probe does, and ends as its
-(N+1)-th backward is called: step N is closed by then, and the two arms still stop at the same place.
+hand-written SGD) counts a step per call of ``torch.autograd.backward``, as the probe counts its
+steps there, and ends as its (N+1)-th call begins: step N is closed by then, and the two arms still
+stop at the same place.
 """
 
 from __future__ import annotations

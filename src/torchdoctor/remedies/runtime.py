@@ -5,7 +5,7 @@ at exit (``torchdoctor fix`` merges them):
 
     {"pid", "rank", "requested": [ids], "applied": [{id, target, site, set, was}],
      "refused": [{id, reason}], "skipped": [{id, reason}] (nothing to change here),
-     "losses": [float per backward], "steps": optimizer steps (top-level backwards in a job
+     "losses": [float per backward], "steps": optimizer steps (calls of backward in a job
      without an optimizer)}
 
 A refusal is printed once per job on stderr: the ids already printed travel to child processes in
@@ -51,7 +51,7 @@ class Runtime:
         self.losses: list[Any] = []  # detached scalar tensors, converted at exit
         self.loss_values: list[float] = []
         self.steps = 0
-        self.backward_steps = 0  # top-level backwards, the step count of a job without an optimizer
+        self.backward_steps = 0  # calls of backward, the step count of a job without an optimizer
         self.rank: int | None = None
         self.recording = False
 
