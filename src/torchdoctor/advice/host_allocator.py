@@ -41,6 +41,8 @@ M_MMAP_MAX = -4
 ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
        "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
 SHELL = "export " + " ".join(f"{k}={v}" for k, v in ENV.items())
+# The shell lines HO-15 and the remedy's permanent change give: the settings, or another allocator.
+SNIPPET = f"{SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 # Allocators that replace malloc when preloaded: the job already chose one.
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 

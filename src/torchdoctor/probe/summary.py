@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -155,18 +154,6 @@ def _syncs_per_step(probe: Probe, steps: list) -> float | None:
     return round(probe.sync_total / len(steps), 3) if steps else None
 
 
-def _peak_rss_mib() -> float | None:
-    """This process's peak resident memory so far, MiB (None where getrusage has no ru_maxrss)."""
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    except Exception:
-        return None
-    # Linux reports KiB, macOS bytes.
-    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1) if peak > 0 else None
-
-
 def _train_wall_s(probe: Probe, compiled: CompileFacts) -> float | None:
     """Wall seconds since the first training activity, or since the first compile when that came
     earlier: a model compiled at its first call, before any loader batch or backward the probe
@@ -230,7 +217,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         env=collect.env_facts(),
         steps=steps,
         train_wall_s=_train_wall_s(probe, compile_facts),
-        peak_rss_mib=_peak_rss_mib(),
+        peak_rss_mib=sysinfo.peak_rss_mib(),
         host_syncs_per_step=_syncs_per_step(probe, steps),
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         checkpoint_site=probe.checkpoint_site,

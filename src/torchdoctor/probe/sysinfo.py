@@ -1,5 +1,6 @@
-"""Host facts without psutil: CPU time of this process and of its DataLoader workers, CPUs, NUMA,
-the scheduler's counters of the training thread, and the machine's busy CPU time.
+"""Host facts without psutil: CPU time of this process and of its DataLoader workers, its peak
+resident memory, CPUs, NUMA, the scheduler's counters of the training thread, and the machine's
+busy CPU time.
 
 CPU use is reported in percent of one core over a wall-clock interval (200 = two busy cores).
 Worker CPU time is the sum of two parts: workers already reaped by this process (their time is in
@@ -13,6 +14,7 @@ import contextlib
 import glob
 import os
 import resource
+import sys
 import threading
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -27,6 +29,16 @@ def own_cpu_s() -> float:
 def reaped_children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far, MiB (None where getrusage has no ru_maxrss)."""
+    try:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except Exception:
+        return None
+    # Linux reports KiB, macOS bytes.
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1) if peak > 0 else None
 
 
 def live_child_cpu_s(pids: list[int]) -> float:

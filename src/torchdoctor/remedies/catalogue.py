@@ -146,7 +146,7 @@ REMEDIES: tuple[Remedy, ...] = (
            "high-water mark instead of going back to the kernel between steps (word_language_model: peak "
            "resident 0.5 -> 1.2-1.5 GiB; `fix` prints both)", "glibc (Linux); a job that sets "
            "its own thresholds or preloads jemalloc/tcmalloc keeps its choice",
-           snippet=f"{host_allocator.SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+           snippet=host_allocator.SNIPPET),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

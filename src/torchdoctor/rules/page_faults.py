@@ -21,7 +21,7 @@ matters only where the device waits for it: the claim is then taken from the dev
 
 from __future__ import annotations
 
-from ..advice.host_allocator import SHELL
+from ..advice.host_allocator import SNIPPET
 from ._common import View, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
@@ -79,7 +79,7 @@ def page_faults(inputs: RuleInputs) -> list[Finding]:
             fix=Fix("Keep freed memory in the process: raise glibc malloc's mmap and trim thresholds and serve "
                     "big blocks from the heap (resident memory then stays at the step's peak), or run the job "
                     "with jemalloc or tcmalloc (LD_PRELOAD), as PyTorch's CPU tuning guide advises.",
-                    f"{SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+                    SNIPPET,
                     "shell"),
             confidence="medium", remedy="memory.host_allocator",
             confirm="the claim is the system time of the faults; part of it can come back as user time, since "

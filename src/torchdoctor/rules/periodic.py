@@ -119,12 +119,11 @@ def _every_step(v: View, b: Between, all_views: list[View]) -> Finding:
 
 
 def _one_offs(b: Between) -> str:
-    """The long steps left out of the pattern as one-offs, in words ("" without any)."""
+    """The long steps left out of the pattern as one-offs (fewer than MIN_LONG_STEPS), in words ("" without any)."""
     if not b.one_offs:
         return ""
-    named = ", ".join(f"step {s.step} ({fmt_ms(s.total_ms)})" for s in b.one_offs[:3])
-    more = f" and {len(b.one_offs) - 3} more" if len(b.one_offs) > 3 else ""
-    return (f" Left out as one-offs, over {ONE_OFF_FACTOR:.0f} times the typical long step's work: {named}{more}"
+    named = ", ".join(f"step {s.step} ({fmt_ms(s.total_ms)})" for s in b.one_offs)
+    return (f" Left out as one-offs, over {ONE_OFF_FACTOR:.0f} times the typical long step's work: {named}"
             " (such as a first evaluation compiling its graph, which the compile findings price).")
 
 
