@@ -398,6 +398,45 @@ def test_random_numbers_read_as_msgspec_reads_them(tmp_path, monkeypatch, exact)
     assert read(path, False, monkeypatch)[0]["exact"] is exact
 
 
+def test_integers_of_every_length_and_sign_read_as_msgspec_reads_them(tmp_path, monkeypatch):
+    """The scanner's integer paths (eight digits at a time, no overflow test below 20 digits): every
+    length from 1 to 25 digits in the float fields, 1 to 19 and the int64 edges in the int args, with
+    and without a sign, and zeros ("-0" is msgspec's int 0). Read by the scanner, the same as msgspec."""
+    rng = random.Random(11)
+
+    def digits(n: int) -> str:
+        return str(rng.randrange(1, 10)) + "".join(str(rng.randrange(10)) for _ in range(n - 1))
+
+    floats = ["0", "-0"] + [sign + digits(n) for n in range(1, 26) for sign in ("", "-") for _ in range(3)]
+    ints = ["0", "-0", str(2 ** 63 - 1), str(-2 ** 63)] + [sign + digits(n) for n in range(1, 19)
+                                                           for sign in ("", "-") for _ in range(3)]
+    events = [f'{{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":{f},"dur":{rng.choice(floats)},'
+              f'"args":{{"stream":{i},"correlation":{rng.choice(ints)},"bytes":{rng.choice(ints)},'
+              f'"blocks per SM":{rng.choice(floats)}}}}}'
+              for f, i in zip(floats * 2, ints * 3, strict=False)]
+    path = tmp_path / "ints.json"
+    path.write_text("[" + ",".join(events) + "]")
+    assert read(path, False, monkeypatch)[1] == (1, 0)
+    assert_same(path, monkeypatch)
+
+
+def test_strings_with_an_escape_at_every_offset_read_as_msgspec_reads_them(tmp_path, monkeypatch):
+    """Names and args strings scanned sixteen bytes at a time: an escape, a multi-byte character or
+    the closing quote at every offset across two such words reads as msgspec reads it."""
+    events = []
+    for n in range(40):
+        for esc in ('\\"', "\\\\", "\\u00e9", "\\n", "\u4e2d"):
+            name = "a" * n + esc + "b" * (39 - n)
+            events.append(f'{{"ph":"X","cat":"cpu_op","name":"{name}","pid":1,"tid":1,"ts":{n},"dur":1,'
+                          f'"args":{{"Call stack":"{"c" * n}","Input type":["{name}", "{"d" * n}"]}}}}')
+    path = tmp_path / "strings.json"
+    path.write_text("[" + ",".join(events) + "]", encoding="utf-8")
+    assert read(path, False, monkeypatch)[1] == (1, 0)
+    got, _ = read(path, True, monkeypatch)
+    assert len(got["names"]) == 40 * 5 and '"' in got["names"][0] and "\u4e2d" in got["names"][4]
+    assert_same(path, monkeypatch)
+
+
 def test_a_stale_or_missing_scanner_leaves_msgspec_doing_the_work(tmp_path, monkeypatch):
     path = write(tmp_path, builder().document())
     monkeypatch.setattr(scanned, "_scan", None)

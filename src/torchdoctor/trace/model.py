@@ -177,7 +177,10 @@ class RankTrace:
     def name_mask(self, predicate) -> np.ndarray:
         """Boolean mask of events whose name satisfies `predicate` (evaluated once per unique name)."""
         hits = np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool, count=len(self.names))
-        return hits[self.name] if hits.size else np.zeros(len(self), dtype=bool)
+        if not hits.any():  # most predicates name a few ops a trace may not have
+            return np.zeros(len(self), dtype=bool)
+        # take, not hits[self.name]: a third of the time on millions of events (no fancy-index iterator).
+        return hits.take(self.name)
 
     def names_of(self, idx: np.ndarray) -> list[str]:
         return [self.names[i] for i in self.name[idx]]
