@@ -575,6 +575,18 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
                 errors.append(ErrorEntry(trace, str(value)))
         inputs.append(RankInputs(r, result=result, facts=facts))
     warnings: list[ErrorEntry] = []
+    evaluators = [ri for ri in inputs if evaluation_only(ri.facts)]
+    if evaluators and len(evaluators) < len(inputs) and any(trains(ri.facts) for ri in inputs):
+        # Beside processes that train, one that only evaluated (the Hogwild example's parent tests
+        # the model its children trained) is not part of the training step: its loader and its
+        # window would speak for the job.
+        inputs = [ri for ri in inputs if ri not in evaluators]
+        warnings.extend(ErrorEntry(run_dir, f"process {ri.facts.pid} (rank {ri.rank}) only evaluated: "
+                                   f"{len(ri.facts.steps)} steps (DataLoader batches) without a backward or an optimizer step; "
+                                   "left out of the training diagnosis") for ri in evaluators if ri.facts)
+    shared = number_shared_ranks(inputs)
+    if shared:
+        warnings.append(ErrorEntry(run_dir, shared))
     if extra:
         # Traces named beside the run directory join its ranks (cross-rank metrics, diagnosis).
         taken = {ri.rank: run_dir for ri in inputs if ri.rank is not None}
@@ -590,6 +602,50 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
     report = build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)
     attach_inductor(report, run_dir)
     return report
+
+
+def number_shared_ranks(inputs: list[RankInputs]) -> str:
+    """Give processes that share a rank numbers of their own (in place); what was renumbered, or "".
+
+    Only processes without a process group share one (every such process reads RANK as 0): Hogwild
+    children of torch.multiprocessing, independent trainings launched together. The diagnosis keeps
+    its claims per rank, so two of them under one number would spend one budget."""
+    taken = {ri.rank for ri in inputs if ri.rank is not None}
+    if len(taken) == sum(ri.rank is not None for ri in inputs):
+        return ""
+    seen: set[int] = set()
+    fresh = max(taken) + 1
+    moved = []
+    for ri in inputs:
+        if ri.rank is None:
+            continue
+        if ri.rank in seen:
+            pid = ri.facts.pid if ri.facts else None
+            moved.append(f"process {pid} as rank {fresh}")
+            ri.rank = fresh
+            if ri.facts is not None:
+                ri.facts.rank = fresh
+            if ri.result is not None:
+                ri.result.rank = fresh
+            fresh += 1
+        seen.add(ri.rank)
+    return ("processes share a rank (no process group); reported as ranks of their own: "
+            + ", ".join(moved))
+
+
+def trains(facts: RankFacts | None) -> bool:
+    """The process's steps are training steps: its step clock ran on optimizer steps or backwards."""
+    return facts is not None and facts.step_source in ("optimizer", "backward")
+
+
+def evaluation_only(facts: RankFacts | None) -> bool:
+    """The process only evaluated: its steps are DataLoader batches whose forwards all ran without
+    autograd (no_grad / inference_mode), with no backward and no optimizer in the whole run."""
+    if facts is None or facts.step_source != "dataloader" or facts.optimizers or not facts.steps:
+        return False
+    forward = sum(s.forward_ms for s in facts.steps)
+    return (forward > 0 and not any(s.backward_ms for s in facts.steps)
+            and sum(s.inference_ms for s in facts.steps) >= 0.99 * forward)
 
 
 def attach_inductor(report: Report, run_dir: str) -> None:

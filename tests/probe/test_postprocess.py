@@ -148,3 +148,38 @@ def test_the_merge_prefers_the_childs_analysis_to_a_copy_the_rank_embedded(tmp_p
     postprocess.settle(str(tmp_path))
     (payload,) = output.read_payloads(str(tmp_path))
     assert payload["analysis"]["metrics"]["busy_pct"] == 25.0
+
+
+def test_processes_sharing_a_rank_keep_their_own_trace_and_analysis(tmp_path):
+    """Without a process group every process is rank 0 (Hogwild children, an evaluating parent): the
+    first to claim the rank's trace slot keeps the plain name, the others get their pid in theirs, and
+    each process's facts get the analysis of its own trace, settled by the wrapper."""
+    run = str(tmp_path)
+    assert output.claim_trace_slot(run, 0, 101) == "rank0"
+    assert output.claim_trace_slot(run, 0, 101) == "rank0"  # a restarted window keeps its slot
+    assert output.claim_trace_slot(run, 0, 202) == "rank0.pid202"
+    assert output.claim_trace_slot(run, 1, 202) == "rank1"
+    for slot, pid, busy_steps in (("rank0", 101, 1), ("rank0.pid202", 202, 3)):
+        b = TraceBuilder(rank=0)
+        for s in range(3):
+            b.step(s, 1000.0 * s, 1000.0)
+            if s < busy_steps:
+                b.kernel("ampere_sgemm_128x64_nn", 1000.0 * s + 100, 250, launch_at=1000.0 * s + 50)
+        raw, _gz, _pending, _analysis = postprocess.paths(run, slot)
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        b.write(raw)
+        facts = {"rank": 0, "pid": pid, "trace_file": f"traces/{slot}.json.gz"}
+        output.write_json(output.own_path(run, 0, pid), {"facts": facts, "analysis": None})
+    postprocess.settle(run)  # no child ran: the wrapper compresses and analyses both raw traces
+    assert sorted(os.listdir(tmp_path / "traces")) == ["rank0.json.gz", "rank0.owner", "rank0.pid202.json.gz",
+                                                       "rank1.owner"]
+    got = {p["facts"]["pid"]: p["analysis"]["metrics"]["busy_pct"] for p in output.read_payloads(run)}
+    assert got == {101: 8.333, 202: 25.0}  # one busy step of three, against three of three
+    output.clear(run)
+    assert not os.listdir(tmp_path / "traces")
+
+
+def test_a_trace_slot_is_read_back_from_a_trace_file_name():
+    assert output.trace_slot("traces/rank3.json.gz") == "rank3"
+    assert output.trace_slot("traces/rank0.pid4242.json.gz") == "rank0.pid4242"
+    assert output.trace_slot("traces/other.json.gz") is None and output.trace_slot("") is None

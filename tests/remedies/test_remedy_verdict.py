@@ -379,3 +379,44 @@ def test_rates_use_the_slowest_rank_after_warm_up() -> None:
     assert steps_s == pytest.approx(5.0) and samples_s == pytest.approx(80 + 40) and n == 8
     d = loss_diff({0: [1.0, 2.0], 1: [3.0]}, {0: [1.0, 2.5], 1: [3.0]})
     assert d is not None and d.first_step == 1 and d.max_abs == 0.5 and not d.identical
+
+
+def test_numerics_against_baselines_that_do_not_reproduce_is_inconclusive_unless_clearly_further() -> None:
+    """Hogwild's children race on shared weights: two baseline runs differ by as much as the treated
+    one does (mnist_hogwild, threads.affinity=1: 0.63-0.74 against 0.27-0.70). The check cannot tell,
+    says so, and a measured speed-up is kept; a treated run 1.5x further than the baselines' own
+    spread is still "changed"."""
+    spec = [Spec("threads.affinity", "1")]
+
+    def racy(treated: list[float]) -> list[Arm]:
+        arms = []
+        for k, base in enumerate(([2.3, 2.2, 2.1], [2.6, 2.0, 2.3], [2.0, 2.4, 1.9]), start=1):
+            arms += [arm(f"A{k}", "baseline", 10, base, k), arm(f"B{k}", "treated", 30, treated, k, ["threads.affinity=1"])]
+        return arms
+
+    out = judge(racy([2.35, 2.25, 2.05]), spec, {})
+    assert out.loss.status == "inconclusive" and out.loss.passed and out.verdicts[0].status == "kept"
+    assert "two baseline runs already differ by 0.3" in out.loss.text
+    far = judge(racy([3.5, 2.3, 2.0]), spec, {})
+    assert far.loss.status == "changed" and far.verdicts[0].status == "rejected"
+
+
+def test_processes_without_a_rank_are_compared_in_the_order_they_started(tmp_path) -> None:
+    """Records of rank-less processes (Hogwild children) are keyed by start order among those that
+    recorded losses: a treated arm's extra process without losses (the parent, which only applied the
+    remedies) must not shift the pairing, nor a pid with one digit more sort first."""
+    import json
+
+    from torchdoctor.remedies.measure import load
+
+    def write(run: str, records: dict[int, list[float] | None]) -> Arm:
+        folder = tmp_path / run / "remedies"
+        folder.mkdir(parents=True)
+        for pid, losses in records.items():
+            rec = {"pid": pid, "rank": None, "applied": []} | ({"losses": losses} if losses else {})
+            (folder / f"pid{pid}.json").write_text(json.dumps(rec))
+        return load(Arm(run, "baseline", [], str(tmp_path / run)))
+
+    a = write("A1", {9998: [2.3, 2.2], 9999: [2.1, 2.0]})
+    b = write("B1", {9990: None, 9997: [2.3, 2.2], 10001: [2.1, 2.0]})
+    assert a.losses == b.losses == {-1: [2.3, 2.2], -2: [2.1, 2.0]}

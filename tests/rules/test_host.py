@@ -287,6 +287,26 @@ def test_ho13_claims_the_run_delay_its_own_threads_cause_not_the_barrier_time():
     assert gpu.severity == "info" and gpu.recoverable_ms == 0.0
 
 
+def test_ho13_counts_processes_that_train_side_by_side_without_torchrun():
+    """Hogwild: two torch.multiprocessing children train on the same 2 CPUs with 2 threads each and no
+    LOCAL_WORLD_SIZE. Each alone fits its CPUs; together they are 4 threads on 2. The advice (1 thread
+    per process) is the value `fix` applies."""
+    from torchdoctor.remedies.select import choose
+
+    cpu = CpuFacts(affinity=[0, 1], torch_num_threads=2, local_world_size=None)
+    r = cpu_result()
+    r.host.phases_ms = {"forward": 30.0, "backward": 50.0, "optimizer": 0.0}
+    one = cpu_facts(cpu=cpu)
+    assert run("HO-13", (r, one)) == []
+    got = only(run("HO-13", (r, one), (r, cpu_facts(cpu=cpu))), "HO-13")
+    assert "2 intra-op threads x 2 local rank(s) = 4 threads on 2 CPUs" in got.title
+    assert got.evidence[0].values["advised_threads"] == 1 and got.remedy == "threads.affinity"
+    (chosen,) = [c for c in choose([got], "numerics") if c.spec.id == "threads.affinity"]
+    assert chosen.spec.value == "1"
+    # On another host's CPUs the second process competes with nobody here.
+    assert run("HO-13", (r, one), (r, cpu_facts(cpu=cpu, hostname="other"))) == []
+
+
 def test_ho13_silent_when_threads_fit():
     f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=1, local_world_size=2))
     assert run("HO-13", (None, f)) == []

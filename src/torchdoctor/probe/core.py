@@ -114,7 +114,7 @@ class Probe:
         self.trace_file: str | None = None
         self.profiled: list[int] = []
         self.analysis: Any = None
-        self.analysis_rank: int | None = None  # whose trace the post-processing child analyses
+        self.analysis_slot: str | None = None  # whose trace the post-processing child analyses
         self.gathered = False
         self.last_flush = 0.0
         self.own_file: str | None = None
@@ -202,12 +202,12 @@ class Probe:
         assert self.window is not None
         if self.window.active:
             self.window.abort()
-        if self.analysis_rank is not None:
+        if self.analysis_slot is not None:
             # The finished window profiled steps of the old numbering: its trace and analysis
             # describe something else now, and the new window reuses their paths.
-            postprocess.discard(self.config.run_dir, self.analysis_rank)
+            postprocess.discard(self.config.run_dir, self.analysis_slot)
             self.trace_file, self.profiled = None, []
-            self.analysis = self.analysis_rank = None
+            self.analysis = self.analysis_slot = None
         self.window = ProfilerWindow(self.window.start_step, self.window.end_step)
 
     def _open_progress(self) -> None:
@@ -328,19 +328,19 @@ class Probe:
     def _finish_window(self, window: ProfilerWindow, end: int) -> None:
         """Write the trace of steps [start, end) and hand it to a detached child, never waited for:
         compressing and analysing a large trace here would stall every rank for seconds."""
-        rank = self.rank_identity()[0]
-        raw, gz, _pending, _analysis = postprocess.paths(self.config.run_dir, rank)
+        slot = output.claim_trace_slot(self.config.run_dir, self.rank_identity()[0], self.pid)
+        raw, gz, _pending, _analysis = postprocess.paths(self.config.run_dir, slot)
         window.finish(raw)
         self.trace_file = os.path.relpath(gz, self.config.run_dir)
         self.profiled = [window.start_step, end]
-        self.analysis_rank = rank
-        if not postprocess.start(self.config.run_dir, rank):
+        self.analysis_slot = slot
+        if not postprocess.start(self.config.run_dir, slot):
             ERRORS.note("trace post-processing deferred to the wrapper (no child process)")
 
     def _analysis(self) -> Any:
         """The window's analysis once the child wrote it (a file check, never a wait)."""
-        if self.analysis is None and self.analysis_rank is not None:
-            self.analysis = postprocess.read_analysis(self.config.run_dir, self.analysis_rank)
+        if self.analysis is None and self.analysis_slot is not None:
+            self.analysis = postprocess.read_analysis(self.config.run_dir, self.analysis_slot)
         return self.analysis
 
     def _lockstep(self) -> bool:

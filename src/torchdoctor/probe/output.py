@@ -15,6 +15,10 @@ Layout of a run directory::
     ranks/worker{P}.json        a DataLoader worker's own counters (probe/workers.py), read by its
                                 training process when it summarises
     traces/rank{R}.json.gz      each rank's profiler window
+    traces/rank{R}.owner        the pid that took the plain name; processes that share rank R (no
+                                process group: Hogwild children, an evaluating parent) write
+                                rank{R}.pid{P}.json.gz and ranks/rank{R}.pid{P}.json and
+                                .analysis.json instead (``claim_trace_slot``)
 
 A *payload* is ``{"facts": <RankFacts as builtins>, "analysis": <RankResult as builtins> | None}``.
 Merging prefers a rank's own file (it covers the whole run) over the gathered snapshot.
@@ -40,13 +44,47 @@ Payload = dict[str, Any]
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.pid(\d+))?\.json$")
 
 
-def trace_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, TRACES_DIR, f"rank{rank}.json.gz")
+def slot_name(rank: int | str) -> str:
+    """A window's files are named by its slot: ``rank{R}`` (an int rank), or a name that
+    ``claim_trace_slot`` gave (``rank{R}.pid{P}``)."""
+    return f"rank{rank}" if isinstance(rank, int) else rank
 
 
-def analysis_path(run_dir: str, rank: int) -> str:
+def trace_path(run_dir: str, rank: int | str) -> str:
+    return os.path.join(run_dir, TRACES_DIR, f"{slot_name(rank)}.json.gz")
+
+
+def analysis_path(run_dir: str, rank: int | str) -> str:
     """Where the post-processing child writes the analysis of a rank's window (probe/postprocess.py)."""
-    return os.path.join(run_dir, RANKS_DIR, f"rank{rank}.analysis.json")
+    return os.path.join(run_dir, RANKS_DIR, f"{slot_name(rank)}.analysis.json")
+
+
+def claim_trace_slot(run_dir: str, rank: int, pid: int) -> str:
+    """The slot of this process's window: ``rank{R}`` for the first process that claims it, else
+    ``rank{R}.pid{P}``. Processes share a rank only without a process group (Hogwild training in
+    torch.multiprocessing children, an evaluation in their parent): each keeps its own trace and
+    analysis. The claim is an exclusive create (``traces/rank{R}.owner`` holds the pid), so two
+    processes that close their windows at once cannot both take the plain name."""
+    owner = os.path.join(run_dir, TRACES_DIR, f"rank{rank}.owner")
+    os.makedirs(os.path.dirname(owner), exist_ok=True)
+    try:
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            with open(owner, encoding="utf-8") as f:
+                held = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            held = 0  # being written by its owner this instant: not ours
+        return f"rank{rank}" if held == pid else f"rank{rank}.pid{pid}"
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(str(pid))
+    return f"rank{rank}"
+
+
+def trace_slot(trace_file: str) -> str | None:
+    """The slot of a facts' ``trace_file`` (``traces/rank0.pid7.json.gz`` -> ``rank0.pid7``)."""
+    m = re.match(r"^(rank\d+(?:\.pid\d+)?)\.json\.gz$", os.path.basename(trace_file))
+    return m.group(1) if m else None
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -86,6 +124,7 @@ def clear(run_dir: str) -> None:
         os.path.join(TRACES_DIR, "rank*.json"),
         os.path.join(TRACES_DIR, "rank*.json.gz"),
         os.path.join(TRACES_DIR, "rank*.pending"),
+        os.path.join(TRACES_DIR, "rank*.owner"),
         os.path.join(TRACES_DIR, "rank*.postprocess.log"),
         os.path.join("caches", "rank*.json"),
         os.path.join("caches", "rank*.megacache.bin"),
@@ -197,11 +236,12 @@ def read_payloads(run_dir: str) -> list[Payload]:
         if payload is not None and int(payload["facts"].get("rank", 0)) not in ranks_seen:
             facts = payload["facts"]
             own[(int(facts.get("rank", 0)), int(facts.get("pid") or 0))] = payload
-    for (rank, _pid), payload in own.items():
-        if payload["facts"].get("trace_file"):
+    for payload in own.values():
+        slot = trace_slot(str(payload["facts"].get("trace_file") or ""))
+        if slot is not None:
             # The post-processing child's result (probe/postprocess.py) when it ran on this
             # machine: newer than, and preferred to, a copy the rank embedded when it last wrote.
-            analysis = load_dict(analysis_path(run_dir, rank))
+            analysis = load_dict(analysis_path(run_dir, slot))
             if analysis is not None:
                 payload["analysis"] = analysis
     return [own[key] for key in sorted(own)]

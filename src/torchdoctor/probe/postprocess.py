@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,14 +35,15 @@ from torchdoctor.probe import output
 _STRIP_ENV = ("TORCHDOCTOR_RUN_DIR", "TORCHDOCTOR_REMEDIES", "TORCHDOCTOR_PROBE_FAULT")
 
 
-def paths(run_dir: str, rank: int) -> tuple[str, str, str, str]:
-    """(raw JSON, gzipped trace, pending marker, analysis) of one rank."""
+def paths(run_dir: str, rank: int | str) -> tuple[str, str, str, str]:
+    """(raw JSON, gzipped trace, pending marker, analysis) of one rank's window (`rank`: the rank,
+    or the slot name output.claim_trace_slot gave)."""
     gz = output.trace_path(run_dir, rank)
     raw = gz.removesuffix(".gz")
     return raw, gz, raw.removesuffix(".json") + ".pending", output.analysis_path(run_dir, rank)
 
 
-def start(run_dir: str, rank: int) -> bool:
+def start(run_dir: str, rank: int | str) -> bool:
     """Hand the raw trace of ``rank`` to a detached child; False when no child could be started
     (the wrapper then does the work after the job)."""
     raw, gz, pending, analysis = paths(run_dir, rank)
@@ -96,12 +98,12 @@ def _analyze(gz: str) -> dict | None:
         return None
 
 
-def read_analysis(run_dir: str, rank: int) -> dict | None:
+def read_analysis(run_dir: str, rank: int | str) -> dict | None:
     """The analysis the child wrote for ``rank``, if it is there yet (never waits)."""
     return output.load_dict(output.analysis_path(run_dir, rank))
 
 
-def discard(run_dir: str, rank: int) -> None:
+def discard(run_dir: str, rank: int | str) -> None:
     """Drop a window's trace and analysis that the job has since made obsolete (steps renumbered).
 
     The child still working on it is killed first (it is ours, and the next window reuses its
@@ -147,9 +149,9 @@ def settle(run_dir: str, timeout_s: float = 300.0) -> None:
             _wait_for(os.path.join(traces, name), deadline)
     for name in sorted(os.listdir(traces)):
         base = name.removesuffix(".json")
-        if name.endswith(".json") and base.startswith("rank") and base[4:].isdigit():
+        if name.endswith(".json") and re.fullmatch(r"rank\d+(\.pid\d+)?", base):
             # A raw trace nobody compressed: its child never started, died or timed out.
-            work(*paths(run_dir, int(base[4:])))
+            work(*paths(run_dir, base))
 
 
 def _wait_for(pending: str, deadline: float) -> None:

@@ -92,8 +92,10 @@ def job_rate(facts: list[RankFacts]) -> tuple[float | None, float | None, int]:
 
 
 def read_records(run_dir: str) -> list[dict[str, Any]]:
+    """The remedies' records of an arm's processes, in the order they started (pid order)."""
     out = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "remedies", "pid*.json"))):
+    paths = glob.glob(os.path.join(run_dir, "remedies", "pid*.json"))
+    for path in sorted(paths, key=lambda p: (len(os.path.basename(p)), os.path.basename(p))):
         try:
             with open(path, encoding="utf-8") as f:
                 out.append(json.load(f))
@@ -112,10 +114,16 @@ def load(arm: Arm) -> Arm:
     arm.facts = [e.facts for e in manifest.ranks if e.facts is not None]
     arm.steps_per_s, arm.samples_per_s, arm.steady_steps = job_rate(arm.facts)
     arm.peak_rss_mib = max((f.peak_rss_mib for f in arm.facts if f.peak_rss_mib), default=None)
-    for i, rec in enumerate(read_records(arm.run_dir)):
+    unranked = 0
+    for rec in read_records(arm.run_dir):
         if rec.get("losses"):
             rank = rec.get("rank")
-            arm.losses[int(rank) if rank is not None else -1 - i] = [float(x) for x in rec["losses"]]
+            if rank is None:
+                # Processes without a rank (Hogwild children, a script without a process group): the
+                # first to start is -1, the next -2..., among those that recorded losses only, so
+                # that the same process of each arm is compared, whatever else ran beside it.
+                rank, unranked = -1 - unranked, unranked + 1
+            arm.losses[int(rank)] = [float(x) for x in rec["losses"]]
         for entry in rec.get("applied", []):
             arm.applied.setdefault(entry["id"], []).append(entry)
         for entry in rec.get("refused", []):

@@ -102,6 +102,10 @@ def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:
     return None
 
 
+# The evidence value that carries a finding's advice for its remedy's value.
+ADVISED_VALUE = {"dataloader.workers": "advised_workers", "threads.affinity": "advised_threads"}
+
+
 def choose(findings: list[Finding], level: str) -> list[Choice]:
     """The remedies of class <= ``level`` that the findings name, with their followers."""
     fired: dict[str, list[Finding]] = {}
@@ -115,9 +119,10 @@ def choose(findings: list[Finding], level: str) -> list[Choice]:
             continue
         if r.id in fired:
             fs = fired[r.id]
-            # The finding's own advice is the value (DL-2's worker count): advice and remedy agree.
-            value = next((str(e.values["advised_workers"]) for f in fs for e in f.evidence
-                          if "advised_workers" in e.values), None)
+            # The finding's own advice is the value (DL-2's worker count, HO-13's threads per process):
+            # advice and remedy agree.
+            key = ADVISED_VALUE.get(r.id, "")
+            value = next((str(e.values[key]) for f in fs for e in f.evidence if key in e.values), None)
             out.append(Choice(Spec(r.id, value), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
     chosen = {c.spec.id for c in out}
     for r in REMEDIES:

@@ -17,7 +17,8 @@ remedy earns its place (no torch).
 - Learning: the loss of every step is compared with the same round's baseline over the same steps
   and seed. ``safe`` remedies must give identical losses (when the baseline reproduces itself;
   otherwise the check is inconclusive and says so); ``numerics`` remedies must stay within
-  ``|delta| <= atol + rtol * |loss|`` at every step. One exception: a remedy that changes the
+  ``|delta| <= atol + rtol * |loss|`` at every step (when the baselines stay within it of each
+  other; otherwise, as for ``safe``, inconclusive unless 1.5x further than they are apart). One exception: a remedy that changes the
   worker count (``WORKER_STREAMS``) of a loader whose dataset draws random numbers in the workers
   (random augmentation, seen by the workers' probe) hands each batch another worker's random stream,
   so the same images get other crops and flips and the losses differ step by step by design. There
@@ -210,6 +211,13 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
     tol = f"|delta| <= {NUMERICS_ATOL:g} + {rtol:g} x |loss| at every step"
     if ok:
         return LossCheck("within tolerance", f"{where}; within {tol}", worst)
+    # Baselines that are themselves beyond the tolerance of each other (Hogwild's racing updates,
+    # an unseeded shuffle): the treated runs' distance says nothing unless it is clearly larger.
+    if selfs_d and not all(within(base[0].losses, a.losses, rtol, NUMERICS_ATOL) for a in base[1:] if a.ok):
+        noise = max(d.max_abs for d in selfs_d)
+        status = "inconclusive" if worst.max_abs <= noise * 1.5 + 1e-12 else "changed"
+        return LossCheck(status, f"{where}; beyond {tol}, but two baseline runs already differ by {noise:.3g}: "
+                         "the job is not deterministic (fix its seeds to check)", worst)
     return LossCheck("changed", f"{where}; beyond {tol}", worst)
 
 

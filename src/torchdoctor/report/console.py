@@ -7,6 +7,7 @@ configuration follows in one line when it is not the default; "healthy" is said 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -66,7 +67,7 @@ def print_report(report: Report, console: Console | None = None, verbose: bool =
         if first.idle_causes and first.metrics.idle_pct:
             console.print(idle_table(first))
         elif first.device_kind == "cpu" and first.host.phases_ms:
-            console.print(host_table(first))
+            console.print(host_table(first, results))
         for line in roofline_lines(first):
             console.print(Text(f"rank {first.rank} {line}"))
     elif report.ranks:
@@ -113,7 +114,8 @@ def rank_table(results: list[RankResult], straggler: int | None = None) -> Table
         if w.skipped_warmup:
             steps += f" (warm-up {','.join(map(str, w.skipped_warmup))} skipped)"
         device = r.device or ("CPU only" if r.device_kind == "cpu" else f"{r.device_kind.upper()} (unnamed)")
-        t.add_row(str(r.rank) + (" (straggler)" if many and r.rank == straggler else ""), escape(device), steps,
+        t.add_row(rank_label(r, results) + (" (straggler)" if many and r.rank == straggler else ""),
+                  escape(device), steps,
                   fmt(m.step_ms_median, digits=2), fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"),
                   fmt(m.compute_pct, "%"), fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
                   fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%"))
@@ -149,8 +151,17 @@ def idle_table(r: RankResult) -> Table:
     return t
 
 
-def host_table(r: RankResult) -> Table:
-    t = Table(title=f"Rank {r.rank}: host step time (CPU-only trace)", title_justify="left")
+def rank_label(r: RankResult, results: list[RankResult]) -> str:
+    """The rank, and its trace's name where processes share the rank (no process group: Hogwild
+    children, independent trainings): ``0 (rank0.pid4242)``."""
+    if r.rank is None or sum(x.rank == r.rank for x in results) < 2:
+        return str(r.rank)
+    name = os.path.basename(r.file)
+    return f"{r.rank} ({name.removesuffix('.gz').removesuffix('.json')})"
+
+
+def host_table(r: RankResult, results: list[RankResult] | None = None) -> Table:
+    t = Table(title=f"Rank {rank_label(r, results or [r])}: host step time (CPU-only trace)", title_justify="left")
     t.add_column("phase")
     t.add_column("ms/step (median)", justify="right")
     t.add_column("share of window", justify="right")

@@ -62,6 +62,11 @@ class RunDelay:
         return self.part(self.holders.own_threads + self.holders.other_ranks)
 
 
+def training_processes(v: View, all_views: list[View]) -> int:
+    """The job's processes on ``v``'s host whose CPUs overlap its own (``v`` included; 1 without facts)."""
+    return len(host_peers(v.f, all_views)) if v.f is not None else 1
+
+
 def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None:
     """CPU time of the training thread's competitors on ``v``'s CPUs (module docstring); None when
     the probe did not measure the CPU use it needs."""

@@ -28,7 +28,7 @@ from ._common import (
     worker_collate_wait_ms,
     worker_split_text,
 )
-from ._cpu import run_delay
+from ._cpu import run_delay, training_processes
 from .engine import GENERIC, MEASURED, UMBRELLA, RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -659,7 +659,9 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
         cpus = len(c.affinity) or c.logical_cpus
         if not cpus:
             return None
-        lws = c.local_world_size or 1
+        # Processes that train side by side without torchrun (Hogwild children of torch.multiprocessing)
+        # have no LOCAL_WORLD_SIZE: the job's processes seen on this host's CPUs count as local ranks.
+        lws = max(c.local_world_size or 1, training_processes(v, all_views))
         want = max(1, cpus // lws)
         demand = c.torch_num_threads * lws
         if demand <= cpus:
@@ -694,6 +696,7 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
             evidence=[Evidence(f"{c.torch_num_threads} threads x {lws} rank(s) vs {cpus} CPUs in the affinity mask"
                                + (f"; compute {fmt_ms(compute)} per step" if compute else "") + measured + ".",
                                {"torch_num_threads": c.torch_num_threads, "local_world_size": lws, "cpus": cpus,
+                                "advised_threads": want,
                                 "OMP_NUM_THREADS": v.f.env.get("OMP_NUM_THREADS") if v.f else None})],
             fix=Fix(f"Give each rank its own cores: {want} thread(s) per rank and a matching affinity mask.",
                     f"OMP_NUM_THREADS={want} torchrun --nproc-per-node {lws} train.py   # or torch.set_num_threads({want})",
