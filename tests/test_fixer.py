@@ -245,3 +245,27 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert (args.fix, args.apply, args.repeats, args.ablate, args.steps) == (True, "numerics", 3, True, 20)
     args = build_parser().parse_args(["fix", "--steps", "5", "--", "python", "train.py", "--steps", "9"])
     assert args.fix_steps == 5 and args.command == ["--", "python", "train.py", "--steps", "9"]
+
+
+def test_a_remedy_asked_for_without_a_value_takes_the_diagnosis_advice(tmp_path: Path) -> None:
+    """`fix --from RUN --apply threads.affinity`: the value is HO-13's advice for the run (1 thread per
+    process for two Hogwild children with 2 threads each on 2 CPUs), not the remedy's default of
+    CPUs // LOCAL_WORLD_SIZE (2 // 1 without torchrun: a no-op)."""
+    import msgspec
+
+    from torchdoctor.facts import CpuFacts, OptimizerFacts, RankFacts, StepTiming
+    from torchdoctor.fixer import FixOptions, _what_to_try
+
+    steps = [StepTiming(step=i, total_ms=100.0, forward_ms=40.0, backward_ms=50.0, optimizer_ms=5.0)
+             for i in range(20)]
+    child = RankFacts(rank=0, hostname="h", step_source="optimizer", steps=steps, optimizers=[OptimizerFacts(cls="SGD")],
+                      cpu=CpuFacts(affinity=[0, 1], torch_num_threads=2))
+    ranks = [{"facts": msgspec.to_builtins(child) | {"pid": pid}, "analysis": None} for pid in (11, 12)]
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "torchdoctor.run/1", "command": ["python", "main.py"],
+                                                   "exit_code": 0, "duration_s": 5.0, "ranks": ranks}))
+    got = _what_to_try(["python", "main.py"], FixOptions(apply="threads.affinity", from_run=str(tmp_path)),
+                       str(tmp_path / "fix"))
+    assert [str(c.spec) for c in got.choices] == ["threads.affinity=1"]
+    given = _what_to_try(["python", "main.py"], FixOptions(apply="threads.affinity=2", from_run=str(tmp_path)),
+                         str(tmp_path / "fix"))
+    assert [str(c.spec) for c in given.choices] == ["threads.affinity=2"]  # a value given is kept

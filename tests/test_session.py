@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from torchdoctor.facts import DataLoaderFacts, OptimizerFacts, RankFacts, StepTiming
-from torchdoctor.session import evaluation_only, report_from_run_dir, trains
+from torchdoctor.facts import DataLoaderFacts, OptimizerFacts, RankFacts, StepTiming, evaluation_only, trains
+from torchdoctor.session import report_from_run_dir
 
 
 def training(pid: int) -> RankFacts:

@@ -430,3 +430,18 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # `on_training_thread`): the probe times that thread's steps.
     training_thread: str | None = None
     own_traces: list[str] = []
+
+
+def trains(facts: RankFacts | None) -> bool:
+    """The process's steps are training steps: its step clock ran on optimizer steps or backwards."""
+    return facts is not None and facts.step_source in ("optimizer", "backward")
+
+
+def evaluation_only(facts: RankFacts | None) -> bool:
+    """The process only evaluated: its steps are DataLoader batches whose forwards all ran without
+    autograd (no_grad / inference_mode), with no backward and no optimizer in the whole run."""
+    if facts is None or facts.step_source != "dataloader" or facts.optimizers or not facts.steps:
+        return False
+    forward = sum(s.forward_ms for s in facts.steps)
+    return (forward > 0 and not any(s.backward_ms for s in facts.steps)
+            and sum(s.inference_ms for s in facts.steps) >= 0.99 * forward)

@@ -127,7 +127,14 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
 
     if opts.apply not in LEVELS:
         specs, unknown = catalogue.parse_all(opts.apply.split(","))
-        estimates = estimates_of(report_from_run_dir(opts.from_run).findings) if opts.from_run else None
+        findings = report_from_run_dir(opts.from_run).findings if opts.from_run else []
+        # An id asked for without a value takes the diagnosis's advice when there is one (HO-13's
+        # threads per process), as when the diagnosis picks it; the worker count keeps its own
+        # advice, measured against N+1 (`Loop.advised`).
+        advised = {c.spec.id: c.spec.value for c in select.choose(findings, "numerics")
+                   if c.spec.value and c.spec.id != WORKERS}
+        specs = [catalogue.Spec(s.id, advised[s.id]) if s.value is None and s.id in advised else s for s in specs]
+        estimates = estimates_of(findings) if opts.from_run else None
         return ToTry([select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0, estimates)
     diag_dir = opts.from_run
     if diag_dir is None:
@@ -421,7 +428,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
 def add_fix_options(p: argparse.ArgumentParser, steps: bool = True) -> None:
     """The loop's options (shared with `torchdoctor demo --fix`, whose --steps is the demo's own)."""
     p.add_argument("--apply", default="safe", metavar="safe|numerics|ID,...",
-                   help="remedy class picked from the diagnosis, or remedy ids (ID or ID=VALUE); default safe")
+                   help="remedy class picked from the diagnosis, or remedy ids (ID or ID=VALUE; with --from, an ID "
+                        "without a value takes the diagnosis's advice); default safe")
     if steps:
         p.add_argument("--steps", dest="fix_steps", type=int, metavar="N", help="end every run after N optimizer steps")
     p.add_argument("--repeats", "-k", type=int, default=DEFAULT_REPEATS, metavar="K",

@@ -30,7 +30,7 @@ from .compile import fusion, torch_trace
 from .compile import history as compile_history
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
-from .facts import CompileFacts, RankFacts, forward_unseen
+from .facts import CompileFacts, RankFacts, evaluation_only, forward_unseen, trains
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -631,21 +631,6 @@ def number_shared_ranks(inputs: list[RankInputs]) -> str:
         seen.add(ri.rank)
     return ("processes share a rank (no process group); reported as ranks of their own: "
             + ", ".join(moved))
-
-
-def trains(facts: RankFacts | None) -> bool:
-    """The process's steps are training steps: its step clock ran on optimizer steps or backwards."""
-    return facts is not None and facts.step_source in ("optimizer", "backward")
-
-
-def evaluation_only(facts: RankFacts | None) -> bool:
-    """The process only evaluated: its steps are DataLoader batches whose forwards all ran without
-    autograd (no_grad / inference_mode), with no backward and no optimizer in the whole run."""
-    if facts is None or facts.step_source != "dataloader" or facts.optimizers or not facts.steps:
-        return False
-    forward = sum(s.forward_ms for s in facts.steps)
-    return (forward > 0 and not any(s.backward_ms for s in facts.steps)
-            and sum(s.inference_ms for s in facts.steps) >= 0.99 * forward)
 
 
 def attach_inductor(report: Report, run_dir: str) -> None:

@@ -420,3 +420,18 @@ def test_processes_without_a_rank_are_compared_in_the_order_they_started(tmp_pat
     a = write("A1", {9998: [2.3, 2.2], 9999: [2.1, 2.0]})
     b = write("B1", {9990: None, 9997: [2.3, 2.2], 10001: [2.1, 2.0]})
     assert a.losses == b.losses == {-1: [2.3, 2.2], -2: [2.1, 2.0]}
+
+
+def test_a_parent_that_only_evaluated_is_no_rank_of_the_training_throughput() -> None:
+    """mnist_hogwild: the parent tests the model after its children trained. Its 30 test batches at
+    30 ms are neither steps nor samples of the training (they had made samples/s 2868 against the
+    children's 523 in one baseline arm)."""
+    def child(ms: float) -> RankFacts:
+        return RankFacts(step_source="optimizer", steps=[StepTiming(step=i, total_ms=ms, samples=64) for i in range(40)])
+
+    parent = RankFacts(step_source="dataloader", steps=[StepTiming(step=i, total_ms=30.0, forward_ms=7.0, inference_ms=7.0,
+                                                                   samples=64) for i in range(30)])
+    steps_per_s, samples_per_s, _ = job_rate([child(250.0), child(240.0), parent])
+    assert steps_per_s == pytest.approx(4.0) and samples_per_s == pytest.approx(64 * (4.0 + 1000 / 240))
+    # A job that only evaluates keeps its steps.
+    assert job_rate([parent])[0] == pytest.approx(1000 / 30)

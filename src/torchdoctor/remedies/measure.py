@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ..facts import RankFacts, StepTiming
+from ..facts import RankFacts, StepTiming, evaluation_only, trains
 
 
 class _Entry(msgspec.Struct):
@@ -77,7 +77,11 @@ def rank_rate(steps: list[StepTiming], batch_size: int | None) -> tuple[float, f
 
 
 def job_rate(facts: list[RankFacts]) -> tuple[float | None, float | None, int]:
-    """Job throughput: steps/s of the slowest rank; samples/s summed over the ranks."""
+    """Job throughput: steps/s of the slowest rank; samples/s summed over the ranks. Beside processes
+    that train, one that only evaluated (the Hogwild parent testing its children's model) is no
+    rank of the training: its batches are neither its steps nor its samples."""
+    if any(trains(f) for f in facts):
+        facts = [f for f in facts if not evaluation_only(f)]
     rates = []
     for f in facts:
         batch = next((d.batch_size for d in f.dataloaders if d.batch_size), None)

@@ -622,8 +622,12 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
     """Intra-op threads vs the CPUs the rank may use (torchrun sets OMP_NUM_THREADS=1 for a reason).
 
     Over-subscription (threads x local ranks > CPUs in the affinity mask) makes the threads queue
-    for the cores and OpenMP barriers wait for descheduled threads. On a CPU-trained model, where
-    the probe read the training thread's scheduler counters (Linux, rules/_cpu.py), the claim is
+    for the cores and OpenMP barriers wait for descheduled threads. Local ranks: LOCAL_WORLD_SIZE, or
+    the job's processes seen on the rank's CPUs when more (Hogwild children of torch.multiprocessing
+    have no LOCAL_WORLD_SIZE; mnist_hogwild on 2 CPUs: 47.5% claimed, x3.88 measured with 1 thread
+    each, 74% given back: their spin at barriers is CPU time the counters cannot tell from work).
+    On a CPU-trained model, where the probe read the training thread's scheduler counters (Linux,
+    rules/_cpu.py), the claim is
     the time per step the training thread was runnable but waited for a core held by the job's own
     threads (its intra-op pool, the other ranks): the run-queue delay apportioned to them.
 
