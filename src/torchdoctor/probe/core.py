@@ -328,7 +328,11 @@ class Probe:
     def _finish_window(self, window: ProfilerWindow, end: int) -> None:
         """Write the trace of steps [start, end) and hand it to a detached child, never waited for:
         compressing and analysing a large trace here would stall every rank for seconds."""
-        slot = output.claim_trace_slot(self.config.run_dir, self.rank_identity()[0], self.pid)
+        rank = self.rank_identity()[0]
+        # A process group makes the rank this process's own; without one, others may read the same
+        # RANK (Hogwild children, an evaluating parent) and the first to claim it keeps the name.
+        grouped = self.identity is not None
+        slot = f"rank{rank}" if grouped else output.claim_trace_slot(self.config.run_dir, rank, self.pid)
         raw, gz, _pending, _analysis = postprocess.paths(self.config.run_dir, slot)
         window.finish(raw)
         self.trace_file = os.path.relpath(gz, self.config.run_dir)

@@ -217,6 +217,18 @@ static inline int hexval(char ch) {
 #define ONES 0x0101010101010101ULL
 #define HIGHS 0x8080808080808080ULL
 
+/* p + the index of the lowest flagged byte of a nonzero SWAR mask (high bit of each byte), or NULL
+ * where the byte order cannot be read off the mask: the caller then finishes byte by byte. */
+HOT const char *first_flagged(const char *p, uint64_t hit) {
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return p + (__builtin_ctzll(hit) >> 3);
+#else
+    (void)hit;
+    (void)p;
+    return NULL;
+#endif
+}
+
 /* The first byte at or after p that is '"', '\\' or a control character (or end). Eight bytes at a
  * time: a word with none of them is skipped whole; otherwise the bytes are looked at one by one. */
 HOT const char *plain_run(const char *p, const char *end) {
@@ -242,11 +254,9 @@ HOT const char *plain_run(const char *p, const char *end) {
          * bytes above a real hit (a borrow), never below one: the lowest flag is the first hit. */
         hit = (((q - ONES) & ~q) | ((b - ONES) & ~b) | ((w - ONES * 0x20) & ~w)) & HIGHS;
         if (hit) {
-#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-            return p + (__builtin_ctzll(hit) >> 3);
-#else
-            break;
-#endif
+            const char *at = first_flagged(p, hit);
+            if (at) return at;
+            break; /* finished byte by byte */
         }
         p += 8;
     }
@@ -301,11 +311,9 @@ HOT const char *digit_run(const char *p, const char *end) {
         x = w ^ (ONES * '0');
         hit = (x | (x + ONES * 6)) & (ONES * 0xF0);
         if (hit) {
-#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-            return p + (__builtin_ctzll(hit) >> 3);
-#else
-            break;
-#endif
+            const char *at = first_flagged(p, hit);
+            if (at) return at;
+            break; /* finished byte by byte */
         }
         p += 8;
     }
