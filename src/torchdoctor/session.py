@@ -583,7 +583,7 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
         inputs = [ri for ri in inputs if ri not in evaluators]
         warnings.extend(ErrorEntry(run_dir, f"process {ri.facts.pid} (rank {ri.rank}) only evaluated: "
                                    f"{len(ri.facts.steps)} steps (DataLoader batches) without a backward or an optimizer step; "
-                                   "left out of the training diagnosis") for ri in evaluators if ri.facts)
+                                   "left out of the training diagnosis") for ri in evaluators)
     shared = number_shared_ranks(inputs)
     if shared:
         warnings.append(ErrorEntry(run_dir, shared))

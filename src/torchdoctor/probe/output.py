@@ -42,6 +42,8 @@ TRACES_DIR = "traces"
 
 Payload = dict[str, Any]
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.pid(\d+))?\.json$")
+# A window's slot (``slot_name``, ``claim_trace_slot``): the name its trace and analysis files share.
+SLOT = re.compile(r"rank\d+(?:\.pid\d+)?")
 
 
 def slot_name(rank: int | str) -> str:
@@ -83,8 +85,8 @@ def claim_trace_slot(run_dir: str, rank: int, pid: int) -> str:
 
 def trace_slot(trace_file: str) -> str | None:
     """The slot of a facts' ``trace_file`` (``traces/rank0.pid7.json.gz`` -> ``rank0.pid7``)."""
-    m = re.match(r"^(rank\d+(?:\.pid\d+)?)\.json\.gz$", os.path.basename(trace_file))
-    return m.group(1) if m else None
+    slot = os.path.basename(trace_file).removesuffix(".json.gz")
+    return slot if trace_file.endswith(".json.gz") and SLOT.fullmatch(slot) else None
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -149,7 +148,7 @@ def settle(run_dir: str, timeout_s: float = 300.0) -> None:
             _wait_for(os.path.join(traces, name), deadline)
     for name in sorted(os.listdir(traces)):
         base = name.removesuffix(".json")
-        if name.endswith(".json") and re.fullmatch(r"rank\d+(\.pid\d+)?", base):
+        if name.endswith(".json") and output.SLOT.fullmatch(base):
             # A raw trace nobody compressed: its child never started, died or timed out.
             work(*paths(run_dir, base))
 

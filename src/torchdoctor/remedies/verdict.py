@@ -200,10 +200,7 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
             extra = "" if reproducible else " (the baseline's own reproducibility was not checked: one round)"
             return LossCheck("identical", f"identical losses over {worst.compared} steps{extra}", worst)
         if reproducible is False:
-            noise = max(d.max_abs for d in selfs_d)
-            status = "inconclusive" if worst.max_abs <= noise * 1.5 + 1e-12 else "changed"
-            return LossCheck(status, f"{where}; but two baseline runs already differ by {noise:.3g}: "
-                             "the job is not deterministic (fix its seeds to check)", worst)
+            return _against_noise(worst, selfs_d, f"{where};")
         if _random_streams(base, treated):
             return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst)
         return LossCheck("changed", f"losses differ from the baseline: {where}", worst)
@@ -214,11 +211,17 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
     # Baselines that are themselves beyond the tolerance of each other (Hogwild's racing updates,
     # an unseeded shuffle): the treated runs' distance says nothing unless it is clearly larger.
     if selfs_d and not all(within(base[0].losses, a.losses, rtol, NUMERICS_ATOL) for a in base[1:] if a.ok):
-        noise = max(d.max_abs for d in selfs_d)
-        status = "inconclusive" if worst.max_abs <= noise * 1.5 + 1e-12 else "changed"
-        return LossCheck(status, f"{where}; beyond {tol}, but two baseline runs already differ by {noise:.3g}: "
-                         "the job is not deterministic (fix its seeds to check)", worst)
+        return _against_noise(worst, selfs_d, f"{where}; beyond {tol},")
     return LossCheck("changed", f"{where}; beyond {tol}", worst)
+
+
+def _against_noise(worst: LossDiff, selfs: list[LossDiff], where: str) -> LossCheck:
+    """Baselines that do not reproduce each other: the treated runs' distance is "changed" only when
+    1.5x beyond the baselines' own, else "inconclusive"."""
+    noise = max(d.max_abs for d in selfs)
+    status = "inconclusive" if worst.max_abs <= noise * 1.5 + 1e-12 else "changed"
+    return LossCheck(status, f"{where} but two baseline runs already differ by {noise:.3g}: "
+                     "the job is not deterministic (fix its seeds to check)", worst)
 
 
 def _random_streams(base: list[Arm], treated: list[Arm]) -> bool:
