@@ -34,6 +34,7 @@ p.add_argument("--ranks", type=int, default=1)
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--bucket-cap", type=float, default=None)
 p.add_argument("--random-aug", action="store_true")
+p.add_argument("--resume", default=None, help="load DIR/ckpt.pt when it exists, save it at the end")
 args = p.parse_args()
 WIDTH = 32
 
@@ -63,6 +64,9 @@ def main(rank=0):
         kw = {} if args.bucket_cap is None else {"bucket_cap_mb": args.bucket_cap}
         model = torch.nn.parallel.DistributedDataParallel(model, **kw)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ckpt = os.path.join(args.resume, "ckpt.pt") if args.resume else None
+    if ckpt and os.path.exists(ckpt):
+        model.load_state_dict(torch.load(ckpt))
     data = Data()
     sampler = torch.utils.data.distributed.DistributedSampler(data, args.ranks, rank, seed=0) if args.ranks > 1 else None
     loader = DataLoader(data, batch_size=16, shuffle=sampler is None, sampler=sampler,
@@ -79,6 +83,8 @@ def main(rank=0):
             step += 1
             if step == args.steps:
                 break
+    if ckpt:
+        torch.save(model.state_dict(), ckpt)
     if rank == 0:
         print(f"job done: {step} steps", flush=True)
 
@@ -200,6 +206,21 @@ def test_a_safe_remedy_that_changes_the_losses_is_rejected(tmp_path: Path) -> No
     kept, why = verdicts(rep)["dataloader.workers=1"]
     assert not kept and "learns differently" in why
     assert rep["ab"]["details"]["loss_check"]["status"] == "changed"
+
+
+def test_arms_that_resume_from_an_earlier_arms_checkpoint_are_not_compared(tmp_path: Path) -> None:
+    """The job resumes from ckpt.pt when it finds one (pytorch/examples' FSDP2 example does): A1
+    trains from scratch, B1 from where A1 stopped, so the losses differ whatever the remedy does."""
+    script = job(tmp_path)
+    # The job's own step count: fix's --steps would end each run before its save.
+    res = torchdoctor("fix", "--apply", "optim.foreach", "--repeats", "1", "--out", "fx", "--json", "fix.json",
+                      "--", sys.executable, str(script), "--steps", "8", "--resume", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    details = report(tmp_path / "fix.json")["ab"]["details"]
+    assert details["resumed"] == [{"arm": "B1", "path": str(tmp_path / "ckpt.pt")}]
+    check = details["loss_check"]
+    assert check["status"] == "inconclusive" and check["text"].startswith(f"arm B1 resumed from {tmp_path / 'ckpt.pt'}")
+    assert "warning: arm B1 loaded " in res.stdout and "rm -rf DIR && exec COMMAND" in res.stdout
 
 
 def test_impossible_requests_to_fix_are_refused_and_the_job_still_runs(tmp_path: Path) -> None:

@@ -357,6 +357,13 @@ def sampled_comm_median(steps: Iterable[StepTiming]) -> float:
     return float(statistics.median(vals)) if vals else 0.0
 
 
+class LoadedFile(msgspec.Struct, omit_defaults=True, array_like=True):
+    """A file the training thread loaded (torch.load, DCP load) before its first step ended."""
+
+    path: str  # absolute
+    mtime: float | None = None  # its modification time when loaded (seconds since the epoch)
+
+
 class RankFacts(msgspec.Struct, omit_defaults=True):
     """Everything the probe learned about one rank of a live run."""
 
@@ -396,6 +403,12 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Where the job's first blocking checkpoint save was called: its "file:line", or, when a library
     # saves for it, "PKG's FUNCTION() at file:line" (the library function the user's line called).
     checkpoint_site: str | None = None
+    # What the training thread loaded before its first step ended (a resumed checkpoint, pretrained
+    # weights), the first 16: `fix` tells an arm that resumed from an earlier arm's checkpoint.
+    loaded_files: list[LoadedFile] = []
+    # The directories it saved into (torch.save, DCP save) once a step had ended: its checkpoints,
+    # not a dataset it prepared before training (first 16, absolute).
+    checkpoint_dirs: list[str] = []
     # Where the model's first forward without autograd after step 0 was called from (the user's
     # line, or the library function their line called): the evaluation or rollout's call (HO-16).
     inference_site: str | None = None

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
@@ -350,6 +351,7 @@ class Loop:
 
 def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     """The whole loop; returns (exit code, outcome). Writes nothing but run directories."""
+    started = time.time()  # files its runs load that are newer were written by them (judge)
     out = opts.out or runner.default_run_dir() + "-fix"
     os.makedirs(out, exist_ok=True)
     choices, refused, unknown, jf, diag_dir, code, estimates = _what_to_try(command, opts, out)
@@ -371,7 +373,7 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
         choices = pick_compile(arms, loop.compile_modes, choices)
     # Verdicts for what ran (values filled in) and for what was refused (as asked).
     requested = [c.spec for c in choices] + [asked.get(rid, catalogue.Spec(rid)) for rid in loop.refused]
-    outcome = judge(arms, requested, loop.refused, opts.rtol)
+    outcome = judge(arms, requested, loop.refused, opts.rtol, since=started)
     outcome.workers = loop.workers
     outcome.compile_modes = loop.compile_modes
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]

@@ -154,3 +154,47 @@ def test_saving_or_scripting_the_whole_model_is_not_broken_by_the_probe_hooks(tm
     # The job's environment, as HW-16 reads it: torchao's version from its metadata ("" = not installed).
     from torchdoctor.probe.collect import package_version
     assert facts_of(tmp_path / "run").get("torchao_version") == package_version("torchao")
+
+
+RESUMING = """
+import os, sys
+import torch
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+ckpt = os.path.join(sys.argv[1], "ckpt.pt")
+if os.path.exists(ckpt):  # resume, as pytorch/examples' FSDP2 example does (DCP's optimizer state dict)
+    state = torch.load(ckpt)
+    model.load_state_dict(state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])  # runs opt.step() at lr 0 to create the state
+x = torch.randn(16, 64)
+for step in range(8):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 3 and os.path.exists(ckpt):
+        torch.load(ckpt)  # after step 0: no resume
+torch.save({"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}, ckpt)
+print("ok")
+"""
+
+
+def test_a_resumed_checkpoint_is_noted_and_dcps_optimizer_init_is_no_step(tmp_path):
+    job = script(tmp_path, RESUMING)
+    ckpt = tmp_path / "ckpt.pt"
+    first = run_wrapped(tmp_path / "first", job, str(tmp_path), options=("--profile-steps", "off"))
+    assert first.returncode == 0 and first.stdout == "ok\n", first.stderr
+    written = ckpt.stat().st_mtime
+    second = run_wrapped(tmp_path / "second", job, str(tmp_path), options=("--profile-steps", "off"))
+    assert second.returncode == 0 and second.stdout == "ok\n", second.stderr
+    fresh, resumed = facts_of(tmp_path / "first"), facts_of(tmp_path / "second")
+    assert "loaded_files" not in fresh
+    assert fresh["checkpoint_dirs"] == resumed["checkpoint_dirs"] == [str(tmp_path)]
+    # The file loaded before step 0 ended, with the time the first run wrote it; not the load at step 3.
+    assert resumed["loaded_files"] == [[str(ckpt), written]]
+    # set_optimizer_state_dict's zero-lr step() is no training step: both runs count the job's 8.
+    assert len(fresh["steps"]) == len(resumed["steps"]) == 8
+    assert not resumed.get("probe_errors")

@@ -231,6 +231,60 @@ def test_changed_losses_reject_safe_and_numerics_has_a_tolerance() -> None:
     assert "; also the job learns differently: " in slow.reason
 
 
+def test_nan_losses_are_inconclusive_and_overflowed_steps_are_compared_as_the_same() -> None:
+    """pytorch/examples' FSDP2 example on CPU trains on NaN from its first step (2 ranks, 10 steps):
+    NaN against NaN is not "identical losses", and a numerics remedy is not "changed" by them."""
+    nan = [math.nan] * 10
+
+    def job(specs: list[str], treated: list[float]) -> list[Arm]:
+        out = []
+        for k, (a, b) in enumerate(zip([3.2, 3.3, 3.2], [3.5, 3.6, 3.5], strict=True), start=1):
+            out += [arm(f"A{k}", "baseline", a, nan, k), arm(f"B{k}", "treated", b, treated, k, specs)]
+        for x in out:
+            x.losses[1] = list(x.losses[0])
+        return out
+
+    safe = judge(job(["fsdp.keep_unsharded"], nan), [Spec("fsdp.keep_unsharded")], {})
+    assert safe.loss.status == "inconclusive" and safe.loss.passed
+    assert safe.loss.text.startswith("the baseline's loss is NaN at every step compared (20 steps, 2 ranks)")
+    assert "identical" not in safe.loss.text
+    numerics = judge(job(["optim.fused"], nan), [Spec("optim.fused")], {})
+    assert numerics.loss.status == "inconclusive" and numerics.verdicts[0].status == "kept"
+    # A run with finite steps is compared on them: a remedy that makes the loss finite changed it...
+    healed = judge(job(["optim.fused"], [2.0] * 10), [Spec("optim.fused")], {})
+    assert healed.loss.status == "changed"
+    # ...and a GradScaler step that overflowed (inf) in both runs is the same step, for both classes.
+    scaled = [2.3, math.inf, 2.1, 2.0]
+    assert verdict.within({0: scaled}, {0: list(scaled)}, 0.05, 1e-3)
+    assert not verdict.within({0: scaled}, {0: [2.3, 2.2, 2.1, 2.0]}, 0.05, 1e-3)
+    diff = loss_diff({0: scaled}, {0: list(scaled)})
+    assert diff is not None and diff.identical and diff.finite == 3
+
+
+def test_an_arm_that_resumed_from_an_earlier_arms_checkpoint_is_not_compared_on_losses() -> None:
+    from torchdoctor.facts import LoadedFile
+    from torchdoctor.remedies.render import resumed_sentence
+
+    arms = rounds([10, 10.2, 9.9], [12, 12.1, 11.9], ["optim.foreach"], [2.0, 1.9, 1.8])
+    for a in arms:
+        # Every arm loads weights the first run downloaded (after fix began, but not where the job
+        # saves checkpoints) and saves checkpoints to /w/ckpt; from B1 on it also resumes from one.
+        a.facts = [RankFacts(loaded_files=[LoadedFile("/cache/hub/resnet.pth", 1000.2)], checkpoint_dirs=["/w/ckpt"])]
+    for a in arms[1:]:
+        a.facts[0].loaded_files.append(LoadedFile("/w/ckpt/last.pt", 1000.5))
+    plain = judge(arms, [Spec("optim.foreach")], {}, since=1000.0 + 1)
+    assert plain.resumed == [] and plain.loss.status == "changed"  # written before fix started: compared
+    out = judge(arms, [Spec("optim.foreach")], {}, since=1000.0)
+    assert out.loss.status == "inconclusive" and out.loss.text.startswith("arm B1 resumed from /w/ckpt/last.pt")
+    assert out.resumed == [(label, "/w/ckpt/last.pt") for label in ("B1", "A2", "B2", "A3", "B3")]
+    assert out.verdicts[0].status == "kept"  # on its speed; the losses could not say
+    text = resumed_sentence(out.resumed)
+    assert text.startswith("warning: arms B1, A2, B2, A3, B3 loaded /w/ckpt/last.pt before their first step")
+    for a in arms:  # a job that saves nothing after its first step resumes from nothing
+        a.facts[0].checkpoint_dirs = []
+    assert judge(arms, [Spec("optim.foreach")], {}, since=1000.0).resumed == []
+
+
 def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30) -> list[Arm]:
     """Three rounds of a job whose workers augment at random (timm's train.py): the baseline
     reproduces itself; the treated runs, with another worker count, see other crops of the same

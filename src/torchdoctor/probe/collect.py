@@ -24,6 +24,7 @@ from torchdoctor.facts import (
     DeviceFacts,
     EmbeddingFacts,
     FSDPFacts,
+    LoadedFile,
     ModuleDeviceFacts,
     OptimizerFacts,
 )
@@ -78,6 +79,22 @@ def env_facts(environ: dict[str, str] | None = None) -> dict[str, str]:
             continue
         out[name] = value[:200]
     return dict(sorted(out.items()))
+
+
+def loaded_path(where: Any) -> str | None:
+    """The absolute path a load reads: a str or PathLike, or an open file's name; None for buffers."""
+    if isinstance(where, str | os.PathLike):
+        return os.path.abspath(os.fspath(where))
+    name = getattr(where, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) and name else None
+
+
+def loaded_file(path: str) -> LoadedFile:
+    """``path`` with its modification time (None when it cannot be read: the load will say why)."""
+    try:
+        return LoadedFile(path, os.stat(path).st_mtime)
+    except (OSError, ValueError):
+        return LoadedFile(path)
 
 
 def backend_facts(torch: Any) -> BackendFacts:

@@ -63,6 +63,9 @@ class Probe:
         # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
         self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
+        self.loaded_files: list[Any] = []  # facts.LoadedFile: loaded before step 0 ended (hooks.py)
+        self.checkpoint_dirs: list[str] = []  # where it saved once a step had ended (hooks.py)
+        self.optimizer_state_init = 0  # inside DCP's _init_optim_state: its step() is no step
         # Where the first forward without autograd after step 0 of a module that trains was called
         # (HO-16), and whether it ran under torch.inference_mode(); the same of a frozen module's.
         self.inference_site: str | None = None

@@ -20,6 +20,10 @@ anomaly-mode stacks    timer around ``torch.fx.traceback.format_stack`` (what an
                        for every node the forward creates), active only while anomaly mode is on
 checkpoint saves       shims on ``torch.save`` and, once the job imports DCP, on
                        ``torch.distributed.checkpoint.save``/``async_save`` (training thread only)
+files loaded early     shims on ``torch.load`` and DCP's ``load``/``load_state_dict``: what the
+                       training thread loads before step 0 ends (path, modification time)
+DCP's optimizer init   shim on DCP's ``state_dict._init_optim_state``: the zero-lr ``step()`` it
+                       runs to create the optimizer's state is no training step
 =====================  =====================================================================
 
 Every callback is guarded: an exception is recorded once (``errors.ERRORS``) and the site is
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import threading
 import weakref
@@ -55,6 +60,9 @@ _MAX_LOADERS = 20
 # Steps in a row another optimizer takes, the step-marking one taking none, before it marks steps.
 _TAKE_OVER_STEPS = 2
 BROKEN = ERRORS.broken
+
+
+MAX_LOADED_FILES = 16  # a dataset of .pt files would list thousands: the first ones say enough
 
 
 def _failed(where: str) -> Callable[[BaseException], None]:
@@ -381,6 +389,8 @@ def _optimizer(probe: Probe) -> None:
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
         if not probe.on_training_thread():  # another thread's optimizer (Hogwild-style threads)
             return
+        if probe.optimizer_state_init:  # DCP creating the optimizer's state: no step (_checkpoints)
+            return
         fault_point("optimizer.pre")
         now = perf_counter()
         probe.activity(now)
@@ -395,7 +405,7 @@ def _optimizer(probe: Probe) -> None:
             )
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != probe.main_thread:
+        if threading.get_ident() != probe.main_thread or probe.optimizer_state_init:
             return
         fault_point("optimizer.post")
         now = perf_counter()
@@ -859,7 +869,8 @@ def _user_call_site(site: Site) -> str | None:
 
 
 def _checkpoints(probe: Probe) -> None:
-    """Time the checkpoint saves the training thread blocks on.
+    """Time the checkpoint saves the training thread blocks on; note the files loaded before step 0
+    ends; keep DCP's optimizer-state initialisation out of the steps.
 
     ``torch.save`` now; DCP's ``save``/``async_save`` (``async_save`` returns once its tensors are
     staged: that part blocks the step) when the job imports ``torch.distributed.checkpoint``,
@@ -887,21 +898,92 @@ def _checkpoints(probe: Probe) -> None:
             probe.clock.add(Phase.CHECKPOINT, perf_counter() - t0)
             probe.clock.add(Phase.CHECKPOINT_SAVES, 1)
 
+    def saving(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Where the job saves once a step has ended (its checkpoints, not a dataset it prepares
+        # before training): `fix` tells a later run that loads from there (remedies/measure.py).
+        if depth[0] or not probe.clock.index or len(probe.checkpoint_dirs) >= MAX_LOADED_FILES:
+            return
+        if threading.get_ident() != probe.main_thread:
+            return
+        first = args[0] if args else kwargs.get("state_dict", kwargs.get("obj"))
+        if isinstance(first, dict) and ("checkpoint_id" in kwargs or "storage_writer" in kwargs):
+            where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", None)
+            path = collect.loaded_path(where)  # DCP: a directory
+        else:  # torch.save(obj, f)
+            path = collect.loaded_path(kwargs.get("f", args[1] if len(args) > 1 else None))
+            path = os.path.dirname(path) if path is not None else None
+        if path is not None and path not in probe.checkpoint_dirs:
+            probe.checkpoint_dirs.append(path)
+
     def wrap(owner: Any, name: str) -> None:
         fn = getattr(owner, name, None)
         if fn is not None and not getattr(fn, "_torchdoctor_checkpoint", False):
-            shim = shims.around(fn, before, after, _failed("checkpoint"))
+            timed = shims.around(fn, before, after, _failed("checkpoint"))
+            shim = shims.before_call(timed, saving, _failed("load"))
             shim._torchdoctor_checkpoint = True  # type: ignore[attr-defined]
             setattr(owner, name, shim)
 
     wrap(torch, "save")
 
+    def loading(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Only what the job loads before its first step has ended: a resumed checkpoint, pretrained
+        # weights, a dataset. `fix` compares the files' times with its own start: an arm that
+        # loaded what an earlier arm wrote did not run the same job (remedies/measure.py).
+        if probe.clock.index or len(probe.loaded_files) >= MAX_LOADED_FILES or "load" in BROKEN:
+            return
+        if threading.get_ident() != probe.main_thread:
+            return
+        first = args[0] if args else kwargs.get("state_dict")
+        if isinstance(first, dict):  # DCP: load(state_dict, checkpoint_id= | storage_reader=)
+            reader = kwargs.get("storage_reader") or (args[1] if len(args) > 1 else None)
+            where = kwargs.get("checkpoint_id") or getattr(reader, "path", None)
+        else:  # torch.load(f, ...)
+            where = kwargs.get("f", first)
+        path = collect.loaded_path(where)
+        if path is not None:
+            probe.loaded_files.append(collect.loaded_file(path))
+
+    def wrap_load(owner: Any, name: str) -> None:
+        fn = getattr(owner, name, None)
+        if fn is not None and not getattr(fn, "_torchdoctor_load", False):
+            shim = shims.before_call(fn, loading, _failed("load"))
+            shim._torchdoctor_load = True  # type: ignore[attr-defined]
+            setattr(owner, name, shim)
+
+    wrap_load(torch, "load")
+
+    def init_start(args: tuple[Any, ...]) -> bool:
+        probe.optimizer_state_init += 1
+        return True
+
+    def init_end(token: Any, args: tuple[Any, ...], result: Any) -> None:
+        probe.optimizer_state_init = max(0, probe.optimizer_state_init - 1)
+
     def on_dcp(module: Any) -> None:
         try:
             for name in ("save", "async_save"):
                 wrap(module, name)
+            for name in ("load", "load_state_dict"):
+                wrap_load(module, name)
         except Exception as exc:
             ERRORS.record("checkpoint", exc)
+
+    def on_dcp_state_dict(module: Any) -> None:
+        # Private (torch 2.2+): feature-detected; without it the zero-lr step counts as a step.
+        try:
+            fn = getattr(module, "_init_optim_state", None)
+            if callable(fn) and not getattr(fn, "_torchdoctor_init", False):
+                shim = shims.around(fn, init_start, init_end, _failed("optimizer.init_state"))
+                shim._torchdoctor_init = True  # type: ignore[attr-defined]
+                module._init_optim_state = shim
+        except Exception as exc:
+            ERRORS.record("optimizer.init_state", exc)
+
+    state_dict = sys.modules.get("torch.distributed.checkpoint.state_dict")
+    if state_dict is not None:
+        on_dcp_state_dict(state_dict)
+    else:
+        imphook.when_imported("torch.distributed.checkpoint.state_dict", on_dcp_state_dict)
 
     dcp = sys.modules.get("torch.distributed.checkpoint")
     if dcp is not None:

@@ -68,6 +68,18 @@ def before_only(orig, before, failed, compiling):
             failed(exc)
         return orig(*args, **kwargs)
     return shim
+
+
+def before_call(orig, before, failed, compiling):
+    def shim(*args, **kwargs):
+        if compiling():
+            return orig(*args, **kwargs)
+        try:
+            before(args, kwargs)
+        except Exception as exc:
+            failed(exc)
+        return orig(*args, **kwargs)
+    return shim
 """
 
 _namespace: dict[str, Any] = {}
@@ -94,6 +106,16 @@ def before_only(
 ) -> Callable[..., Any]:
     """Cheapest shim: ``before(args)`` then the original (used on hot tensor methods)."""
     shim = _namespace["before_only"](orig, before, failed, unseen.compiling())
+    unseen.hide_all(before, failed)
+    return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)
+
+
+def before_call(
+    orig: Callable[..., Any], before: Callable[[tuple[Any, ...], dict[str, Any]], None],
+    failed: Callable[[BaseException], None],
+) -> Callable[..., Any]:
+    """``before(args, kwargs)`` then the original: for callbacks that read keyword arguments."""
+    shim = _namespace["before_call"](orig, before, failed, unseen.compiling())
     unseen.hide_all(before, failed)
     return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)
 

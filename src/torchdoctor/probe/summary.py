@@ -221,6 +221,8 @@ def rank_facts(probe: Probe) -> RankFacts:
         host_syncs_per_step=_syncs_per_step(probe, steps),
         host_sync_sites={f"{f}:{line}": n for (f, line), n in probe.sync_sites.most_common(20)},
         checkpoint_site=probe.checkpoint_site,
+        loaded_files=list(probe.loaded_files),
+        checkpoint_dirs=list(probe.checkpoint_dirs),
         inference_site=probe.inference_site or probe.frozen_site,
         inference_mode=probe.inference_mode if probe.inference_site else probe.frozen_mode,
         probe_errors=list(ERRORS.messages),

@@ -141,6 +141,26 @@ def load(arm: Arm) -> Arm:
     return arm
 
 
+def resumed(arms: list[Arm], since: float) -> list[tuple[str, str]]:
+    """(arm, path) for each file an arm loaded before its first step ended that an arm of this `fix`
+    saved a checkpoint to (a directory some arm saved into once training had begun) and that was
+    modified at or after ``since`` (the start of `fix`): the job resumed from an earlier run's
+    checkpoint, so it did not start where the first arm did. A file downloaded or prepared before
+    training (pretrained weights, a processed dataset) is no such checkpoint."""
+    saved = {d for arm in arms for facts in arm.facts for d in facts.checkpoint_dirs}
+    out = []
+    for arm in arms:
+        paths = {f.path for facts in arm.facts for f in facts.loaded_files
+                 if f.mtime is not None and f.mtime >= since and _inside(f.path, saved)}
+        out += [(arm.label, p) for p in sorted(paths)]
+    return out
+
+
+def _inside(path: str, dirs: set[str]) -> bool:
+    """``path`` is one of ``dirs`` (a DCP checkpoint directory) or lies below one."""
+    return path in dirs or any(path.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
 @dataclass
 class LossDiff:
     compared: int  # steps compared (summed over ranks)
@@ -148,18 +168,20 @@ class LossDiff:
     max_rel: float
     first_step: int | None  # first step that differs
     identical: bool
+    finite: int = 0  # steps compared with a finite loss in either run (NaN or inf in both show nothing)
 
 
 def loss_diff(a: dict[int, list[float]], b: dict[int, list[float]]) -> LossDiff | None:
     """How far the losses of ``b`` are from ``a`` over the steps both recorded, rank by rank."""
-    n, max_abs, max_rel, first = 0, 0.0, 0.0, None
+    n, finite, max_abs, max_rel, first = 0, 0, 0.0, 0.0, None
     for rank, xs in a.items():
         ys = b.get(rank)
         if not ys:
             continue
         for step, (x, y) in enumerate(zip(xs, ys, strict=False)):  # the shorter run bounds it
             n += 1
-            if x == y or (math.isnan(x) and math.isnan(y)):
+            finite += math.isfinite(x) or math.isfinite(y)
+            if same_value(x, y):
                 continue
             d = abs(x - y) if math.isfinite(x) and math.isfinite(y) else math.inf
             max_abs = max(max_abs, d)
@@ -167,4 +189,9 @@ def loss_diff(a: dict[int, list[float]], b: dict[int, list[float]]) -> LossDiff 
             first = step if first is None else min(first, step)
     if n == 0:
         return None
-    return LossDiff(n, max_abs, max_rel, first, first is None)
+    return LossDiff(n, max_abs, max_rel, first, first is None, finite)
+
+
+def same_value(x: float, y: float) -> bool:
+    """Equal, NaN against NaN included (a NaN loss reproduced is the same computation)."""
+    return x == y or (math.isnan(x) and math.isnan(y))

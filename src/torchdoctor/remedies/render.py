@@ -97,6 +97,7 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "baseline_peak_rss_mib": _median([a.peak_rss_mib for a in arms if a.kind == "baseline" and a.ok]),
         "treated_peak_rss_mib": _median([a.peak_rss_mib for a in arms if a.kind == "treated" and a.ok]),
         "loss_check": {"status": outcome.loss.status, "text": outcome.loss.text, "rtol": opts.rtol},
+        "resumed": [{"arm": label, "path": path} for label, path in outcome.resumed],
         "chosen_by": {str(c.spec): c.why for c in choices},
         "unknown": unknown,
         "arms": [{"label": a.label, "kind": a.kind, "remedies": a.specs, "exit_code": a.exit_code,
@@ -107,6 +108,18 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "out": out,
         "report_dir": diag_dir or next((a.run_dir for a in arms if a.kind == "baseline"), None),
     }
+
+
+def resumed_sentence(carried: list[tuple[str, str]]) -> str:
+    """The warning for arms that resumed from what an earlier run of the same `fix` wrote."""
+    arms = list(dict.fromkeys(label for label, _ in carried))  # in the order they ran
+    paths = sorted({path for _, path in carried})
+    shown = ", ".join(paths[:2]) + (f" and {len(paths) - 2} more" if len(paths) > 2 else "")
+    return (f"warning: arm{'s' if len(arms) > 1 else ''} {', '.join(arms)} loaded {shown} before their first "
+            "step, written by an earlier run of this fix: the job resumes from its own checkpoints, so the "
+            "runs did not start from the same state (losses not compared; the speed-up holds only if a resumed "
+            "run does the same work). Give every run a fresh checkpoint directory, or remove it before each "
+            "run (fix -- sh -c 'rm -rf DIR && exec COMMAND').")
 
 
 def gain_pct(speedup: float | None) -> float | None:
@@ -170,6 +183,8 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
                   + (f" [{iv[0]:.1f}%, {iv[1]:.1f}%]" if iv else "") + " (1 - 1/speed-up)"
                   + "".join(f"; {r['id']} {r['estimated_pct'] or 0:.1f}% vs {r['measured_pct']:.1f}%"
                             for r in evm["per_remedy"] if r["measured_pct"] is not None))
+    if outcome.resumed:
+        print(resumed_sentence(outcome.resumed))
     if d.get("compile"):
         print(breakeven_sentence(d["compile"]))
     if outcome.compile_modes and outcome.compile_modes.get("notes"):

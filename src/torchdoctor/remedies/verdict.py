@@ -39,7 +39,7 @@ import numpy as np
 
 from ..report.model import ABRemedy, ABResult
 from .catalogue import BY_ID, SAFETY_RANK, Spec
-from .measure import Arm, LossDiff, loss_diff
+from .measure import Arm, LossDiff, loss_diff, resumed, same_value
 
 NOISE_FLOOR = 0.03  # below 3% two runs of the same job on a shared machine are not told apart
 NUMERICS_RTOL = 0.05
@@ -155,6 +155,7 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
     workers: dict[str, Any] | None = None  # the advised-N vs N+1 comparison of `fix`, if it ran
     compile_modes: dict[str, Any] | None = None  # the default vs another compile setting, if it ran
+    resumed: list[tuple[str, str]] = field(default_factory=list)  # (arm, file an earlier run wrote)
 
 
 def _spread(values: list[float]) -> float:
@@ -180,7 +181,10 @@ def compare(num: list[Arm], den: list[Arm]) -> Paired:
 
 
 def within(a: dict[int, list[float]], b: dict[int, list[float]], rtol: float, atol: float) -> bool:
-    return all(abs(x - y) <= atol + rtol * abs(x) for r, xs in a.items() for x, y in zip(xs, b.get(r, []), strict=False))
+    """Every step within atol + rtol x |loss|; a NaN or inf step only where the other run has the same
+    (a GradScaler step that overflowed in both); inf is not within any tolerance of a number."""
+    return all(same_value(x, y) or (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= atol + rtol * abs(x))
+               for r, xs in a.items() for x, y in zip(xs, b.get(r, []), strict=False))
 
 
 def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) -> LossCheck:
@@ -191,6 +195,11 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
     if not diffs:
         return LossCheck("not recorded", "no loss recorded (the job calls no backward on a scalar)")
     worst = max((d for _, _, d in diffs), key=lambda d: d.max_abs)
+    if not any(d.finite for _, _, d in diffs):
+        # NaN == NaN would read "identical", and every numerics remedy "changed": neither is known.
+        return LossCheck("inconclusive", f"{_not_finite(base, worst)}: the job learns nothing the losses could "
+                         "show, so they cannot tell whether a remedy changes what it learns (fix the job's "
+                         "numerics first)", worst)
     selfs = [loss_diff(base[0].losses, a.losses) for a in base[1:] if a.ok]
     selfs_d = [d for d in selfs if d is not None]
     reproducible = all(d.identical for d in selfs_d) if selfs_d else None
@@ -213,6 +222,15 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
     if selfs_d and not all(within(base[0].losses, a.losses, rtol, NUMERICS_ATOL) for a in base[1:] if a.ok):
         return _against_noise(worst, selfs_d, f"{where}; beyond {tol},")
     return LossCheck("changed", f"{where}; beyond {tol}", worst)
+
+
+def _not_finite(base: list[Arm], worst: LossDiff) -> str:
+    """'the baseline's loss is NaN at every step compared (20 steps, 2 ranks)' (or inf, or NaN or inf)."""
+    kinds = sorted({"NaN" if math.isnan(x) else "inf" for a in base for xs in a.losses.values() for x in xs
+                    if not math.isfinite(x)})
+    ranks = max(len(a.losses) for a in base)
+    return (f"the baseline's loss is {' or '.join(kinds)} at every step compared ({worst.compared} steps"
+            + (f", {ranks} ranks)" if ranks > 1 else ")"))
 
 
 def _against_noise(worst: LossDiff, selfs: list[LossDiff], where: str) -> LossCheck:
@@ -262,7 +280,10 @@ def _interval(p: Paired | None) -> list[float] | None:
     return [round(p.interval[0], 4), round(p.interval[1], 4)] if p is not None and p.interval else None
 
 
-def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol: float = NUMERICS_RTOL) -> Outcome:
+def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol: float = NUMERICS_RTOL,
+          since: float | None = None) -> Outcome:
+    """Verdicts over the arms; ``since``: when `fix` started (files the arms loaded that are newer
+    were written by its own earlier runs)."""
     base = [a for a in arms if a.kind == "baseline"]
     treated = [a for a in arms if a.kind == "treated"]
     base_rates = [a.steps_per_s for a in base if a.ok and a.steps_per_s]
@@ -271,6 +292,13 @@ def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol:
     noise = max(NOISE_FLOOR, _spread(base_rates), _spread(treated_rates))  # type: ignore[arg-type]
     # The treated job's class: the loosest of the remedies it actually ran with.
     loss = check_losses(base, treated, loss_class(treated[0].specs, "") if treated else "safe", rtol)
+    carried = resumed(arms, since) if since is not None else []
+    if carried and loss.status != "not recorded":
+        # The first arm trained from scratch, later ones from where an earlier one stopped: their
+        # losses differ whatever the remedies do.
+        label, path = carried[0]
+        loss = LossCheck("inconclusive", f"arm {label} resumed from {path}, which an earlier run of this fix "
+                         "wrote: the runs did not start from the same state", loss.diff)
     med, lo, hi = _stats(list(stat.ratios))
     failed = [a for a in treated if not a.ok]
     applied = {rid for a in treated for rid in a.applied}
@@ -294,7 +322,7 @@ def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol:
         speedup_geomean=_r(stat.geomean), interval=_interval(stat), pairs=stat.pairs,
         sign_p=_r(stat.sign_p), method=METHOD,
     )
-    return Outcome(ab, verdicts, loss, noise)
+    return Outcome(ab, verdicts, loss, noise, resumed=carried)
 
 
 def _ab_remedy(v: Verdict) -> ABRemedy:
