@@ -285,6 +285,22 @@ def test_an_arm_that_resumed_from_an_earlier_arms_checkpoint_is_not_compared_on_
     assert judge(arms, [Spec("optim.foreach")], {}, since=1000.0).resumed == []
 
 
+def test_runs_that_end_without_a_step_while_the_first_trained_say_why() -> None:
+    """Lightning with ckpt_path="last": A1 trains and saves; B1 finds max_epochs reached and ends at
+    once (exit 0, no training step, so no rank summary)."""
+    arms = rounds([10], [10], ["optim.foreach"])
+    arms[0].facts = [RankFacts(steps=[StepTiming(step=i, total_ms=3.0) for i in range(8)])]
+    arms[1].steps_per_s, arms[1].losses = None, {}
+    out = judge(arms, [Spec("optim.foreach")], {})
+    v = out.verdicts[0]
+    assert v.status == "rejected" and v.reason.startswith(
+        "no pair of runs measured: arm B1 ended (exit 0) without a training step while A1 trained: ")
+    assert "rm -rf DIR && exec COMMAND" in v.reason
+    assert verdict.idle_text(rounds([10], [10], ["optim.foreach"])) is None  # both trained
+    arms[1].exit_code = 3  # a run that failed is reported as failed, not as idle
+    assert verdict.idle_text(arms) is None
+
+
 def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30) -> list[Arm]:
     """Three rounds of a job whose workers augment at random (timm's train.py): the baseline
     reproduces itself; the treated runs, with another worker count, see other crops of the same

@@ -12,7 +12,7 @@ from .breakeven import break_even
 from .breakeven import sentence as breakeven_sentence
 from .measure import Arm
 from .suggest import Change
-from .verdict import Outcome
+from .verdict import Outcome, idle_text
 
 if TYPE_CHECKING:
     from .select import Choice
@@ -185,6 +185,8 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
                             for r in evm["per_remedy"] if r["measured_pct"] is not None))
     if outcome.resumed:
         print(resumed_sentence(outcome.resumed))
+    if idle := idle_text(arms):
+        print(f"warning: {idle}")
     if d.get("compile"):
         print(breakeven_sentence(d["compile"]))
     if outcome.compile_modes and outcome.compile_modes.get("notes"):

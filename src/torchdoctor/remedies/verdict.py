@@ -364,6 +364,9 @@ def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], f
     if failed:
         v.reason = f"the job failed with the remedies (exit {failed[0].exit_code}); see {failed[0].run_dir}/job.log"
         return v
+    if not stat.pairs and (why := idle_text(arms)):
+        v.reason = f"no pair of runs measured: {why}"
+        return v
     note = " with the set" if len(treated[0].specs) > 1 else ""
     if not loss.passed:
         # A remedy that is measurably slower is rejected for that first: whether it learns the same
@@ -372,6 +375,21 @@ def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], f
         v.reason = f"{slower}the job learns differently: {loss.text}"
         return v
     return _decide(v, stat, f"faster{note}", loss.status, f"the job is slower{note}", f"no established gain{note}")
+
+
+def idle_text(arms: list[Arm]) -> str | None:
+    """Why some runs measured nothing, when they ended well without a training step while others
+    trained: the job did not do the same work every time (it resumed from a checkpoint an earlier
+    run wrote and found nothing left to train, the commonest cause); None otherwise."""
+    idle = [a.label for a in arms if a.ok and not a.steps_per_s and not a.facts]
+    trained = [a for a in arms if a.ok and a.steps_per_s]
+    if not idle or not trained:
+        return None
+    return (f"{'arms' if len(idle) > 1 else 'arm'} {', '.join(idle)} ended (exit 0) without a training step while "
+            f"{trained[0].label} trained: a job that resumes from "
+            "the checkpoint an earlier run wrote (Lightning's ckpt_path=\"last\", an auto-resume) finds nothing left "
+            "to train. Give every run a fresh checkpoint directory, or remove it before each run "
+            "(fix -- sh -c 'rm -rf DIR && exec COMMAND')")
 
 
 def _with_it(ablated: list[Arm], arms: list[Arm]) -> list[Arm]:
