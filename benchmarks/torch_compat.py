@@ -77,6 +77,10 @@ def dtensor():
     from torch.distributed.tensor import DTensor
     return hasattr(DTensor, "_local_tensor")
 check("DTensor._local_tensor", dtensor)
+def init_optim_state():
+    from torch.distributed.checkpoint import state_dict
+    return callable(state_dict._init_optim_state)
+check("torch.distributed.checkpoint.state_dict._init_optim_state", init_optim_state)
 check("OptimizedModule._orig_mod (torch.compile wrapper)", lambda: isinstance(torch.compile(nn.Linear(2, 2))._orig_mod, nn.Linear))
 def dynamo_utils():
     import torch._dynamo.utils as u

@@ -91,6 +91,7 @@ def run_arm(command: Sequence[str], arm: Arm, opts: FixOptions, profile: tuple[i
     if steps or opts.steps:
         env[ENV_STEPS] = str(steps or opts.steps)
     log = None if opts.show_output else os.path.join(arm.run_dir, "job.log")
+    arm.started = time.time()
     with _output_to(log):
         job = runner.run_job(command, env)
     runner.write_manifest(arm.run_dir, command, job)

@@ -246,7 +246,7 @@ def test_nan_losses_are_inconclusive_and_overflowed_steps_are_compared_as_the_sa
 
     safe = judge(job(["fsdp.keep_unsharded"], nan), [Spec("fsdp.keep_unsharded")], {})
     assert safe.loss.status == "inconclusive" and safe.loss.passed
-    assert safe.loss.text.startswith("the baseline's loss is NaN at every step compared (20 steps, 2 ranks)")
+    assert safe.loss.text.startswith("the baseline's loss is NaN at every step compared (20 steps over 2 ranks)")
     assert "identical" not in safe.loss.text
     numerics = judge(job(["optim.fused"], nan), [Spec("optim.fused")], {})
     assert numerics.loss.status == "inconclusive" and numerics.verdicts[0].status == "kept"
@@ -280,6 +280,20 @@ def test_an_arm_that_resumed_from_an_earlier_arms_checkpoint_is_not_compared_on_
     assert out.verdicts[0].status == "kept"  # on its speed; the losses could not say
     text = resumed_sentence(out.resumed)
     assert text.startswith("warning: arms B1, A2, B2, A3, B3 loaded /w/ckpt/last.pt before their first step")
+    # A file the arm wrote itself after it began (initial weights saved, then loaded) is its own.
+    arms[1].started = 1000.4
+    assert [label for label, _ in judge(arms, [Spec("optim.foreach")], {}, since=1000.0).resumed] == [
+        "A2", "B2", "A3", "B3"]
+    # An arm outside the comparison (leave-one-out) that resumed says so, but decides nothing.
+    only = [a for a in arms if a.round == 1]
+    only[1].started = None
+    for a in only:
+        a.facts[0].loaded_files = a.facts[0].loaded_files[:1]
+    ablated = arm("C1", "ablated", 11, SAME, 1, [], without="optim.foreach")
+    ablated.facts = [RankFacts(loaded_files=[LoadedFile("/w/ckpt/last.pt", 1000.5)], checkpoint_dirs=["/w/ckpt"])]
+    mixed = judge([*only, ablated], [Spec("optim.foreach")], {}, since=1000.0)
+    assert mixed.resumed == [("C1", "/w/ckpt/last.pt")] and mixed.loss.status == "changed"
+    assert resumed_sentence(mixed.resumed).startswith("warning: arm C1 loaded /w/ckpt/last.pt before its first step")
     for a in arms:  # a job that saves nothing after its first step resumes from nothing
         a.facts[0].checkpoint_dirs = []
     assert judge(arms, [Spec("optim.foreach")], {}, since=1000.0).resumed == []

@@ -83,10 +83,10 @@ def env_facts(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def loaded_path(where: Any) -> str | None:
     """The absolute path a load reads: a str or PathLike, or an open file's name; None for buffers."""
-    if isinstance(where, str | os.PathLike):
-        return os.path.abspath(os.fspath(where))
+    if isinstance(where, str | bytes | os.PathLike):
+        return os.path.abspath(os.fsdecode(where))
     name = getattr(where, "name", None)
-    return os.path.abspath(name) if isinstance(name, str) and name else None
+    return os.path.abspath(os.fsdecode(name)) if isinstance(name, str | bytes) and name else None
 
 
 def loaded_file(path: str) -> LoadedFile:

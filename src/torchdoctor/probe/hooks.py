@@ -884,9 +884,9 @@ def _checkpoints(probe: Probe) -> None:
     def before(args: tuple[Any, ...]) -> float | None:
         if "checkpoint" in BROKEN or threading.get_ident() != probe.main_thread:
             return None
+        if not depth[0] and probe.checkpoint_site is None:  # once: saves are few, the walk is cheap
+            probe.checkpoint_site = _call_chain(probe)  # before the count: raising here skips `after`
         depth[0] += 1
-        if depth[0] == 1 and probe.checkpoint_site is None:  # once: saves are few, the walk is cheap
-            probe.checkpoint_site = _call_chain(probe)
         return perf_counter() if depth[0] == 1 else None
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
@@ -901,7 +901,7 @@ def _checkpoints(probe: Probe) -> None:
     def saving(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Where the job saves once a step has ended (its checkpoints, not a dataset it prepares
         # before training): `fix` tells a later run that loads from there (remedies/measure.py).
-        if depth[0] or not probe.clock.index or len(probe.checkpoint_dirs) >= MAX_LOADED_FILES:
+        if depth[0] or not probe.clock.index or "checkpoint.path" in BROKEN:
             return
         if threading.get_ident() != probe.main_thread:
             return
@@ -913,15 +913,17 @@ def _checkpoints(probe: Probe) -> None:
             path = collect.loaded_path(kwargs.get("f", args[1] if len(args) > 1 else None))
             path = os.path.dirname(path) if path is not None else None
         if path is not None and path not in probe.checkpoint_dirs:
+            # The last ones: a resume loads the newest (one DCP folder per save: ckpt/step_N).
+            del probe.checkpoint_dirs[: len(probe.checkpoint_dirs) - MAX_LOADED_FILES + 1]
             probe.checkpoint_dirs.append(path)
 
     def wrap(owner: Any, name: str) -> None:
         fn = getattr(owner, name, None)
         if fn is not None and not getattr(fn, "_torchdoctor_checkpoint", False):
             timed = shims.around(fn, before, after, _failed("checkpoint"))
-            shim = shims.before_call(timed, saving, _failed("load"))
+            shim = shims.before_call(timed, saving, _failed("checkpoint.path"))
             shim._torchdoctor_checkpoint = True  # type: ignore[attr-defined]
-            setattr(owner, name, shim)
+            setattr(owner, name, shims.picklable_as(shim, owner, name))
 
     wrap(torch, "save")
 
@@ -940,7 +942,7 @@ def _checkpoints(probe: Probe) -> None:
         else:  # torch.load(f, ...)
             where = kwargs.get("f", first)
         path = collect.loaded_path(where)
-        if path is not None:
+        if path is not None and all(f.path != path for f in probe.loaded_files):
             probe.loaded_files.append(collect.loaded_file(path))
 
     def wrap_load(owner: Any, name: str) -> None:
@@ -948,16 +950,21 @@ def _checkpoints(probe: Probe) -> None:
         if fn is not None and not getattr(fn, "_torchdoctor_load", False):
             shim = shims.before_call(fn, loading, _failed("load"))
             shim._torchdoctor_load = True  # type: ignore[attr-defined]
-            setattr(owner, name, shim)
+            setattr(owner, name, shims.picklable_as(shim, owner, name))
 
     wrap_load(torch, "load")
 
     def init_start(args: tuple[Any, ...]) -> bool:
+        # The training thread's only: another thread's (a background checkpointer) must not hide
+        # its steps, nor race on the count.
+        if threading.get_ident() != probe.main_thread:
+            return False
         probe.optimizer_state_init += 1
         return True
 
-    def init_end(token: Any, args: tuple[Any, ...], result: Any) -> None:
-        probe.optimizer_state_init = max(0, probe.optimizer_state_init - 1)
+    def init_end(counted: bool, args: tuple[Any, ...], result: Any) -> None:
+        if counted:
+            probe.optimizer_state_init = max(0, probe.optimizer_state_init - 1)
 
     def on_dcp(module: Any) -> None:
         try:

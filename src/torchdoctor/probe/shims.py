@@ -120,6 +120,16 @@ def before_call(
     return functools.update_wrapper(unseen.hide(shim, recursive=False), orig)
 
 
+def picklable_as(shim: Callable[..., Any], owner: Any, name: str) -> Callable[..., Any]:
+    """``shim``, named as what it replaces (``owner.name``), so that pickle finds it there:
+    ``Pool.map(torch.load, files)`` or a loader function handed to spawned DataLoader workers
+    pickles the function by module and name, and the original's would point at another object."""
+    module = getattr(owner, "__name__", None)
+    if isinstance(module, str):
+        shim.__module__, shim.__qualname__ = module, name
+    return shim
+
+
 def _strip(tb: types.TracebackType | None) -> types.TracebackType | None:
     """Copy of traceback ``tb`` without shim frames."""
     kept = []

@@ -43,6 +43,7 @@ class Arm:
     without: str | None = None  # the remedy left out (ablation)
     exit_code: int = 0
     wall_s: float = 0.0
+    started: float | None = None  # time.time() when the run began (what it wrote itself is newer)
     steps_per_s: float | None = None
     samples_per_s: float | None = None
     steady_steps: int = 0
@@ -142,16 +143,18 @@ def load(arm: Arm) -> Arm:
 
 
 def resumed(arms: list[Arm], since: float) -> list[tuple[str, str]]:
-    """(arm, path) for each file an arm loaded before its first step ended that an arm of this `fix`
-    saved a checkpoint to (a directory some arm saved into once training had begun) and that was
-    modified at or after ``since`` (the start of `fix`): the job resumed from an earlier run's
-    checkpoint, so it did not start where the first arm did. A file downloaded or prepared before
-    training (pretrained weights, a processed dataset) is no such checkpoint."""
+    """(arm, path) for each file an arm loaded before its first step ended that lies where an arm of
+    this `fix` saved checkpoints (a directory some arm saved into once training had begun) and that
+    was modified between ``since`` (the start of `fix`) and the arm's own start: an earlier run's
+    checkpoint, so the job resumed and did not start where the first arm did. Neither a file
+    downloaded or prepared before training (pretrained weights, a processed dataset) nor one the arm
+    wrote itself before loading it counts."""
     saved = {d for arm in arms for facts in arm.facts for d in facts.checkpoint_dirs}
     out = []
     for arm in arms:
+        until = arm.started if arm.started is not None else math.inf
         paths = {f.path for facts in arm.facts for f in facts.loaded_files
-                 if f.mtime is not None and f.mtime >= since and _inside(f.path, saved)}
+                 if f.mtime is not None and since <= f.mtime < until and _inside(f.path, saved)}
         out += [(arm.label, p) for p in sorted(paths)]
     return out
 

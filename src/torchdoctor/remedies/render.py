@@ -115,7 +115,8 @@ def resumed_sentence(carried: list[tuple[str, str]]) -> str:
     arms = list(dict.fromkeys(label for label, _ in carried))  # in the order they ran
     paths = sorted({path for _, path in carried})
     shown = ", ".join(paths[:2]) + (f" and {len(paths) - 2} more" if len(paths) > 2 else "")
-    return (f"warning: arm{'s' if len(arms) > 1 else ''} {', '.join(arms)} loaded {shown} before their first "
+    return (f"warning: arm{'s' if len(arms) > 1 else ''} {', '.join(arms)} loaded {shown} before "
+            f"{'their' if len(arms) > 1 else 'its'} first "
             "step, written by an earlier run of this fix: the job resumes from its own checkpoints, so the "
             "runs did not start from the same state (losses not compared; the speed-up holds only if a resumed "
             "run does the same work). Give every run a fresh checkpoint directory, or remove it before each "

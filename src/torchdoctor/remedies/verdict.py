@@ -225,12 +225,13 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
 
 
 def _not_finite(base: list[Arm], worst: LossDiff) -> str:
-    """'the baseline's loss is NaN at every step compared (20 steps, 2 ranks)' (or inf, or NaN or inf)."""
-    kinds = sorted({"NaN" if math.isnan(x) else "inf" for a in base for xs in a.losses.values() for x in xs
+    """'the baseline's loss is NaN at every step compared (20 steps over 2 ranks)' (or inf, or NaN or inf)."""
+    ok = [a for a in base if a.ok]
+    kinds = sorted({"NaN" if math.isnan(x) else "inf" for a in ok for xs in a.losses.values() for x in xs
                     if not math.isfinite(x)})
-    ranks = max(len(a.losses) for a in base)
+    ranks = max((len(a.losses) for a in ok), default=1)
     return (f"the baseline's loss is {' or '.join(kinds)} at every step compared ({worst.compared} steps"
-            + (f", {ranks} ranks)" if ranks > 1 else ")"))
+            + (f" over {ranks} ranks)" if ranks > 1 else ")"))
 
 
 def _against_noise(worst: LossDiff, selfs: list[LossDiff], where: str) -> LossCheck:
@@ -293,10 +294,11 @@ def judge(arms: list[Arm], specs: list[Spec], pre_refused: dict[str, str], rtol:
     # The treated job's class: the loosest of the remedies it actually ran with.
     loss = check_losses(base, treated, loss_class(treated[0].specs, "") if treated else "safe", rtol)
     carried = resumed(arms, since) if since is not None else []
-    if carried and loss.status != "not recorded":
+    compared = {a.label for a in base + treated}
+    if (hit := next((c for c in carried if c[0] in compared), None)) and loss.status != "not recorded":
         # The first arm trained from scratch, later ones from where an earlier one stopped: their
         # losses differ whatever the remedies do.
-        label, path = carried[0]
+        label, path = hit
         loss = LossCheck("inconclusive", f"arm {label} resumed from {path}, which an earlier run of this fix "
                          "wrote: the runs did not start from the same state", loss.diff)
     med, lo, hi = _stats(list(stat.ratios))
