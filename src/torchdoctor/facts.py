@@ -114,6 +114,16 @@ class FSDPFacts(msgspec.Struct, omit_defaults=True):
     model_mb: float | None = None  # all units together: the unsharded parameters
 
 
+class TensorParallelFacts(msgspec.Struct, omit_defaults=True):
+    """Parameters sharded by tensor parallelism (DTensors outside any fully_shard unit:
+    ``parallelize_module``), from the model's roots."""
+
+    params: int = 0  # DTensor parameters
+    layers: int = 0  # modules with a DTensor parameter of their own
+    model_mb: float | None = None  # every parameter, unsharded (a DTensor's numel is the global one)
+    mesh: str | None = None  # the first DTensor parameter's mesh, e.g. "tp=2" or "(2,)"
+
+
 class OptimizerFacts(msgspec.Struct, omit_defaults=True):
     cls: str | None = None
     foreach: bool | None = None
@@ -406,6 +416,8 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # What the training thread loaded before its first step ended (a resumed checkpoint, pretrained
     # weights), the first 16: `fix` tells an arm that resumed from an earlier arm's checkpoint.
     loaded_files: list[LoadedFile] = []
+    # Tensor parallelism without FSDP (parallelize_module's DTensor parameters); None: none seen.
+    tensor_parallel: TensorParallelFacts | None = None
     # The directories it saved into (torch.save, DCP save) once a step had ended: its checkpoints,
     # not a dataset it prepared before training (first 16, absolute).
     checkpoint_dirs: list[str] = []

@@ -33,6 +33,32 @@ def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, it
         dist.destroy_process_group()
 
 
+def test_tensor_parallel_parameters_are_counted_and_fsdp2_ones_are_not():
+    """pytorch/examples' tensor_parallel_example.py: parallelize_module turns the layers' weights into
+    DTensors; FSDP2's own parameters are DTensors too, and stay FSDP's (fsdp_facts)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from torchdoctor.probe.collect import tensor_parallel_facts
+
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        assert tensor_parallel_facts([torch.nn.Linear(4, 4)]) is None  # plain parameters
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        facts = tensor_parallel_facts([model])
+        assert facts is not None and (facts.params, facts.layers, facts.mesh) == (4, 2, "tp=1")
+        assert facts.model_mb == pytest.approx((10 * 32 + 32 + 32 * 5 + 5) * 4 / 1e6, abs=1e-3)
+        sharded = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        fully_shard(sharded)
+        assert tensor_parallel_facts([sharded]) is None
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_loaders_epoch_is_its_own_ranks_batches():
     from torch.utils.data import DataLoader, IterableDataset, TensorDataset
     from torch.utils.data.distributed import DistributedSampler

@@ -447,6 +447,35 @@ def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
     assert "BackwardPrefetch" in only(run("DI-3", (accumulating(), fsdp1)), "DI-3").fix.snippet
 
 
+def test_tensor_parallel_jobs_are_advised_on_their_activation_collectives():
+    """pytorch/examples' tensor_parallel_example.py (parallelize_module, 2 gloo ranks): DI-3 said
+    "gradient accumulation with no_sync(), bf16 gradient compression"; TP communicates activations
+    inside every parallelized layer, and a model that fits on each rank is better replicated."""
+    from torchdoctor.facts import TensorParallelFacts
+
+    def accumulating():
+        r = comm_bound(exposed=10.0, overlap=50.0)
+        for s in r.steps:
+            s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
+        for s in r.steps[:4]:
+            s.host_split_ms = {"optimizer": 0.0}
+        return r
+
+    toy = gpu_facts(tensor_parallel=TensorParallelFacts(params=3, layers=2, model_mb=0.002, mesh="(2,)"))
+    di3 = only(run("DI-3", (accumulating(), toy)), "DI-3").fix
+    assert di3.text.startswith("Tensor parallelism on a 0.0 MB model: 2 parallelized layers all-reduce or all-gather")
+    assert "no_sync" not in di3.text + di3.snippet and "DistributedDataParallel(model)" in di3.snippet
+    big = gpu_facts(tensor_parallel=TensorParallelFacts(params=300, layers=200, model_mb=16000.0, mesh="tp=8"))
+    di3 = only(run("DI-3", (accumulating(), big)), "DI-3").fix
+    assert "inside one node" in di3.text and "_micro_pipeline_tp = True" in di3.snippet
+    # Micro-batches without an optimizer step communicate in every layer: no gradient sync to skip.
+    assert run("DI-6", (accumulating(), big)) == []
+    assert only(run("DI-6", (accumulating(), gpu_facts(ddp=[DDPFacts()]))), "DI-6")
+    # DDP over a model with DTensor parameters stays DDP's advice.
+    both = gpu_facts(ddp=[DDPFacts()], tensor_parallel=TensorParallelFacts(params=3, layers=2, model_mb=0.002))
+    assert "no_sync" in only(run("DI-3", (accumulating(), both)), "DI-3").fix.snippet
+
+
 def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
     steps = [StepTiming(step=i, total_ms=100.0, checkpoint_ms=200.0 if i % 10 == 9 else 0.0,
                         checkpoint_saves=1 if i % 10 == 9 else 0) for i in range(40)]

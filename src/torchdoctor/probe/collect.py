@@ -27,6 +27,7 @@ from torchdoctor.facts import (
     LoadedFile,
     ModuleDeviceFacts,
     OptimizerFacts,
+    TensorParallelFacts,
 )
 from torchdoctor.hardware import topology
 from torchdoctor.probe import recompiles as compiles_read
@@ -258,6 +259,36 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
                 )
                 break
     return out[:_MAX_ENTRIES]
+
+
+def tensor_parallel_facts(roots: Iterable[Any]) -> TensorParallelFacts | None:
+    """The model's tensor-parallel parameters (DTensors), when no fully_shard unit owns them (FSDP2's
+    own parameters are DTensors too: a root with a unit is FSDP's, fsdp_facts). Reads nothing unless
+    the job imported torch.distributed.tensor."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if dtensor is None:
+        return None
+    fsdp2 = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    params = layers = 0
+    total, mesh = 0.0, None
+    for root in roots:
+        if fsdp2 is not None and any(isinstance(m, fsdp2) for m in root.modules()):
+            return None
+        for module in root.modules():
+            own = [p for p in module.parameters(recurse=False) if isinstance(p, dtensor)]
+            layers += bool(own)
+            params += len(own)
+            if own and mesh is None:
+                mesh = attempt(lambda p=own[0]: _mesh_text(p.device_mesh))
+        total += sum(p.numel() * p.element_size() for p in root.parameters()) / 1e6
+    return TensorParallelFacts(params, layers, round(total, 3), mesh) if params else None
+
+
+def _mesh_text(mesh: Any) -> str:
+    """'tp=2' for a named one-dimensional mesh, 'dp=2, tp=4' for two, else its shape '(2,)'."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    shape = tuple(mesh.shape)
+    return ", ".join(f"{n}={k}" for n, k in zip(names, shape, strict=False)) if names else str(shape)
 
 
 def fsdp2_reshards(root: Any, unit_type: type) -> bool | None:

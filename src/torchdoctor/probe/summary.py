@@ -207,6 +207,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         dataloaders=[rec.summary(probe.config.run_dir) for rec in probe.loaders],
         ddp=ddp_facts,
         fsdp=collect.fsdp_facts(torch, roots),
+        tensor_parallel=collect.attempt(lambda: collect.tensor_parallel_facts(roots)),
         optimizers=[facts for _, facts in probe.optimizers],
         modules_off_device=off_device,
         embeddings=collect.embedding_facts(torch, roots),

@@ -105,11 +105,14 @@ def ddp(v: View):
 def sharding(v: View) -> str | None:
     """How the rank shards its model: "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel),
     "fsdp" (a trace whose communication is mostly all-gathers and reduce-scatters: sharded, version
-    unknown), "ddp"; None when unknown. Advice differs: FSDP2 has no ``no_sync()``."""
+    unknown), "ddp", "tp" (parallelize_module without FSDP or DDP); None when unknown. Advice
+    differs: FSDP2 has no ``no_sync()``, tensor parallelism communicates activations, not gradients."""
     if v.f is not None and v.f.fsdp:
         return "fsdp2" if any(fs.version == 2 for fs in v.f.fsdp) else "fsdp1"
     if ddp(v) is not None:
         return "ddp"
+    if v.f is not None and v.f.tensor_parallel is not None:
+        return "tp"
     return "fsdp" if dominant_collective(v) in ("all_gather", "reduce_scatter") else None
 
 

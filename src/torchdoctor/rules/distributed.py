@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from torchdoctor.advice.framework_settings import framework_fix
-from torchdoctor.facts import FSDPFacts
+from torchdoctor.facts import FSDPFacts, TensorParallelFacts
 from torchdoctor.metrics.stragglers import StragglerSeries
 
 from ._comm import (
@@ -112,8 +112,29 @@ def _fsdp(v: View) -> FSDPFacts | None:
     return next((fs for fs in v.f.fsdp if fs.version == 2), None) if v.f is not None else None
 
 
+def tensor_parallel_fix(tp: TensorParallelFacts | None) -> Fix:
+    """Tensor parallelism's advice: its collectives carry activations inside every parallelized layer,
+    forward and backward, so no_sync() or gradient compression do not touch them. A model that fits
+    on every rank is better replicated; a large one keeps its TP group inside a node and overlaps."""
+    mb = tp.model_mb if tp is not None else None
+    if mb is not None and mb < SMALL_MODEL_MB:
+        layers = f"{tp.layers} parallelized layers" if tp is not None and tp.layers else "each parallelized layer"
+        return Fix(f"Tensor parallelism on a {mb:.1f} MB model: {layers} all-reduce or all-gather activations in "
+                   "forward and backward, on the critical path, while the model fits on every rank many times "
+                   "over: replicate it instead (DDP: one gradient all-reduce per step, overlapped with backward); "
+                   "tensor parallelism pays off for layers too large for one device.",
+                   "model = DistributedDataParallel(model)   # instead of parallelize_module(model, tp_mesh, plan)")
+    return Fix("Tensor parallelism puts a collective on the critical path of every parallelized layer: keep the TP "
+               "group inside one node (NVLink), shard norms and dropout too (SequenceParallel), and let "
+               "torch.compile overlap the collectives with the matmuls (async tensor parallelism).",
+               "torch._inductor.config._micro_pipeline_tp = True   # async TP, with torch.compile(model)\n"
+               "# torchtitan: --parallelism.enable_async_tensor_parallel --compile.enable")
+
+
 def sharded_fix(kind: str | None, v: View) -> Fix | None:
-    """The FSDP advice for this rank, or None when it does not shard."""
+    """The FSDP or tensor-parallel advice for this rank, or None when it does not shard."""
+    if kind == "tp":
+        return tensor_parallel_fix(v.f.tensor_parallel if v.f is not None else None)
     if kind == "fsdp2":
         return fsdp2_fix(_fsdp(v))
     if kind == "fsdp1":
@@ -215,6 +236,10 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
             what = "the parameter all-gathers and gradient reduce-scatters"
             fix = sharded_fix(sharding(v), v) or _FSDP1
             confidence = "medium"
+        elif sharding(v) == "tp":
+            what = "the tensor-parallel collectives"
+            fix = tensor_parallel_fix(v.f.tensor_parallel if v.f is not None else None)
+            confidence = "low"
         else:
             what = "the gradient all-reduce"
             fix = _ddp_fix(v, "Let gradients all-reduce while backward runs{where}: avoid find_unused_parameters=True, "
@@ -585,6 +610,8 @@ def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
     """
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
+            return None
+        if sharding(v) == "tp":  # every micro-batch's layers communicate activations: no gradient sync to skip
             return None
         return finding(
             v, "DI-6", "distributed",
