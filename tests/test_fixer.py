@@ -223,6 +223,25 @@ def test_arms_that_resume_from_an_earlier_arms_checkpoint_are_not_compared(tmp_p
     assert "warning: arm B1 loaded " in res.stdout and "rm -rf DIR && exec COMMAND" in res.stdout
 
 
+def test_runs_measured_while_other_processes_take_the_cpus_are_named(tmp_path: Path) -> None:
+    """One spinning process per CPU of the job's for the whole fix: both runs share their CPUs."""
+    hog = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in os.sched_getaffinity(0)]
+    try:
+        script = job(tmp_path)
+        res = torchdoctor("fix", "--apply", "optim.foreach", "--repeats", "1", "--steps", "8", "--out", "fx",
+                          "--json", "fix.json", "--", sys.executable, str(script), cwd=tmp_path)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert res.returncode == 0, res.stderr
+    shares = {a["label"]: a["other_cpu_share"] for a in report(tmp_path / "fix.json")["ab"]["details"]["arms"]}
+    assert set(shares) == {"A1", "B1"} and all(s > 0.3 for s in shares.values()), shares
+    assert "warning: other processes took more than 10% of the job's CPUs during runs A1 (" in res.stdout
+    assert "(busy machine: others took " in res.stderr
+
+
 def test_impossible_requests_to_fix_are_refused_and_the_job_still_runs(tmp_path: Path) -> None:
     import torch
 

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from torchdoctor import runner
 from torchdoctor.probe import config as probe_config
-from torchdoctor.remedies import catalogue, render, select
+from torchdoctor.remedies import catalogue, quiet, render, select
 from torchdoctor.remedies.measure import Arm, load
 from torchdoctor.remedies.runtime import ENV_RECORD, ENV_SAID, ENV_STEPS
 from torchdoctor.remedies.suggest import changes_for
@@ -92,8 +92,10 @@ def run_arm(command: Sequence[str], arm: Arm, opts: FixOptions, profile: tuple[i
         env[ENV_STEPS] = str(steps or opts.steps)
     log = None if opts.show_output else os.path.join(arm.run_dir, "job.log")
     arm.started = time.time()
+    mark = quiet.start()
     with _output_to(log):
         job = runner.run_job(command, env)
+    arm.other_cpu_share = quiet.other_share(mark)
     runner.write_manifest(arm.run_dir, command, job)
     arm.exit_code, arm.wall_s = job.returncode, job.duration_s
     load(arm)

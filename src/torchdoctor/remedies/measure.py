@@ -44,6 +44,7 @@ class Arm:
     exit_code: int = 0
     wall_s: float = 0.0
     started: float | None = None  # time.time() when the run began (what it wrote itself is newer)
+    other_cpu_share: float | None = None  # the job's CPUs other processes took meanwhile (quiet.py)
     steps_per_s: float | None = None
     samples_per_s: float | None = None
     steady_steps: int = 0

@@ -8,6 +8,7 @@ import statistics
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import quiet
 from .breakeven import break_even
 from .breakeven import sentence as breakeven_sentence
 from .measure import Arm
@@ -33,6 +34,8 @@ def progress(arm: Arm) -> None:
     what = {"baseline": "baseline", "treated": "treated ", "ablated": f"without {arm.without}",
             "variant": variant, "diagnosis": "diagnosis (profiler window on)"}[arm.kind]
     status = "" if arm.ok else f"  EXIT {arm.exit_code}"
+    if arm.other_cpu_share is not None and arm.other_cpu_share > quiet.BUSY_SHARE:
+        status += f"  (busy machine: others took {arm.other_cpu_share:.0%} of its CPUs)"
     _err(f"{arm.label.split('-')[0]:<4} {what:<28} {_rate(arm.steps_per_s, 'steps/s'):>14}  "
          f"{_rate(arm.samples_per_s, 'samples/s'):>16}  {arm.wall_s:6.1f} s{status}")
 
@@ -102,7 +105,8 @@ def _details(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: 
         "unknown": unknown,
         "arms": [{"label": a.label, "kind": a.kind, "remedies": a.specs, "exit_code": a.exit_code,
                   "steps_per_s": a.steps_per_s, "samples_per_s": a.samples_per_s, "steady_steps": a.steady_steps,
-                  "wall_s": round(a.wall_s, 3), "run_dir": a.run_dir, "refused": a.refused} for a in arms],
+                  "wall_s": round(a.wall_s, 3), "run_dir": a.run_dir, "refused": a.refused,
+                  "other_cpu_share": a.other_cpu_share} for a in arms],
         "code_changes": [{"remedies": c.ids, "where": c.where, "language": c.language, "text": c.text}
                          for c in changes],
         "out": out,
@@ -188,6 +192,8 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
         print(resumed_sentence(outcome.resumed))
     if idle := idle_text(arms):
         print(f"warning: {idle}")
+    if busy := quiet.busy_text([(a.label, a.other_cpu_share) for a in arms if a.other_cpu_share is not None]):
+        print(busy)
     if d.get("compile"):
         print(breakeven_sentence(d["compile"]))
     if outcome.compile_modes and outcome.compile_modes.get("notes"):
