@@ -344,7 +344,24 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
         spots.extend(trace_blind_spots(ri, sights.get(res.file) if res else None, warnings))
     spots.extend(own_profiler_spots(ranks, warnings))
     unseen_forward_remark(ranks, warnings)
+    nonfinite_loss_remark(ranks, warnings)
     return spots
+
+
+def nonfinite_loss_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
+    """Ranks whose loss was NaN or inf at most of the steps the probe read it: the job trains on
+    nothing, whatever its speed (pytorch/examples' FSDP2 example on CPU: NaN from step 0). A few
+    such steps (GradScaler's overflowing scaled loss, skipped by design) say nothing."""
+    bad = [ri.facts for ri in ranks if ri.facts is not None and ri.facts.losses_nonfinite >= 3
+           and 2 * ri.facts.losses_nonfinite >= ri.facts.losses_read]
+    if not bad:
+        return
+    f = bad[0]
+    names = ", ".join(str(x.rank) for x in bad[:8]) + (" …" if len(bad) > 8 else "")
+    warnings.append(ErrorEntry("torchdoctor", (
+        f"rank {names}: the loss was NaN or inf at {f.losses_nonfinite} of the {f.losses_read} steps the probe "
+        f"read it, from step {f.first_nonfinite_step}: the job learns nothing. The findings are about its speed; "
+        "fix its numerics first (learning rate, initialisation, inputs).")))
 
 
 def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:

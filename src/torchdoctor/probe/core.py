@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -66,6 +67,10 @@ class Probe:
         self.loaded_files: list[Any] = []  # facts.LoadedFile: loaded before step 0 ended (hooks.py)
         self.checkpoint_dirs: list[str] = []  # where it saved once a step had ended (hooks.py)
         self.optimizer_state_init = 0  # inside DCP's _init_optim_state: its step() is no step
+        # Losses backward started from that the probe could read for free (CPU scalars), how many of
+        # them were NaN or inf, and the step of the first such (read_loss).
+        self.losses_read = self.losses_nonfinite = 0
+        self.first_nonfinite_step: int | None = None
         # Where the first forward without autograd after step 0 of a module that trains was called
         # (HO-16), and whether it ran under torch.inference_mode(); the same of a frozen module's.
         self.inference_site: str | None = None
@@ -183,6 +188,22 @@ class Probe:
                            lambda name: name.startswith(self.torch_dir) or name.startswith(probe_dir), n)
 
     # ------------------------------------------------------------ boundaries
+    def read_loss(self, loss: Any) -> None:
+        """Note whether the loss a backward starts from is finite: a plain 0-dim CPU tensor only,
+        free to read (a device tensor's value would wait for its queue: never read)."""
+        if "loss" in ERRORS.broken:
+            return
+        try:
+            if type(loss) is self.torch.Tensor and loss.dim() == 0 and loss.device.type == "cpu":
+                value = float(loss.detach())  # float() of a tensor that requires grad warns (2.13)
+                self.losses_read += 1
+                if not math.isfinite(value):
+                    self.losses_nonfinite += 1
+                    if self.first_nonfinite_step is None:
+                        self.first_nonfinite_step = self.clock.index
+        except Exception as exc:
+            ERRORS.record("loss", exc)
+
     def boundary(self, source: Source, now: float) -> None:
         """A possible step boundary; on a closed step run housekeeping, then start the next step."""
         before = self.clock.source

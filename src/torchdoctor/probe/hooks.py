@@ -444,6 +444,8 @@ def _backward(probe: Probe) -> None:
         probe.activity(now)
         probe.bwd_depth += 1
         probe.bwd_calls += 1
+        if probe.bwd_depth == 1 and args:
+            probe.read_loss(args[0])
         return now
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
