@@ -416,11 +416,13 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # What the training thread loaded before its first step ended (a resumed checkpoint, pretrained
     # weights), the first 16: `fix` tells an arm that resumed from an earlier arm's checkpoint.
     loaded_files: list[LoadedFile] = []
-    # Losses that backward started from and that the probe read (plain CPU scalars: free to read;
-    # device losses are never read), how many were NaN or inf, and the step of the first such.
+    # Steps whose loss (the first backward's) the probe read (plain floating-point CPU scalars: free
+    # to read; device losses are never read), how many were NaN or inf, the first such step and the
+    # last step with a finite one.
     losses_read: int = 0
     losses_nonfinite: int = 0
     first_nonfinite_step: int | None = None
+    last_finite_step: int | None = None
     # Tensor parallelism without FSDP (parallelize_module's DTensor parameters); None: none seen.
     tensor_parallel: TensorParallelFacts | None = None
     # The directories it saved into (torch.save, DCP save) once a step had ended: its checkpoints,

@@ -92,7 +92,7 @@ def run_arm(command: Sequence[str], arm: Arm, opts: FixOptions, profile: tuple[i
         env[ENV_STEPS] = str(steps or opts.steps)
     log = None if opts.show_output else os.path.join(arm.run_dir, "job.log")
     arm.started = time.time()
-    mark = quiet.start()
+    mark = quiet.start() if profile is None else None  # a profiled run's trace work is detached
     with _output_to(log):
         job = runner.run_job(command, env)
     arm.other_cpu_share = quiet.other_share(mark)

@@ -349,19 +349,24 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
 
 
 def nonfinite_loss_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
-    """Ranks whose loss was NaN or inf at most of the steps the probe read it: the job trains on
-    nothing, whatever its speed (pytorch/examples' FSDP2 example on CPU: NaN from step 0). A few
-    such steps (GradScaler's overflowing scaled loss, skipped by design) say nothing."""
+    """Ranks whose loss turned NaN or inf and stayed so at every step read after (3 or more): the job
+    trains on nothing from that step, whatever its speed (pytorch/examples' FSDP2 example on CPU: NaN
+    from step 0). The probe reads one loss per step, CPU scalars only (`Probe.read_loss`)."""
     bad = [ri.facts for ri in ranks if ri.facts is not None and ri.facts.losses_nonfinite >= 3
-           and 2 * ri.facts.losses_nonfinite >= ri.facts.losses_read]
+           and ri.facts.first_nonfinite_step is not None
+           and (ri.facts.last_finite_step is None or ri.facts.last_finite_step < ri.facts.first_nonfinite_step)]
     if not bad:
         return
-    f = bad[0]
-    names = ", ".join(str(x.rank) for x in bad[:8]) + (" …" if len(bad) > 8 else "")
+    def counts(f: RankFacts) -> str:
+        return f"at every step read from step {f.first_nonfinite_step} ({f.losses_nonfinite} of {f.losses_read})"
+
+    same = len({counts(f) for f in bad}) == 1
+    names = ", ".join(str(f.rank) for f in bad[:8]) + (" …" if len(bad) > 8 else "")
+    where = (f"rank{'s' if len(bad) > 1 else ''} {names}: the loss was NaN or inf {counts(bad[0])}" if same else
+             "; ".join(f"rank {f.rank}: the loss was NaN or inf {counts(f)}" for f in bad[:8]))
     warnings.append(ErrorEntry("torchdoctor", (
-        f"rank {names}: the loss was NaN or inf at {f.losses_nonfinite} of the {f.losses_read} steps the probe "
-        f"read it, from step {f.first_nonfinite_step}: the job learns nothing. The findings are about its speed; "
-        "fix its numerics first (learning rate, initialisation, inputs).")))
+        f"{where}: from there the job learns nothing. The findings are about its speed; fix its numerics "
+        "first (learning rate, initialisation, inputs).")))
 
 
 def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:

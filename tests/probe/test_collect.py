@@ -50,7 +50,8 @@ def test_tensor_parallel_parameters_are_counted_and_fsdp2_ones_are_not():
         model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         facts = tensor_parallel_facts([model])
-        assert facts is not None and (facts.params, facts.layers, facts.mesh) == (4, 2, "tp=1")
+        # Colwise: weight and bias sharded; rowwise: weight sharded, bias replicated (not counted).
+        assert facts is not None and (facts.params, facts.layers, facts.mesh) == (3, 2, "tp=1")
         assert facts.model_mb == pytest.approx((10 * 32 + 32 + 32 * 5 + 5) * 4 / 1e6, abs=1e-3)
         sharded = torch.nn.Sequential(torch.nn.Linear(8, 8))
         fully_shard(sharded)

@@ -37,8 +37,9 @@ def run(tmp_path, mode):
 def test_a_job_training_on_nan_is_told_and_a_finite_one_is_not(tmp_path):
     facts, report, stderr = run(tmp_path, "nan")
     assert (facts["losses_read"], facts["losses_nonfinite"], facts["first_nonfinite_step"]) == (12, 10, 2)
+    assert facts["last_finite_step"] == 1
     said = [w["message"] for w in report["warnings"] if "learns nothing" in w["message"]]
-    assert said and said[0].startswith("rank 0: the loss was NaN or inf at 10 of the 12 steps the probe read it, from step 2")
+    assert said and said[0].startswith("rank 0: the loss was NaN or inf at every step read from step 2 (10 of 12)")
     assert "Warning" not in stderr  # reading the loss adds nothing to the job's output
     facts, report, stderr = run(tmp_path, "finite")
     assert facts["losses_read"] == 12 and "losses_nonfinite" not in facts and "Warning" not in stderr

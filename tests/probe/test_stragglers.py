@@ -54,10 +54,14 @@ def test_a_rank_late_every_step_is_a_persistent_straggler_named_with_its_cause(t
     assert got["severity"] == "critical" and got["ranks"] == [0]
     assert 27.0 <= data["lead_by_phase"]["other"] <= 40.0 and 27.0 <= data["gain_ms"] <= 40.0
     assert "rank 1 spends" in got["title"] and "longer in the loop outside loading" in got["title"]
-    # The claim is granted from rank 0's exposed communication in the 3-step profiler window less the
-    # window's inflation over the probe's own steps (a lower bound, rules/_comm.py): about 30 ms alone,
-    # 13.9 ms once in a full suite run on 2 CPUs (2026-12-06), when the window ran slower.
-    assert 10.0 <= got["recoverable_ms"] <= data["gain_ms"] + 1e-6 and "every N steps" in got["fix"]["text"]
+    # The claim is the run's gain as a share of its mean step, applied to the window's step and
+    # granted from rank 0's exposed communication in the 3-step profiler window less the window's
+    # inflation over the probe's own steps (a lower bound, rules/_comm.py): about 30 ms alone, 13.9 ms
+    # once in a full suite run on 2 CPUs (2026-12-06), when the window ran slower. In ms it can pass
+    # the run's gain when the window's step is the longer (30.56 against 30.456 once); as a share it
+    # never passes the run's.
+    assert got["recoverable_ms"] >= 10.0 and "every N steps" in got["fix"]["text"]
+    assert got["recoverable_pct"] <= 100 * data["gain_ms"] / data["step_ms_mean"] + 0.01
 
 
 def test_a_rank_late_every_tenth_step_is_a_transient_straggler_with_its_period(tmp_path):

@@ -468,8 +468,18 @@ def test_tensor_parallel_jobs_are_advised_on_their_activation_collectives():
     big = gpu_facts(tensor_parallel=TensorParallelFacts(params=300, layers=200, model_mb=16000.0, mesh="tp=8"))
     di3 = only(run("DI-3", (accumulating(), big)), "DI-3").fix
     assert "inside one node" in di3.text and "_micro_pipeline_tp = True" in di3.snippet
-    # Micro-batches without an optimizer step communicate in every layer: no gradient sync to skip.
-    assert run("DI-6", (accumulating(), big)) == []
+    assert "enable_symm_mem_for_group(tp_mesh.get_group().group_name)" in di3.snippet  # 2.13 needs it
+    # Micro-batches without an optimizer step communicate in every layer: no gradient sync to skip;
+    # nor buckets, comm hooks, buffer broadcasts or overlap with backward. Each input below makes
+    # its rule fire on a rank without tensor-parallel facts.
+    cases = {"DI-4": comm_bound(exposed=20.0, overlap=0.0, compute=60.0), "DI-6": accumulating(),
+             "DI-10": comm_bound(collectives={"all_reduce": [2000, 2000 * 150_000, 4000]}),
+             "DI-11": comm_bound(exposed=20.0, overlap=80.0, compute=20.0,
+                                 collectives={"all_reduce": [10, 10 * 5 * 10**6, 4 * 10**6]}),
+             "DI-13": comm_bound(collectives={"all_reduce": [20, 10**7, 10**5], "broadcast": [10, 2 * 5 * MS, 10**5]})}
+    for rid, r in cases.items():
+        assert run(rid, (r, gpu_facts())), rid
+        assert run(rid, (r, big)) == [], rid
     assert only(run("DI-6", (accumulating(), gpu_facts(ddp=[DDPFacts()]))), "DI-6")
     # DDP over a model with DTensor parameters stays DDP's advice.
     both = gpu_facts(ddp=[DDPFacts()], tensor_parallel=TensorParallelFacts(params=3, layers=2, model_mb=0.002))

@@ -262,7 +262,8 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
 
 
 def tensor_parallel_facts(roots: Iterable[Any]) -> TensorParallelFacts | None:
-    """The model's tensor-parallel parameters (DTensors), when no fully_shard unit owns them (FSDP2's
+    """The model's tensor-parallel parameters (DTensors sharded on some mesh dimension), when no
+    fully_shard unit owns them (FSDP2's
     own parameters are DTensors too: a root with a unit is FSDP's, fsdp_facts). Reads nothing unless
     the job imported torch.distributed.tensor."""
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
@@ -275,7 +276,9 @@ def tensor_parallel_facts(roots: Iterable[Any]) -> TensorParallelFacts | None:
         if fsdp2 is not None and any(isinstance(m, fsdp2) for m in root.modules()):
             return None
         for module in root.modules():
-            own = [p for p in module.parameters(recurse=False) if isinstance(p, dtensor)]
+            # Sharded ones only: all-Replicate DTensors (distribute_module) split no layer.
+            own = [p for p in module.parameters(recurse=False)
+                   if isinstance(p, dtensor) and any(pl.is_shard() for pl in p.placements)]
             layers += bool(own)
             params += len(own)
             if own and mesh is None:

@@ -71,6 +71,11 @@ class Probe:
         # them were NaN or inf, and the step of the first such (read_loss).
         self.losses_read = self.losses_nonfinite = 0
         self.first_nonfinite_step: int | None = None
+        self.last_finite_step: int | None = None
+        self.loss_step = -1  # the step whose loss was read last: one read per step
+        # Tensor-parallel facts of the model's roots, read once per set of roots (summary.py).
+        self.tp_roots: tuple[int, ...] | None = None
+        self.tp_facts: Any = None
         # Where the first forward without autograd after step 0 of a module that trains was called
         # (HO-16), and whether it ran under torch.inference_mode(); the same of a frozen module's.
         self.inference_site: str | None = None
@@ -189,18 +194,30 @@ class Probe:
 
     # ------------------------------------------------------------ boundaries
     def read_loss(self, loss: Any) -> None:
-        """Note whether the loss a backward starts from is finite: a plain 0-dim CPU tensor only,
-        free to read (a device tensor's value would wait for its queue: never read)."""
-        if "loss" in ERRORS.broken:
+        """Note whether the loss a step's first backward starts from is finite: a plain 0-dim
+        floating-point CPU tensor only, free to read (a device tensor's value would wait for its
+        queue: never read), and never under a job's own torch function or dispatch mode (the read
+        would show in it)."""
+        if "loss" in ERRORS.broken or self.clock.index == self.loss_step:
             return
         try:
-            if type(loss) is self.torch.Tensor and loss.dim() == 0 and loss.device.type == "cpu":
-                value = float(loss.detach())  # float() of a tensor that requires grad warns (2.13)
-                self.losses_read += 1
-                if not math.isfinite(value):
-                    self.losses_nonfinite += 1
-                    if self.first_nonfinite_step is None:
-                        self.first_nonfinite_step = self.clock.index
+            torch = self.torch
+            if not (type(loss) is torch.Tensor and loss.dim() == 0 and loss.device.type == "cpu"
+                     and loss.dtype.is_floating_point):
+                return
+            modes = (getattr(torch._C, "_len_torch_dispatch_stack", None),
+                     getattr(torch._C, "_len_torch_function_stack", None))
+            if any(count is not None and count() for count in modes):
+                return
+            step = self.loss_step = self.clock.index
+            value = float(loss.detach())  # float() of a tensor that requires grad warns (2.13)
+            self.losses_read += 1
+            if math.isfinite(value):
+                self.last_finite_step = step
+            else:
+                self.losses_nonfinite += 1
+                if self.first_nonfinite_step is None:
+                    self.first_nonfinite_step = step
         except Exception as exc:
             ERRORS.record("loss", exc)
 

@@ -166,6 +166,15 @@ def _train_wall_s(probe: Probe, compiled: CompileFacts) -> float | None:
     return round(since, 3)
 
 
+def _tensor_parallel(probe: Any, roots: list[Any]) -> Any:
+    """collect.tensor_parallel_facts, once per set of roots: it walks every parameter, and summaries
+    are written every 30 s on the training thread."""
+    key = tuple(id(r) for r in roots)
+    if probe.tp_roots != key:
+        probe.tp_roots, probe.tp_facts = key, collect.attempt(lambda: collect.tensor_parallel_facts(roots))
+    return probe.tp_facts
+
+
 def rank_facts(probe: Probe) -> RankFacts:
     """Everything the probe of this process knows, as the contract struct the rules read."""
     torch = probe.torch
@@ -207,7 +216,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         dataloaders=[rec.summary(probe.config.run_dir) for rec in probe.loaders],
         ddp=ddp_facts,
         fsdp=collect.fsdp_facts(torch, roots),
-        tensor_parallel=collect.attempt(lambda: collect.tensor_parallel_facts(roots)),
+        tensor_parallel=_tensor_parallel(probe, roots),
         optimizers=[facts for _, facts in probe.optimizers],
         modules_off_device=off_device,
         embeddings=collect.embedding_facts(torch, roots),
@@ -226,6 +235,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         losses_read=probe.losses_read,
         losses_nonfinite=probe.losses_nonfinite,
         first_nonfinite_step=probe.first_nonfinite_step,
+        last_finite_step=probe.last_finite_step,
         checkpoint_dirs=list(probe.checkpoint_dirs),
         inference_site=probe.inference_site or probe.frozen_site,
         inference_mode=probe.inference_mode if probe.inference_site else probe.frozen_mode,

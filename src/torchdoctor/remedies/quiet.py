@@ -2,10 +2,13 @@
 took on the job's CPUs, so that `fix` says when a run was measured on a busy machine.
 
 - Busy time of the CPUs this process may run on (``os.sched_getaffinity``, inherited by the job):
-  the per-CPU lines of Linux's ``/proc/stat``, user + nice + system + irq + softirq + steal (the
-  hypervisor's share is lost to the job too), in clock ticks.
+  the per-CPU lines of Linux's ``/proc/stat``, user + nice + system + steal (the hypervisor's share
+  is lost to the job too), in clock ticks. Interrupt time is left out: much of it is the job's own
+  (gloo's loopback traffic, its disk reads).
 - Minus the CPU time of `fix` itself and of the job's whole process tree (``getrusage`` of this
   process and of its reaped children: the job, its ranks and their workers, which the job reaped).
+  A run with the profiler window on is not measured: the probe hands its trace to a detached
+  post-processing process that nobody reaps while the run is timed.
 - Over the run's wall time x those CPUs: ``other_share`` in [0, 1]. Work of the job's processes
   that nobody reaped (a daemon left running) counts as other.
 
@@ -47,8 +50,8 @@ def busy_seconds(cpus: set[int], text: str) -> float | None:
         if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
             continue
         fields = [int(x) for x in rest.split()]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-        total += user + nice + system + irq + softirq + steal
+        user, nice, system, _idle, _iowait, _irq, _softirq, steal = (fields + [0] * 8)[:8]
+        total += user + nice + system + steal
         seen = True
     return total / tick if seen else None
 

@@ -274,6 +274,10 @@ SHARES: dict[str, Callable[[View, RuleInputs, float], float]] = {
     "DI-3": lambda v, inputs, rem: (0.0 if poor_overlap(v) or cores_full(v, inputs)
                                     else min(hideable_ms(v), comm_cap(v, rem))),
 }
+# Rules about DDP's gradient all-reduce (buckets, comm hooks, buffer broadcasts, no_sync, embedding
+# gradients, overlap with backward): a tensor-parallel rank (sharding "tp") has none of it. Its
+# collectives move activations inside each layer and block it; DI-3 advises on them.
+NOT_FOR_TENSOR_PARALLEL = frozenset({"DI-4", "DI-6", "DI-10", "DI-11", "DI-11e", "DI-13"})
 # Ledger priorities: inside the DERIVED tier, in ORDER; DI-3 (what is left) is generic.
 PRIORITY = {k: (GENERIC if k == "DI-3" else DERIVED + 1 + i) for i, k in enumerate(ORDER)}
 
@@ -423,6 +427,8 @@ def comm_rule(inputs: RuleInputs, key: str,
     the ledger's ``comm.exposed``.
     """
     def one(v: View) -> Finding | None:
+        if key in NOT_FOR_TENSOR_PARALLEL and sharding(v) == "tp":
+            return None  # its collectives carry activations: no bucket, hook, buffer or overlap knob
         rem = v.left("comm.exposed")
         ms = max(0.0, min(rem, SHARES[key](v, inputs, rem)))
         split = {**(v.ledger.by_rule(v.rank, "comm.exposed") if v.ledger is not None else {}), key: ms}

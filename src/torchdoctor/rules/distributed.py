@@ -112,10 +112,11 @@ def _fsdp(v: View) -> FSDPFacts | None:
     return next((fs for fs in v.f.fsdp if fs.version == 2), None) if v.f is not None else None
 
 
-def tensor_parallel_fix(tp: TensorParallelFacts | None) -> Fix:
+def tensor_parallel_fix(tp: TensorParallelFacts | None, accel: bool) -> Fix:
     """Tensor parallelism's advice: its collectives carry activations inside every parallelized layer,
     forward and backward, so no_sync() or gradient compression do not touch them. A model that fits
-    on every rank is better replicated; a large one keeps its TP group inside a node and overlaps."""
+    on every rank is better replicated; a large one keeps its TP group inside a node and, with NCCL on
+    CUDA, overlaps the collectives with the matmuls (async TP)."""
     mb = tp.model_mb if tp is not None else None
     if mb is not None and mb < SMALL_MODEL_MB:
         layers = f"{tp.layers} parallelized layers" if tp is not None and tp.layers else "each parallelized layer"
@@ -124,17 +125,23 @@ def tensor_parallel_fix(tp: TensorParallelFacts | None) -> Fix:
                    "over: replicate it instead (DDP: one gradient all-reduce per step, overlapped with backward); "
                    "tensor parallelism pays off for layers too large for one device.",
                    "model = DistributedDataParallel(model)   # instead of parallelize_module(model, tp_mesh, plan)")
+    if not accel:
+        return Fix("Tensor parallelism puts a collective on the critical path of every parallelized layer: keep the "
+                   "TP degree as small as memory allows and use the rest of the ranks for data parallelism.",
+                   "mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=(\"dp\", \"tp\"))   # smaller tp, larger dp")
     return Fix("Tensor parallelism puts a collective on the critical path of every parallelized layer: keep the TP "
-               "group inside one node (NVLink), shard norms and dropout too (SequenceParallel), and let "
-               "torch.compile overlap the collectives with the matmuls (async tensor parallelism).",
-               "torch._inductor.config._micro_pipeline_tp = True   # async TP, with torch.compile(model)\n"
+               "group inside one node (NVLink), and let torch.compile overlap the collectives with the matmuls "
+               "(async tensor parallelism, NCCL on CUDA).",
+               "from torch.distributed._symmetric_memory import enable_symm_mem_for_group\n"
+               "torch._inductor.config._micro_pipeline_tp = True\n"
+               "enable_symm_mem_for_group(tp_mesh.get_group().group_name)   # then torch.compile(model)\n"
                "# torchtitan: --parallelism.enable_async_tensor_parallel --compile.enable")
 
 
 def sharded_fix(kind: str | None, v: View) -> Fix | None:
     """The FSDP or tensor-parallel advice for this rank, or None when it does not shard."""
     if kind == "tp":
-        return tensor_parallel_fix(v.f.tensor_parallel if v.f is not None else None)
+        return tensor_parallel_fix(v.f.tensor_parallel if v.f is not None else None, v.accel)
     if kind == "fsdp2":
         return fsdp2_fix(_fsdp(v))
     if kind == "fsdp1":
@@ -236,10 +243,6 @@ def poor_overlap_rule(inputs: RuleInputs) -> list[Finding]:
             what = "the parameter all-gathers and gradient reduce-scatters"
             fix = sharded_fix(sharding(v), v) or _FSDP1
             confidence = "medium"
-        elif sharding(v) == "tp":
-            what = "the tensor-parallel collectives"
-            fix = tensor_parallel_fix(v.f.tensor_parallel if v.f is not None else None)
-            confidence = "low"
         else:
             what = "the gradient all-reduce"
             fix = _ddp_fix(v, "Let gradients all-reduce while backward runs{where}: avoid find_unused_parameters=True, "
@@ -440,7 +443,7 @@ def _series_finding(v: View, s: StragglerSeries, shared: Evidence | None = None,
         + (f" ({len(s.ranks) - 8} more)" if len(s.ranks) > 8 else "") + ".",
         {"straggler": who, "persistent": s.persistent, "steps": n, "late_steps": s.late_count,
          "period": s.period, "lead_ms_median": s.lead_ms_median, "gain_ms": s.gain_ms,
-         "lead_by_phase": s.lead_by_phase},
+         "step_ms_mean": s.step_ms_mean, "lead_by_phase": s.lead_by_phase},
         [{"rank": r.rank, "own_ms_median": r.own_ms_median, "late_steps": r.late_steps,
           "lead_ms_total": r.lead_ms_total} for r in s.ranks[:16]])]
     return finding(
@@ -610,8 +613,6 @@ def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
     """
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
-            return None
-        if sharding(v) == "tp":  # every micro-batch's layers communicate activations: no gradient sync to skip
             return None
         return finding(
             v, "DI-6", "distributed",
