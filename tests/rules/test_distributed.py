@@ -23,6 +23,17 @@ def comm_bound(exposed=20.0, overlap=0.0, compute=60.0, rank=0, backend="nccl", 
     return r
 
 
+def accumulating(**kw):
+    """A rank whose all-reduce is exposed 10% of the step and whose first 4 steps run no optimizer:
+    micro-batches of gradient accumulation."""
+    r = comm_bound(exposed=10.0, overlap=50.0, **kw)
+    for s in r.steps:
+        s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
+    for s in r.steps[:4]:
+        s.host_split_ms = {"optimizer": 0.0}
+    return r
+
+
 def claims(found) -> float:
     return sum(f.recoverable_pct for f in found if f.layer == "distributed")
 
@@ -235,12 +246,7 @@ def test_di5_silent_without_cross_rank_spread():
 
 
 def test_di6_all_reduce_in_micro_batches():
-    r = comm_bound(exposed=10.0, overlap=50.0)
-    for s in r.steps:
-        s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
-    for s in r.steps[:4]:
-        s.host_split_ms = {"optimizer": 0.0}
-    got = only(run("DI-6", (r, None)), "DI-6")
+    got = only(run("DI-6", (accumulating(), None)), "DI-6")
     assert abs(got.recoverable_ms - 8.0) < 1e-6
 
 
@@ -416,14 +422,6 @@ def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
     """The same exposed communication, advised by how the model is sharded: FSDP2 (fully_shard,
     from the live facts) gets units, reshard and prefetch advice and set_requires_gradient_sync;
     a trace whose collectives are all-gathers and reduce-scatters is sharded too; DDP keeps no_sync()."""
-    def accumulating(**kw):
-        r = comm_bound(exposed=10.0, overlap=50.0, **kw)
-        for s in r.steps:
-            s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
-        for s in r.steps[:4]:
-            s.host_split_ms = {"optimizer": 0.0}
-        return r
-
     fsdp2 = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=False, units=11, unit_mb_median=8.0,
                                       mixed_precision="MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)")])
     for rid in ("DI-3", "DI-6"):
@@ -452,14 +450,6 @@ def test_tensor_parallel_jobs_are_advised_on_their_activation_collectives():
     "gradient accumulation with no_sync(), bf16 gradient compression"; TP communicates activations
     inside every parallelized layer, and a model that fits on each rank is better replicated."""
     from torchdoctor.facts import TensorParallelFacts
-
-    def accumulating():
-        r = comm_bound(exposed=10.0, overlap=50.0)
-        for s in r.steps:
-            s.comm_ms, s.comm_exposed_ms = 20.0, 10.0
-        for s in r.steps[:4]:
-            s.host_split_ms = {"optimizer": 0.0}
-        return r
 
     toy = gpu_facts(tensor_parallel=TensorParallelFacts(params=3, layers=2, model_mb=0.002, mesh="(2,)"))
     di3 = only(run("DI-3", (accumulating(), toy)), "DI-3").fix
