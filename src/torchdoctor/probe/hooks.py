@@ -907,13 +907,8 @@ def _checkpoints(probe: Probe) -> None:
             return
         if threading.get_ident() != probe.main_thread:
             return
-        first = args[0] if args else kwargs.get("state_dict", kwargs.get("obj"))
-        if isinstance(first, dict) and ("checkpoint_id" in kwargs or "storage_writer" in kwargs):
-            where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", None)
-            path = collect.loaded_path(where)  # DCP: a directory
-        else:  # torch.save(obj, f)
-            path = collect.loaded_path(kwargs.get("f", args[1] if len(args) > 1 else None))
-            path = os.path.dirname(path) if path is not None else None
+        path, folder = _io_path(args, kwargs, 1, "storage_writer")  # torch.save(obj, f) or DCP's save
+        path = path if folder or path is None else os.path.dirname(path)
         if path is not None and path not in probe.checkpoint_dirs:
             # The last ones: a resume loads the newest (one DCP folder per save: ckpt/step_N).
             del probe.checkpoint_dirs[: len(probe.checkpoint_dirs) - MAX_LOADED_FILES + 1]
@@ -929,32 +924,29 @@ def _checkpoints(probe: Probe) -> None:
 
     wrap(torch, "save")
 
-    def loading(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # Only what the job loads before its first step has ended: a resumed checkpoint, pretrained
-        # weights, a dataset. `fix` compares the files' times with its own start: an arm that
-        # loaded what an earlier arm wrote did not run the same job (remedies/measure.py).
-        if probe.clock.index or len(probe.loaded_files) >= MAX_LOADED_FILES or "load" in BROKEN:
-            return
-        if threading.get_ident() != probe.main_thread:
-            return
-        first = args[0] if args else kwargs.get("state_dict")
-        if isinstance(first, dict):  # DCP: load(state_dict, checkpoint_id= | storage_reader=)
-            reader = kwargs.get("storage_reader") or (args[1] if len(args) > 1 else None)
-            where = kwargs.get("checkpoint_id") or getattr(reader, "path", None)
-        else:  # torch.load(f, ...)
-            where = kwargs.get("f", first)
-        path = collect.loaded_path(where)
-        if path is not None and all(f.path != path for f in probe.loaded_files):
-            probe.loaded_files.append(collect.loaded_file(path))
+    def loading_at(position: int) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:
+        """The note for a load whose file or reader is positional argument ``position``."""
+        def loading(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            # Only what the job loads before its first step has ended: a resumed checkpoint, pretrained
+            # weights, a dataset. `fix` compares the files' times with its own start: an arm that
+            # loaded what an earlier arm wrote did not run the same job (remedies/measure.py).
+            if probe.clock.index or len(probe.loaded_files) >= MAX_LOADED_FILES or "load" in BROKEN:
+                return
+            if threading.get_ident() != probe.main_thread:
+                return
+            path, _ = _io_path(args, kwargs, position, "storage_reader")
+            if path is not None and all(f.path != path for f in probe.loaded_files):
+                probe.loaded_files.append(collect.loaded_file(path))
+        return loading
 
-    def wrap_load(owner: Any, name: str) -> None:
+    def wrap_load(owner: Any, name: str, position: int) -> None:
         fn = getattr(owner, name, None)
         if fn is not None and not getattr(fn, "_torchdoctor_load", False):
-            shim = shims.before_call(fn, loading, _failed("load"))
+            shim = shims.before_call(fn, loading_at(position), _failed("load"))
             shim._torchdoctor_load = True  # type: ignore[attr-defined]
             setattr(owner, name, shims.picklable_as(shim, owner, name))
 
-    wrap_load(torch, "load")
+    wrap_load(torch, "load", 0)  # torch.load(f, ...)
 
     def init_start(args: tuple[Any, ...]) -> bool:
         # The training thread's only: another thread's (a background checkpointer) must not hide
@@ -972,8 +964,8 @@ def _checkpoints(probe: Probe) -> None:
         try:
             for name in ("save", "async_save"):
                 wrap(module, name)
-            for name in ("load", "load_state_dict"):
-                wrap_load(module, name)
+            for name in ("load", "load_state_dict"):  # (state_dict, storage_reader) when positional
+                wrap_load(module, name, 1)
         except Exception as exc:
             ERRORS.record("checkpoint", exc)
 
@@ -999,6 +991,20 @@ def _checkpoints(probe: Probe) -> None:
         on_dcp(dcp)
     else:
         imphook.when_imported("torch.distributed.checkpoint", on_dcp)
+
+
+def _io_path(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, storage: str) -> tuple[str | None, bool]:
+    """(absolute path, whether it is a DCP folder) of what a checkpoint call reads or writes: DCP's
+    ``checkpoint_id=`` or its storage reader/writer's ``path``, else the file (or reader) at
+    ``kwargs["f"]`` or positional argument ``position``; None for a buffer."""
+    folder = kwargs.get("checkpoint_id") or getattr(kwargs.get(storage), "path", None)
+    if folder is not None:
+        return collect.loaded_path(folder), True
+    where = kwargs.get("f", args[position] if len(args) > position else None)
+    reader = getattr(where, "path", None) if not isinstance(where, str | bytes | os.PathLike) else None
+    if reader is not None and getattr(where, "name", None) is None:  # a DCP reader passed positionally
+        return collect.loaded_path(reader), True
+    return collect.loaded_path(where), False
 
 
 def _graphs(probe: Probe) -> None:

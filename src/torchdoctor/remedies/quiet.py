@@ -28,20 +28,20 @@ _STAT = "/proc/stat"
 
 @dataclass(frozen=True)
 class Mark:
+    cpus: frozenset[int]
     busy_s: float
     own_s: float
     wall: float
-    cpus: int
 
 
-def _cpus() -> set[int]:
+def _cpus() -> frozenset[int]:
     try:
-        return set(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))
+        return frozenset(range(os.cpu_count() or 1))
 
 
-def busy_seconds(cpus: set[int], text: str) -> float | None:
+def busy_seconds(cpus: frozenset[int] | set[int], text: str) -> float | None:
     """Busy seconds of ``cpus`` in a /proc/stat text; None when none of them is listed."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total, seen = 0, False
@@ -56,6 +56,14 @@ def busy_seconds(cpus: set[int], text: str) -> float | None:
     return total / tick if seen else None
 
 
+def _read_busy(cpus: frozenset[int]) -> float | None:
+    try:
+        with open(_STAT, encoding="ascii") as f:
+            return busy_seconds(cpus, f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _own_seconds() -> float:
     return sum(r.ru_utime + r.ru_stime
                for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
@@ -64,28 +72,20 @@ def _own_seconds() -> float:
 def start() -> Mark | None:
     """Before a run: the counters to compare with; None where they cannot be read."""
     cpus = _cpus()
-    try:
-        with open(_STAT, encoding="ascii") as f:
-            busy = busy_seconds(cpus, f.read())
-    except (OSError, ValueError):
-        return None
-    return None if busy is None else Mark(busy, _own_seconds(), time.monotonic(), len(cpus))
+    busy = _read_busy(cpus)
+    return None if busy is None else Mark(cpus, busy, _own_seconds(), time.monotonic())
 
 
 def other_share(mark: Mark | None) -> float | None:
     """After the run (its processes reaped): the share of the job's CPUs other processes took."""
     if mark is None:
         return None
-    try:
-        with open(_STAT, encoding="ascii") as f:
-            busy = busy_seconds(_cpus(), f.read())
-    except (OSError, ValueError):
-        return None
+    busy = _read_busy(mark.cpus)
     wall = time.monotonic() - mark.wall
     if busy is None or wall <= 0:
         return None
     other = (busy - mark.busy_s) - (_own_seconds() - mark.own_s)
-    return round(min(1.0, max(0.0, other / (wall * mark.cpus))), 4)
+    return round(min(1.0, max(0.0, other / (wall * len(mark.cpus)))), 4)
 
 
 def busy_text(labels_shares: list[tuple[str, float]]) -> str | None:

@@ -13,7 +13,7 @@ from .breakeven import break_even
 from .breakeven import sentence as breakeven_sentence
 from .measure import Arm
 from .suggest import Change
-from .verdict import Outcome, idle_text
+from .verdict import FRESH_CHECKPOINTS, Outcome, idle_text
 
 if TYPE_CHECKING:
     from .select import Choice
@@ -123,8 +123,7 @@ def resumed_sentence(carried: list[tuple[str, str]]) -> str:
             f"{'their' if len(arms) > 1 else 'its'} first "
             "step, written by an earlier run of this fix: the job resumes from its own checkpoints, so the "
             "runs did not start from the same state (losses not compared; the speed-up holds only if a resumed "
-            "run does the same work). Give every run a fresh checkpoint directory, or remove it before each "
-            "run (fix -- sh -c 'rm -rf DIR && exec COMMAND').")
+            f"run does the same work). {FRESH_CHECKPOINTS}.")
 
 
 def gain_pct(speedup: float | None) -> float | None:

@@ -379,6 +379,11 @@ def _verdict(spec: Spec, arms: list[Arm], base: list[Arm], treated: list[Arm], f
     return _decide(v, stat, f"faster{note}", loss.status, f"the job is slower{note}", f"no established gain{note}")
 
 
+# The cure for a job that resumes from what an earlier run of the same `fix` saved.
+FRESH_CHECKPOINTS = ("Give every run a fresh checkpoint directory, or remove it before each run "
+                     "(fix -- sh -c 'rm -rf DIR && exec COMMAND')")
+
+
 def idle_text(arms: list[Arm]) -> str | None:
     """Why some runs measured nothing, when they ended well without a training step while others
     trained: the job did not do the same work every time (it resumed from a checkpoint an earlier
@@ -390,8 +395,7 @@ def idle_text(arms: list[Arm]) -> str | None:
     return (f"{'arms' if len(idle) > 1 else 'arm'} {', '.join(idle)} ended (exit 0) without a training step while "
             f"{trained[0].label} trained: a job that resumes from "
             "the checkpoint an earlier run wrote (Lightning's ckpt_path=\"last\", an auto-resume) finds nothing left "
-            "to train. Give every run a fresh checkpoint directory, or remove it before each run "
-            "(fix -- sh -c 'rm -rf DIR && exec COMMAND')")
+            f"to train. {FRESH_CHECKPOINTS}")
 
 
 def _with_it(ablated: list[Arm], arms: list[Arm]) -> list[Arm]:
