@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--executor", default="local")
     ap.add_argument("--jobs", type=int)
     a = ap.parse_args()
-    keep_freed_memory()  # as cmd_analyze does
+    keep_freed_memory(big_blocks=False)  # as cmd_analyze does
     report = analyze_paths([a.folder], jobs=a.jobs, executor=parse_executor(a.executor), progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")

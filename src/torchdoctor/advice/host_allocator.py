@@ -40,6 +40,9 @@ M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
        "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+# What torchdoctor's own analysis processes get (keep_freed_memory(big_blocks=False)'s settings),
+# for engine workers that start from an environment rather than fork from this process.
+ANALYSIS_ENV = {k: ENV[k] for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
 SHELL = "export " + " ".join(f"{k}={v}" for k, v in ENV.items())
 # The shell lines HO-15 and the remedy's permanent change give: the settings, or another allocator.
 SNIPPET = f"{SHELL}\n# or: export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"

@@ -22,10 +22,11 @@ rank. (The local executor does the same, `local.py`.) A remote scheduler keeps i
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
-from ..advice.host_allocator import ENV as ALLOCATOR_ENV
+from ..advice.host_allocator import ANALYSIS_ENV
 from . import ExecutorError
 from .task import Keep, Task, TaskOutcome, batch_size, decode, failed, lost, run_batch, run_task, same
 
@@ -50,6 +51,23 @@ def _interrupts_left_to_this_process():
         signal.signal(signal.SIGINT, before)
 
 
+@contextlib.contextmanager
+def _environ_kept():
+    """This process's environment as it was before: a local cluster's nannies run in this process
+    and write their workers' variables into its os.environ before each spawn (Dask's defaults
+    include OMP_NUM_THREADS=1 and PYTHONHASHSEED), which would outlive the run in a caller's
+    process and in whatever it starts later."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for k in [k for k in os.environ if k not in before]:
+            del os.environ[k]
+        for k, v in before.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
+
+
 def _client(address: str | None, workers: int):
     try:
         import dask
@@ -62,8 +80,9 @@ def _client(address: str | None, workers: int):
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in each worker it spawns: every decoded
         # piece freed goes back to the kernel and faults in again. The workers get the thresholds
         # the local executor's processes use instead (advice/host_allocator.py; 4,096 ranks:
-        # 178.9 s with Dask's, 2026-12-05).
-        environ = {**dask.config.get(_PRE_SPAWN_ENVIRON, {}), **ALLOCATOR_ENV}
+        # 178.9 s with Dask's, 2026-12-05). The thresholds only, as there: with the top pad and no
+        # mapped blocks too, 512 ranks took 10.1-12.5 s against 10.0-13.7 s (2026-12-06).
+        environ = {**dask.config.get(_PRE_SPAWN_ENVIRON, {}), **ANALYSIS_ENV}
         settings: dict[str, object] = {"distributed.scheduler.allowed-failures": 0, _PRE_SPAWN_ENVIRON: environ}
         with dask.config.set(settings), _interrupts_left_to_this_process():
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -74,6 +93,11 @@ def _client(address: str | None, workers: int):
 
 
 def run(address: str | None, tasks: list[Task], workers: int, progress, keep: Keep = same) -> list[TaskOutcome]:
+    with _environ_kept():
+        return _run(address, tasks, workers, progress, keep)
+
+
+def _run(address: str | None, tasks: list[Task], workers: int, progress, keep: Keep) -> list[TaskOutcome]:
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from ..advice.host_allocator import ANALYSIS_ENV
 from . import ExecutorError
 from .task import Keep, Task, TaskOutcome, decode, failed, lost, run_task, same
 
@@ -22,15 +23,21 @@ def _start(address: str | None, workers: int):
         raise ExecutorError("--executor ray needs Ray: pip install 'torchdoctor[ray]'") from None
     started = False
     if not ray.is_initialized():
+        # This run's workers are its own (a Ray job's runtime environment is the job's, on a cluster
+        # too): they get the malloc thresholds torchdoctor's analysis processes run with. Ray starts
+        # them from the raylet's environment, without: on 2 CPUs, 512 ranks took 19.8 s against 12.9 s
+        # with them (local executor 8.1 s), each worker handing every decoded piece back to the kernel.
+        env = dict(ANALYSIS_ENV)
         try:
             if address:
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                         runtime_env={"env_vars": env})
             else:
                 # The workers are forked from Ray's own processes: they must find torchdoctor the way
                 # this process did (an editable install, or PYTHONPATH in tests).
-                env = {k: v for k in ("PYTHONPATH",) if (v := os.environ.get(k))}
+                env.update({k: v for k in ("PYTHONPATH",) if (v := os.environ.get(k))})
                 ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR",
-                         log_to_driver=False, runtime_env={"env_vars": env} if env else None)
+                         log_to_driver=False, runtime_env={"env_vars": env})
             started = True
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ExecutorError(f"cannot start or reach Ray {address or '(local)'}: {e}") from None
