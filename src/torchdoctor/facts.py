@@ -136,6 +136,19 @@ class OptimizerFacts(msgspec.Struct, omit_defaults=True):
     created_by: str | None = None
 
 
+class ZeroGradFacts(msgspec.Struct, omit_defaults=True):
+    """An optimizer's zero_grad called with set_to_none=False (it fills gradients with zeros), and
+    who passed it: the user's own line, or a library that wraps the optimizer (Opacus' DPOptimizer
+    defaults to False and forwards it to the optimizer it wraps)."""
+
+    optimizer: str | None = None  # the class whose torch.optim zero_grad ran ("SGD")
+    call_site: str | None = None  # the user's own call, when the user's code passed False
+    called_by: str | None = None  # else the library that passed it ("opacus")
+    library_site: str | None = None  # the library's line that called zero_grad
+    caller: str | None = None  # the user's line that led into the library
+    entry: str | None = None  # the library function that line called ("DPOptimizer.zero_grad")
+
+
 class ModuleDeviceFacts(msgspec.Struct, omit_defaults=True):
     """A module whose parameters/buffers sit on another device than the bulk of the model."""
 
@@ -391,6 +404,8 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     ddp: list[DDPFacts] = []
     fsdp: list[FSDPFacts] = []
     optimizers: list[OptimizerFacts] = []
+    # Who calls zero_grad(set_to_none=False), per optimizer (the first such call of each, at most 4).
+    zero_grad_fills: list[ZeroGradFacts] = []
     modules_off_device: list[ModuleDeviceFacts] = []
     embeddings: list[EmbeddingFacts] = []
     compile: CompileFacts = msgspec.field(default_factory=CompileFacts)

@@ -419,3 +419,59 @@ def test_a_loader_a_library_builds_has_no_line_to_edit_and_a_rebuilt_one_keeps_t
     assert built["library_call_params"] == ["dataset"]
     line = next(i for i, t in enumerate(LIBRARY_JOB.splitlines(), start=1) if "LINE_USER" in t)
     assert rebuilt["created_by"] == "fakelib" and rebuilt["call_site"] == f"{job}:{line}"
+
+
+WRAPPING_LIBRARY = """
+import torch
+
+class PrivateOptimizer(torch.optim.Optimizer):  # Opacus' DPOptimizer: wraps one, defaults to False
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+
+    def zero_grad(self, set_to_none: bool = False):
+        self.inner.zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        return self.inner.step(closure)
+"""
+
+ZERO_GRAD_JOB = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import wraplib
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+plain = torch.nn.Linear(4, 1)
+wrapped = wraplib.PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+mine = torch.optim.Adam(plain.parameters(), lr=0.1)
+for _ in range(4):
+    wrapped.zero_grad()  # LINE_WRAPPED
+    mine.zero_grad(set_to_none=False)  # LINE_MINE
+    mine.zero_grad()
+    (model(torch.randn(8, 4)).sum() + plain(torch.randn(8, 4)).sum()).backward()
+    wrapped.step()
+    mine.step()
+print("ok")
+"""
+
+
+def test_who_asks_zero_grad_to_fill_gradients_with_zeros(tmp_path):
+    """HO-10's advice: a library wrapping the optimizer passes set_to_none=False (Opacus), or the
+    user's own line does; a call with torch's default is none of them."""
+    site_packages = tmp_path / "venv" / "lib" / "site-packages"
+    site_packages.mkdir(parents=True)
+    (site_packages / "wraplib.py").write_text(WRAPPING_LIBRARY)
+    job = script(tmp_path, ZERO_GRAD_JOB)
+    result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    line = {tag: next(i for i, t in enumerate(ZERO_GRAD_JOB.splitlines(), start=1) if tag in t)
+            for tag in ("LINE_WRAPPED", "LINE_MINE")}
+    lib_line = next(i for i, t in enumerate(WRAPPING_LIBRARY.splitlines(), start=1) if "self.inner.zero_grad" in t)
+    assert facts_of(tmp_path / "run")["zero_grad_fills"] == [
+        {"optimizer": "SGD", "called_by": "wraplib", "library_site": f"{site_packages / 'wraplib.py'}:{lib_line}",
+         "caller": f"{job}:{line['LINE_WRAPPED']}", "entry": "PrivateOptimizer.zero_grad"},
+        {"optimizer": "Adam", "call_site": f"{job}:{line['LINE_MINE']}"},
+    ]

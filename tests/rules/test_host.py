@@ -12,6 +12,7 @@ from torchdoctor.facts import (
     ModuleDeviceFacts,
     OptimizerFacts,
     StepTiming,
+    ZeroGradFacts,
 )
 from torchdoctor.metrics.model import CopySite, LaunchStats, SyncSite, SyncStats
 
@@ -234,6 +235,22 @@ def test_ho10_zero_grad_fills():
     found = run_all((r, None))
     assert abs(only(found, "HO-10").recoverable_pct - 5.0) < 0.1
     assert not [x for x in found if x.id == "HO-5"]  # the optimizer idle is fully owned by HO-9/HO-10
+
+
+def test_ho10_names_who_passes_set_to_none_false():
+    r = single_tensor()
+    r.signals.zero_grad_fills_per_step = 8.0
+    assert only(run("HO-10", (r, None)), "HO-10").fix.text.startswith("Set gradients to None (the default")
+    lib = ZeroGradFacts(optimizer="SGD", called_by="opacus", entry="DPOptimizer.zero_grad", caller="train.py:67",
+                        library_site="/v/lib/python3.11/site-packages/opacus/optimizers/optimizer.py:537")
+    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[lib]))), "HO-10").fix
+    assert fix.text == ("opacus passes set_to_none=False to SGD.zero_grad (DPOptimizer.zero_grad() at "
+                        "opacus/optimizers/optimizer.py:537) from your call at train.py:67: torch's own default "
+                        "sets gradients to None, the library's does not. Pass set_to_none=True yourself there.")
+    assert fix.snippet == "optimizer.zero_grad(set_to_none=True)"
+    own = ZeroGradFacts(optimizer="Adam", call_site="train.py:12")
+    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[own]))), "HO-10").fix
+    assert fix.text.startswith("Your call at train.py:12 passes set_to_none=False: drop it")
 
 
 def test_ho10_silent_with_set_to_none():

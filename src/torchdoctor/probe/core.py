@@ -88,6 +88,7 @@ class Probe:
         self.root_device_kind: str | None = None  # the model's device kind when its roots were found
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []
         self.primary_optimizer: weakref.ref[Any] | None = None
+        self.zero_grad_fills: list[Any] = []  # facts.ZeroGradFacts (probe/hooks.py: _optimizer)
         # Another optimizer's steps in a row while the primary one took none (probe/hooks.py).
         self.other_opt: weakref.ref[Any] | None = None
         self.other_steps = 0

@@ -7,6 +7,7 @@ batch wait             shim on ``_BaseDataLoaderIter.__next__`` (main thread onl
 DataLoader config      shims on ``DataLoader.__init__`` (call site) and ``__iter__`` (facts, workers)
 optimizer step         global ``register_optimizer_step_pre/post_hook``; shim on
                        ``Optimizer.__init__`` for the call site
+zero_grad fills        shim on ``Optimizer.zero_grad``: who passes ``set_to_none=False``
 backward               shim on ``torch.autograd.backward`` (``Tensor.backward`` calls it) and on
                        ``torch.autograd.grad`` (timed as backward; ends no step)
 forward                hooks on the root modules, found by one scan of live objects after
@@ -50,6 +51,7 @@ from dataclasses import replace
 from typing import Any
 
 from torchdoctor.callsite import Site
+from torchdoctor.facts import ZeroGradFacts
 from torchdoctor.probe import collect, imphook, shims, unseen, workers
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
@@ -431,6 +433,38 @@ def _optimizer(probe: Probe) -> None:
 
     optim.register_optimizer_step_pre_hook(_guard("optimizer.pre", pre))
     optim.register_optimizer_step_post_hook(_guard("optimizer.post", post))
+    _zero_grad(probe, optim.Optimizer)
+
+
+# Optimizers whose zero_grad(set_to_none=False) call is recorded: one call each is enough.
+_ZERO_GRAD_RECORDS = 4
+
+
+def _zero_grad(probe: Probe, optimizer_cls: Any) -> None:
+    """Who calls zero_grad with set_to_none=False: HO-10 sees the zero fills in the trace, and its
+    advice depends on whether the user's line passed False or a library wrapping the optimizer did
+    (Opacus' DPOptimizer.zero_grad defaults to False and forwards it)."""
+    try:
+        default = inspect.signature(optimizer_cls.zero_grad).parameters["set_to_none"].default
+    except (KeyError, TypeError, ValueError):  # a torch without the argument: nothing to tell
+        return
+    seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def called(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        value = kwargs.get("set_to_none", args[1] if len(args) > 1 else default)
+        if value or not args or len(probe.zero_grad_fills) >= _ZERO_GRAD_RECORDS:
+            return
+        opt = args[0]
+        if opt in seen or not probe.on_training_thread():
+            return
+        seen.add(opt)
+        fault_point("optimizer.zero_grad")
+        site = probe.creation_site(2)  # frames: creation_site <- called <- shim <- caller
+        probe.zero_grad_fills.append(ZeroGradFacts(
+            optimizer=type(opt).__name__, call_site=site.user, called_by=site.library,
+            library_site=site.library_site, caller=site.caller, entry=site.entry))
+
+    optimizer_cls.zero_grad = shims.before_call(optimizer_cls.zero_grad, called, _failed("optimizer.zero_grad"))
 
 
 def _backward(probe: Probe) -> None:

@@ -218,6 +218,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         fsdp=collect.fsdp_facts(torch, roots),
         tensor_parallel=_tensor_parallel(probe, roots),
         optimizers=[facts for _, facts in probe.optimizers],
+        zero_grad_fills=list(probe.zero_grad_fills),
         modules_off_device=off_device,
         embeddings=collect.embedding_facts(torch, roots),
         compile=compile_facts,

@@ -582,9 +582,29 @@ def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
             gain, evidence=[Evidence(f"{s.zero_grad_fills_per_step:.0f} aten::zero_ calls per step inside "
                                      "Optimizer.zero_grad.",
                                      {"fills_per_step": s.zero_grad_fills_per_step})],
-            fix=Fix("Set gradients to None (the default since PyTorch 2.0).", "optimizer.zero_grad(set_to_none=True)"),
+            fix=zero_grad_fix(v.f.zero_grad_fills if v.f is not None else []),
             confidence="high", source="TT GradNotSetToNonePattern; TTG", budget="idle.host.optimizer")
     return per_rank(inputs, one)
+
+
+def zero_grad_fix(fills: list) -> Fix:
+    """HO-10's fix: where set_to_none=False comes from, when the probe saw the call (facts.ZeroGradFacts)."""
+    snippet = "optimizer.zero_grad(set_to_none=True)"
+    lib = next((z for z in fills if z.called_by), None)
+    if lib is not None:
+        via = f"{lib.entry}()" if lib.entry else lib.called_by
+        at = f" from your call at {lib.caller}" if lib.caller else ""
+        where = (lib.library_site or "").replace("\\", "/")
+        for root in ("/site-packages/", "/dist-packages/"):  # the package's own path is enough
+            where = where.rpartition(root)[2]
+        return Fix(f"{lib.called_by} passes set_to_none=False to {lib.optimizer}.zero_grad ({via} at "
+                   f"{where}){at}: torch's own default sets gradients to None, the library's "
+                   f"does not. Pass set_to_none=True yourself{' there' if lib.caller else ''}.", snippet)
+    own = next((z for z in fills if z.call_site), None)
+    if own is not None:
+        return Fix(f"Your call at {own.call_site} passes set_to_none=False: drop it (torch's default since "
+                   "2.0 sets gradients to None) unless the code reads the zeroed gradients.", snippet)
+    return Fix("Set gradients to None (the default since PyTorch 2.0).", snippet)
 
 
 @rule("HO-11", priority=MEASURED - 5, budgets=("idle.host.dtoh_copy",))
