@@ -129,11 +129,14 @@ def test_dask_runs_several_ranks_per_task_and_a_killed_batch_is_retried_rank_by_
     assert [task.batch_size(n, 2) for n in (64, 128, 512, 4096, 100_000)] == [1, 1, 4, 16, 16]
     monkeypatch.setattr(dask_engine, "batch_size", lambda n, workers: 4)  # 6 ranks: batches of 4 and 2
     local = comparable(analyze_paths([str(job)], jobs=2))
+    # The local cluster's nannies write their workers' variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
+    # the malloc thresholds) into this process's environment: all taken back.
+    written = ("OMP_NUM_THREADS", "PYTHONHASHSEED", "MALLOC_TRIM_THRESHOLD_", "__DASK_PARENT_PID")
+    for k in written:
+        monkeypatch.delenv(k, raising=False)
     before = dict(os.environ)
     assert comparable(analyze_paths([str(job)], jobs=2, executor=parse_executor("dask"))) == local
-    # The local cluster's nannies wrote their workers' variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
-    # the malloc thresholds) into this process's environment: all taken back.
-    assert dict(os.environ) == before
+    assert dict(os.environ) == before and not set(written) & set(os.environ)
     monkeypatch.setenv(KILL_ENV, "rank1.json")  # in the first batch, with ranks 0, 2 and 3
     report = analyze_paths([str(job)], jobs=2, executor=parse_executor("dask"))
     assert [e.file.rsplit("/", 1)[-1] for e in report.errors] == ["rank1.json"]
@@ -153,6 +156,11 @@ def test_local_dask_cluster_spawns_its_workers(monkeypatch):
     from torchdoctor.executors import dask_engine
 
     monkeypatch.setattr(dask_engine, "_test_driver_mark", "set in the driver", raising=False)
+    with dask_engine._environ_kept():  # as run() does: the nannies' variables stay out of this process
+        _check_spawned_workers(dask_engine)
+
+
+def _check_spawned_workers(dask_engine) -> None:
     client, cluster = dask_engine._client(None, 1)
     try:
         assert client.submit(_driver_mark, pure=False).result() is None
@@ -179,6 +187,27 @@ def test_local_ray_workers_get_the_analysis_malloc_thresholds(monkeypatch):
         assert {k: ray.get(getenv.remote(k)) for k in ANALYSIS_ENV} == ANALYSIS_ENV
     finally:
         ray.shutdown()
+
+
+def test_ray_gets_the_thresholds_only_where_the_run_owns_the_cluster(monkeypatch):
+    """A local instance gets the thresholds the user did not set; an attached cluster none (a `ray
+    job submit` job's own env_vars for the same keys would make ray.init fail to merge them)."""
+    import ray
+
+    from torchdoctor.executors import ray_engine
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    for k in ANALYSIS_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1234")  # the user's own
+    ray_engine._start(None, 2)
+    ray_engine._start("auto", 2)
+    local, attached = calls
+    assert local["runtime_env"] == {"env_vars": {"MALLOC_MMAP_THRESHOLD_": ANALYSIS_ENV["MALLOC_MMAP_THRESHOLD_"]}}
+    assert attached["address"] == "auto" and "runtime_env" not in attached
 
 
 def _sigint_at_default() -> None:

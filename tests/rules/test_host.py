@@ -244,12 +244,19 @@ def test_ho10_names_who_passes_set_to_none_false():
     lib = ZeroGradFacts(optimizer="SGD", called_by="opacus", entry="DPOptimizer.zero_grad", caller="train.py:67",
                         library_site="/v/lib/python3.11/site-packages/opacus/optimizers/optimizer.py:537")
     fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[lib]))), "HO-10").fix
-    assert fix.text == ("opacus passes set_to_none=False to SGD.zero_grad (DPOptimizer.zero_grad() at "
-                        "opacus/optimizers/optimizer.py:537) from your call at train.py:67: torch's own default "
-                        "sets gradients to None, the library's does not. Pass set_to_none=True yourself there.")
+    assert fix.text == ("opacus passes set_to_none=False to SGD.zero_grad (at opacus/optimizers/optimizer.py:537): "
+                        "your optimizer.zero_grad() at train.py:67 calls DPOptimizer.zero_grad(), which does not "
+                        "default to torch's set_to_none=True. Pass set_to_none=True there.")
     assert fix.snippet == "optimizer.zero_grad(set_to_none=True)"
+    # A library that zeroes on its own, below the user's trainer.fit(): no line of the user's to edit.
+    inner = ZeroGradFacts(optimizer="SGD", called_by="lightning", entry="Trainer.fit", caller="train.py:45",
+                          library_site="/v/lib/python3.11/site-packages/lightning/pytorch/loops/automatic.py:300")
+    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[inner]))), "HO-10").fix
+    assert fix.text == ("lightning passes set_to_none=False to SGD.zero_grad (at lightning/pytorch/loops/automatic.py:300) "
+                        "inside Trainer.fit() called from train.py:45: look for lightning's setting for it; torch's "
+                        "own default sets gradients to None.")
     own = ZeroGradFacts(optimizer="Adam", call_site="train.py:12")
-    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[own]))), "HO-10").fix
+    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[lib, own]))), "HO-10").fix
     assert fix.text.startswith("Your call at train.py:12 passes set_to_none=False: drop it")
 
 

@@ -61,11 +61,14 @@ def _environ_kept():
     try:
         yield
     finally:
-        for k in [k for k in os.environ if k not in before]:
-            del os.environ[k]
-        for k, v in before.items():
-            if os.environ.get(k) != v:
-                os.environ[k] = v
+        # Never in place of the run's result: another thread changing the environment meanwhile
+        # could make the copy raise.
+        with contextlib.suppress(RuntimeError):
+            for k in set(os.environ) - set(before):
+                os.environ.pop(k, None)
+            for k, v in before.items():
+                if os.environ.get(k) != v:
+                    os.environ[k] = v
 
 
 def _client(address: str | None, workers: int):

@@ -23,21 +23,21 @@ def _start(address: str | None, workers: int):
         raise ExecutorError("--executor ray needs Ray: pip install 'torchdoctor[ray]'") from None
     started = False
     if not ray.is_initialized():
-        # This run's workers are its own (a Ray job's runtime environment is the job's, on a cluster
-        # too): they get the malloc thresholds torchdoctor's analysis processes run with. Ray starts
-        # them from the raylet's environment, without: on 2 CPUs, 512 ranks took 19.8 s against 12.9 s
-        # with them (local executor 8.1 s), each worker handing every decoded piece back to the kernel.
-        env = dict(ANALYSIS_ENV)
         try:
             if address:
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-                         runtime_env={"env_vars": env})
+                # An attached cluster's environment is its operator's (a `ray job submit` job's own
+                # env_vars cannot be merged with other values for the same keys).
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
             else:
                 # The workers are forked from Ray's own processes: they must find torchdoctor the way
-                # this process did (an editable install, or PYTHONPATH in tests).
+                # this process did (an editable install, or PYTHONPATH in tests), and they get the
+                # malloc thresholds torchdoctor's analysis processes run with unless the user set
+                # their own (which the raylet inherits): 512 ranks of 1.6 MB took 15.5-16.5 s without
+                # them against 13.1-14.8 s (2 CPUs), every decoded piece handed back to the kernel.
+                env = {k: v for k, v in ANALYSIS_ENV.items() if k not in os.environ}
                 env.update({k: v for k in ("PYTHONPATH",) if (v := os.environ.get(k))})
                 ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR",
-                         log_to_driver=False, runtime_env={"env_vars": env})
+                         log_to_driver=False, runtime_env={"env_vars": env} if env else None)
             started = True
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ExecutorError(f"cannot start or reach Ray {address or '(local)'}: {e}") from None

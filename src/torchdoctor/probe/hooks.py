@@ -451,11 +451,14 @@ def _zero_grad(probe: Probe, optimizer_cls: Any) -> None:
     seen: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def called(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if "optimizer.zero_grad" in BROKEN:
+            return
         value = kwargs.get("set_to_none", args[1] if len(args) > 1 else default)
         if value or not args or len(probe.zero_grad_fills) >= _ZERO_GRAD_RECORDS:
             return
         opt = args[0]
-        if opt in seen or not probe.on_training_thread():
+        # The training thread as known so far (not on_training_thread(): a zero_grad claims no role).
+        if opt in seen or threading.get_ident() != probe.main_thread:
             return
         seen.add(opt)
         fault_point("optimizer.zero_grad")

@@ -590,21 +590,26 @@ def zero_grad_fill(inputs: RuleInputs) -> list[Finding]:
 def zero_grad_fix(fills: list) -> Fix:
     """HO-10's fix: where set_to_none=False comes from, when the probe saw the call (facts.ZeroGradFacts)."""
     snippet = "optimizer.zero_grad(set_to_none=True)"
-    lib = next((z for z in fills if z.called_by), None)
-    if lib is not None:
-        via = f"{lib.entry}()" if lib.entry else lib.called_by
-        at = f" from your call at {lib.caller}" if lib.caller else ""
-        where = (lib.library_site or "").replace("\\", "/")
-        for root in ("/site-packages/", "/dist-packages/"):  # the package's own path is enough
-            where = where.rpartition(root)[2]
-        return Fix(f"{lib.called_by} passes set_to_none=False to {lib.optimizer}.zero_grad ({via} at "
-                   f"{where}){at}: torch's own default sets gradients to None, the library's "
-                   f"does not. Pass set_to_none=True yourself{' there' if lib.caller else ''}.", snippet)
     own = next((z for z in fills if z.call_site), None)
     if own is not None:
         return Fix(f"Your call at {own.call_site} passes set_to_none=False: drop it (torch's default since "
                    "2.0 sets gradients to None) unless the code reads the zeroed gradients.", snippet)
-    return Fix("Set gradients to None (the default since PyTorch 2.0).", snippet)
+    lib = next((z for z in fills if z.called_by), None)
+    if lib is None:
+        return Fix("Set gradients to None (the default since PyTorch 2.0).", snippet)
+    where = (lib.library_site or "").replace("\\", "/")
+    for root in ("/site-packages/", "/dist-packages/"):  # the package's own path is enough
+        where = where.rpartition(root)[2]
+    said = f"{lib.called_by} passes set_to_none=False to {lib.optimizer}.zero_grad (at {where})"
+    if lib.entry and lib.entry.endswith(".zero_grad") and lib.caller:
+        # The user's own zero_grad() call reached the library's (a wrapping optimizer's): the
+        # argument can be given there.
+        return Fix(f"{said}: your optimizer.zero_grad() at {lib.caller} calls {lib.entry}(), which does "
+                   "not default to torch's set_to_none=True. Pass set_to_none=True there.", snippet)
+    inside = f" inside {lib.entry}()" if lib.entry else ""
+    came = f" called from {lib.caller}" if lib.caller else ""
+    return Fix(f"{said}{inside}{came}: look for {lib.called_by}'s setting for it; torch's own default "
+               "sets gradients to None.", snippet)
 
 
 @rule("HO-11", priority=MEASURED - 5, budgets=("idle.host.dtoh_copy",))

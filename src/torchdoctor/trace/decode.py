@@ -833,6 +833,7 @@ class _Blocks:
         self.left = None if stop is None else stop - start
         self.f = None
         self.done = False
+        self.short = False
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -849,7 +850,7 @@ class _Blocks:
 
     def remaining(self) -> int | None:
         """Bytes left to read where the file says so (opened and uncompressed), else None."""
-        if self.done:
+        if self.done or self.short:  # a read that returned less than asked reached the end
             return 0
         if self.f is None or isinstance(self.f, gzip.GzipFile):
             return None
@@ -867,7 +868,8 @@ class _Blocks:
                 self.f = _open_stream(self.path)
                 if self.start:
                     self.f.seek(self.start)
-            got = read(self.f, n if self.left is None else min(n, self.left)) if self.left != 0 else b""
+            want = n if self.left is None else min(n, self.left)
+            got = read(self.f, want) if self.left != 0 else b""
         except EOFError as e:
             self.close()
             raise TraceFormatError("truncated gzip stream (file cut short)") from e
@@ -875,6 +877,8 @@ class _Blocks:
             self.close()
             raise TraceFormatError(f"cannot decompress: {e}") from e
         size = got if isinstance(got, int) else len(got)
+        # Buffered files and gzip streams fill a read to its size unless the data ends.
+        self.short = self.short or 0 < size < want
         if self.left is not None:
             self.left -= size
         if not size:
@@ -1075,7 +1079,8 @@ def scan_events(buf: bytearray, blocks: _Blocks, cols: Columns, consumed: int) -
     600 MB, 2026-12-06). The buffer is no larger than what is left of the file needs: two blocks
     (32 MiB) zeroed for every 1.6 MB rank were 8,600 page faults each, 9.9 of 13.8 s at 512 ranks.
     """
-    store = bytearray(len(buf) + min(2 * BLOCK_BYTES, _room(blocks)))
+    left = blocks.remaining()
+    store = bytearray(len(buf) + (2 * BLOCK_BYTES if left is None else min(2 * BLOCK_BYTES, left + 1)))
     store[:len(buf)] = buf
     fill = len(buf)
     while True:
