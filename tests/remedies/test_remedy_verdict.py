@@ -315,7 +315,8 @@ def test_runs_that_end_without_a_step_while_the_first_trained_say_why() -> None:
     assert verdict.idle_text(arms) is None
 
 
-def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30) -> list[Arm]:
+def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30,
+              applied: tuple[str, ...] = ("dataloader.workers=2",)) -> list[Arm]:
     """Three rounds of a job whose workers augment at random (timm's train.py): the baseline
     reproduces itself; the treated runs, with another worker count, see other crops of the same
     images: per-step losses differ by zero-mean noise, plus `shift`."""
@@ -324,7 +325,7 @@ def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int
     for k in (1, 2, 3):
         arms += [arm(f"A{k}", "baseline", 10, base, k),
                  arm(f"B{k}", "treated", 11, [x + shift + 0.05 * float(rng.normal()) for x in base], k,
-                     ["dataloader.workers=2"])]
+                     list(applied))]
     for a in arms:
         a.facts = [RankFacts(dataloaders=[DataLoaderFacts(num_workers=4, worker_random_draws=draws)])]
     return arms
@@ -342,6 +343,23 @@ def test_random_augmentation_in_the_workers_is_compared_on_average() -> None:
     # Without random draws in the workers, the losses must be identical as for any safe remedy.
     plain = judge(augmented(np.random.default_rng(0), 0.0, draws=False), spec, {})
     assert plain.loss.status == "changed"
+
+
+def test_persistent_workers_with_random_augmentation_are_compared_on_average() -> None:
+    """pytorch/ignite's cifar10 example: persistent workers keep drawing from their first epoch's
+    random stream where new ones are seeded afresh, so the crops and flips (and the losses) differ from
+    epoch 2 on, by design. The other remedies applied with it are judged with it."""
+    applied = ("dataloader.persistent_workers", "ddp.grad_as_bucket_view")
+    spec = [Spec("dataloader.persistent_workers"), Spec("ddp.grad_as_bucket_view")]
+    out = judge(augmented(np.random.default_rng(0), 0.0, applied=applied), spec, {})
+    assert out.loss.status == "same on average" and [v.status for v in out.verdicts] == ["kept", "kept"]
+    assert "persistent workers carry their random stream on into the next epoch" in out.loss.text
+    assert "another worker count" not in out.loss.text
+    shifted = judge(augmented(np.random.default_rng(0), 0.05, applied=applied), spec, {})
+    assert shifted.loss.status == "changed"
+    # A remedy that touches no worker's stream keeps the strict check.
+    alone = judge(augmented(np.random.default_rng(0), 0.0, applied=applied[1:]), spec[1:], {})
+    assert alone.loss.status == "changed"
 
 
 def test_a_baseline_that_does_not_reproduce_makes_the_check_inconclusive() -> None:

@@ -19,11 +19,13 @@ remedy earns its place (no torch).
   otherwise the check is inconclusive and says so); ``numerics`` remedies must stay within
   ``|delta| <= atol + rtol * |loss|`` at every step (when the baselines stay within it of each
   other; otherwise, as for ``safe``, inconclusive unless 1.5x further than they are apart). One exception: a remedy that changes the
-  worker count (``WORKER_STREAMS``) of a loader whose dataset draws random numbers in the workers
-  (random augmentation, seen by the workers' probe) hands each batch another worker's random stream,
-  so the same images get other crops and flips and the losses differ step by step by design. There
-  the losses must agree on average: the mean of the per-step deltas (same batches, same steps) within
-  MEAN_SE standard errors of zero ("same on average"), else "changed".
+  random stream the workers of a loader draw from (``WORKER_STREAMS``), where its dataset draws random
+  numbers in the workers (random augmentation, seen by the workers' probe): another worker count
+  hands each batch another worker's stream, and persistent workers carry their stream on into the
+  next epoch where new workers are seeded afresh. The same images then get other crops and flips and
+  the losses differ step by step by design. There the losses must agree on average: the mean of the
+  per-step deltas (same batches, same steps) within MEAN_SE standard errors of zero ("same on
+  average"), else "changed".
 - Each remedy's own share (``--ablate``): leave-one-out, the same statistic over the pairs
   (treated_k / treated_k without that remedy).
 """
@@ -44,8 +46,14 @@ from .measure import Arm, LossDiff, loss_diff, resumed, same_value
 NOISE_FLOOR = 0.03  # below 3% two runs of the same job on a shared machine are not told apart
 NUMERICS_RTOL = 0.05
 NUMERICS_ATOL = 1e-3
-# Remedies that change which worker (and so which random stream) loads each batch.
-WORKER_STREAMS = ("dataloader.workers",)
+# Remedies that change the random stream the loader's workers draw each batch's augmentation from,
+# and why. Persistent workers: pytorch/ignite's cifar10 example (RandomCrop, RandomHorizontalFlip),
+# losses identical through epoch 1 and different from the first step of epoch 2 on.
+WORKER_STREAMS = {
+    "dataloader.workers": "another worker count hands each batch another worker's random stream",
+    "dataloader.persistent_workers": ("persistent workers carry their random stream on into the next epoch, "
+                                      "where new ones are seeded afresh"),
+}
 MEAN_SE = 3.0  # the mean per-step loss delta within this many standard errors of zero
 MIN_MEAN_STEPS = 10  # steps needed for the mean test
 MIN_PAIRS = 3  # fewer pairs give no interval
@@ -210,8 +218,8 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
             return LossCheck("identical", f"identical losses over {worst.compared} steps{extra}", worst)
         if reproducible is False:
             return _against_noise(worst, selfs_d, f"{where};")
-        if _random_streams(base, treated):
-            return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst)
+        if streams := _random_streams(base, treated):
+            return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst, streams)
         return LossCheck("changed", f"losses differ from the baseline: {where}", worst)
     ok = all(within(a.losses, b.losses, rtol, NUMERICS_ATOL) for a, b, _ in diffs)
     tol = f"|delta| <= {NUMERICS_ATOL:g} + {rtol:g} x |loss| at every step"
@@ -243,21 +251,22 @@ def _against_noise(worst: LossDiff, selfs: list[LossDiff], where: str) -> LossCh
                      "the job is not deterministic (fix its seeds to check)", worst)
 
 
-def _random_streams(base: list[Arm], treated: list[Arm]) -> bool:
-    """The treated runs changed the worker count of a loader whose workers draw random numbers."""
-    changes_workers = any(rid.split("=")[0] in WORKER_STREAMS for a in treated for rid in a.applied)
-    draws = any(d.worker_random_draws for a in base for f in a.facts for d in f.dataloaders)
-    return changes_workers and draws
+def _random_streams(base: list[Arm], treated: list[Arm]) -> str:
+    """Why the treated runs' workers draw other random numbers (WORKER_STREAMS), where the loader's
+    workers draw any; "" when they do not."""
+    if not any(d.worker_random_draws for a in base for f in a.facts for d in f.dataloaders):
+        return ""
+    applied = {rid.split("=")[0] for a in treated for rid in a.applied}
+    return " and ".join(why for rid, why in WORKER_STREAMS.items() if rid in applied)
 
 
 def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
-                     worst: LossDiff) -> LossCheck:
+                     worst: LossDiff, streams: str) -> LossCheck:
     """The per-step deltas (treated - baseline, same round, rank and step) have a mean within
     MEAN_SE standard errors of zero: other random draws, the same learning."""
     deltas = [y - x for a, b in pairs for rank, xs in a.items()
               for x, y in zip(xs, b.get(rank, []), strict=False) if math.isfinite(x) and math.isfinite(y)]
-    why = ("the dataset draws random numbers in the DataLoader workers (augmentation), and another worker "
-           "count hands each batch another worker's random stream")
+    why = f"the dataset draws random numbers in the DataLoader workers (augmentation), and {streams}"
     if len(deltas) < MIN_MEAN_STEPS:
         return LossCheck("changed", f"losses differ from the baseline: {where}; {why}, but {len(deltas)} "
                          f"steps are too few to compare their mean (>= {MIN_MEAN_STEPS})", worst)
