@@ -237,27 +237,38 @@ def test_ho10_zero_grad_fills():
     assert not [x for x in found if x.id == "HO-5"]  # the optimizer idle is fully owned by HO-9/HO-10
 
 
-def test_ho10_names_who_passes_set_to_none_false():
+def ho10_fix(*fills: ZeroGradFacts):
     r = single_tensor()
     r.signals.zero_grad_fills_per_step = 8.0
-    assert only(run("HO-10", (r, None)), "HO-10").fix.text.startswith("Set gradients to None (the default")
-    lib = ZeroGradFacts(optimizer="SGD", called_by="opacus", entry="DPOptimizer.zero_grad", caller="train.py:67",
-                        library_site="/v/lib/python3.11/site-packages/opacus/optimizers/optimizer.py:537")
-    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[lib]))), "HO-10").fix
-    assert fix.text == ("opacus passes set_to_none=False to SGD.zero_grad (at opacus/optimizers/optimizer.py:537): "
-                        "your optimizer.zero_grad() at train.py:67 calls DPOptimizer.zero_grad(), which does not "
-                        "default to torch's set_to_none=True. Pass set_to_none=True there.")
-    assert fix.snippet == "optimizer.zero_grad(set_to_none=True)"
+    return only(run("HO-10", (r, gpu_facts(zero_grad_fills=list(fills)) if fills else None)), "HO-10").fix
+
+
+def in_library(pkg: str, entry: str, caller: str, path: str) -> ZeroGradFacts:
+    return ZeroGradFacts(optimizer="SGD", called_by=pkg, entry=entry, caller=caller,
+                         library_site=f"/v/lib/python3.11/site-packages/{path}")
+
+
+OPACUS = in_library("opacus", "DPOptimizer.zero_grad", "train.py:67", "opacus/optimizers/optimizer.py:537")
+
+
+@pytest.mark.parametrize("fills, text", [
+    ((), "Set gradients to None (the default since PyTorch 2.0)."),
+    # A wrapping optimizer's zero_grad, reached from the user's own call: the argument goes there.
+    ((OPACUS,), "opacus passes set_to_none=False to SGD.zero_grad (at opacus/optimizers/optimizer.py:537): your "
+                "optimizer.zero_grad() at train.py:67 calls DPOptimizer.zero_grad(), which does not default to "
+                "torch's set_to_none=True. Pass set_to_none=True there."),
     # A library that zeroes on its own, below the user's trainer.fit(): no line of the user's to edit.
-    inner = ZeroGradFacts(optimizer="SGD", called_by="lightning", entry="Trainer.fit", caller="train.py:45",
-                          library_site="/v/lib/python3.11/site-packages/lightning/pytorch/loops/automatic.py:300")
-    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[inner]))), "HO-10").fix
-    assert fix.text == ("lightning passes set_to_none=False to SGD.zero_grad (at lightning/pytorch/loops/automatic.py:300) "
-                        "inside Trainer.fit() called from train.py:45: look for lightning's setting for it; torch's "
-                        "own default sets gradients to None.")
-    own = ZeroGradFacts(optimizer="Adam", call_site="train.py:12")
-    fix = only(run("HO-10", (r, gpu_facts(zero_grad_fills=[lib, own]))), "HO-10").fix
-    assert fix.text.startswith("Your call at train.py:12 passes set_to_none=False: drop it")
+    ((in_library("lightning", "Trainer.fit", "train.py:45", "lightning/pytorch/loops/automatic.py:300"),),
+     "lightning passes set_to_none=False to SGD.zero_grad (at lightning/pytorch/loops/automatic.py:300) inside "
+     "Trainer.fit() called from train.py:45: look for lightning's setting for it; torch's own default sets "
+     "gradients to None."),
+    ((OPACUS, ZeroGradFacts(optimizer="Adam", call_site="train.py:12")),
+     "Your call at train.py:12 passes set_to_none=False: drop it (torch's default since 2.0 sets gradients to "
+     "None) unless the code reads the zeroed gradients."),
+])
+def test_ho10_names_who_passes_set_to_none_false(fills, text):
+    fix = ho10_fix(*fills)
+    assert fix.text == text and fix.snippet == "optimizer.zero_grad(set_to_none=True)"
 
 
 def test_ho10_silent_with_set_to_none():
