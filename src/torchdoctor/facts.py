@@ -52,6 +52,9 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     batches_per_epoch: int | None = None
     # Mean wall time per batch spent in __next__ (ms), measured by the probe.
     next_ms_mean: float | None = None
+    # Batches this process drew from it (its __next__ calls on the training thread): the training
+    # loop's loader draws the most, an evaluation loader fewer.
+    batches: int | None = None
     # Workers only, measured inside them (probe/workers.py), per batch: ms in the dataset's reads
     # (the fetch without the collate), ms in collate_fn (wall, and the worker's CPU time), and the
     # host conversions (.item()/.tolist()/.numpy()) collate_fn makes; over `worker_batches` batches.

@@ -51,6 +51,31 @@ def test_a_library_function_that_takes_the_settings_gets_them_at_the_users_call(
     assert loader_fix([TIMM], "x{where}", epochs).snippet == epochs
 
 
+def test_a_library_function_that_passes_settings_on_gets_them_at_the_users_call():
+    """Ignite's idist.auto_model(model, **kwargs) and auto_dataloader(dataset, **kwargs), Ray Train's
+    prepare_model(..., parallel_strategy_kwargs={...}): the settings go there (found on their examples:
+    DI-9 and DL-6 said only "change it through ignite's settings")."""
+    ignite = DDPFacts(created_by="ignite", library_call="auto_model", library_caller="/job/main.py:224",
+                      library_call_params=["model", "sync_bn", "kwargs"])
+    fix = framework_fix("DDP", [ignite], "Let gradients live in the buckets{where}.", "DDP(model, gradient_as_bucket_view=True)")
+    assert fix.text == ("Let gradients live in the buckets (the DistributedDataParallel wrapper is built inside "
+                        "ignite's auto_model(), which passes its keyword arguments on to it: at /job/main.py:224).")
+    assert fix.snippet == "auto_model(..., gradient_as_bucket_view=True)"
+    ray = DDPFacts(created_by="ray", library_call="prepare_model", library_caller="/job/train.py:76",
+                   library_call_params=["model", "move_to_device", "parallel_strategy", "parallel_strategy_kwargs"])
+    fix = framework_fix("DDP", [ray], "x{where}", "DDP(model, find_unused_parameters=False, static_graph=True)")
+    assert fix.snippet == 'prepare_model(..., parallel_strategy_kwargs={"find_unused_parameters": False, "static_graph": True})'
+    assert "which passes its parallel_strategy_kwargs on to it: at /job/train.py:76" in fix.text
+    loader = DataLoaderFacts(created_by="ignite", library_call="auto_dataloader", library_caller="/job/main.py:211",
+                             library_call_params=["dataset", "kwargs"])
+    fix = loader_fix([loader], "Keep the workers alive{where}.", "DataLoader(..., persistent_workers=True)")
+    assert fix.snippet == "auto_dataloader(..., persistent_workers=True)"
+    # The same function for the other object passes nothing on: the generic advice stays.
+    fix = loader_fix([DataLoaderFacts(created_by="ignite", library_call="auto_model", library_caller="/job/main.py:1")],
+                     "x{where}", "DataLoader(..., persistent_workers=True)")
+    assert fix.snippet == "DataLoader(..., persistent_workers=True)"
+
+
 def test_a_library_function_without_the_settings_is_named_with_the_users_line():
     fit = DataLoaderFacts(created_by="lightning", library_call="Trainer.fit", library_caller="/job/pl.py:40",
                           library_call_params=["self", "model"])

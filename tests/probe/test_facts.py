@@ -412,6 +412,7 @@ def test_a_loader_a_library_builds_has_no_line_to_edit_and_a_rebuilt_one_keeps_t
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     built, rebuilt = facts_of(tmp_path / "run")["dataloaders"]
     assert built["created_by"] == "fakelib" and "call_site" not in built
+    assert built["batches"] == rebuilt["batches"] == 8  # 64 samples in batches of 8, each loader once
     assert built["library_site"] == f"{site_packages / 'fakelib' / '__init__.py'}:5"
     # The library function the job called, the job's line that called it, and its parameters.
     build_line = next(i for i, t in enumerate(LIBRARY_JOB.splitlines(), start=1) if "fakelib.build(" in t)

@@ -295,6 +295,28 @@ def test_dl6_counts_a_ranks_epoch_in_its_own_batches():
     assert "every 77 steps" in got.title
 
 
+def test_dl6_is_about_the_training_loop_s_loader():
+    """pytorch/ignite's cifar10: the training loader persistent (auto_dataloader at main.py:211), the
+    evaluation loader not (main.py:215). DL-6 had priced the evaluation loader with the training
+    loop's epoch starts ("every 4 steps", its length) and named line 211."""
+    steps = epoch_steps(64, 32, 50.0, 400.0, 150.0, start_iter=100.0)
+    train = loader(num_workers=1, persistent_workers=True, batches_per_epoch=32, batches=128,
+                   created_by="ignite", library_call="auto_dataloader", library_caller="main.py:211")
+    evaluate = loader(num_workers=1, persistent_workers=False, batches_per_epoch=4, batches=8,
+                      created_by="ignite", library_call="auto_dataloader", library_caller="main.py:215")
+    f = cpu_facts(dataloaders=[train, evaluate], steps=steps)
+    assert run("DL-6", (None, f)) == []
+    # Its workers restarted: DL-6 about it, at its own line.
+    train.persistent_workers = False
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert "every 32 steps" in got.title and "main.py:211" in got.fix.text
+    # The evaluation loader alone restarting, the training one persistent, in an older run
+    # directory without batch counts: every loader with restarting workers is a candidate, as before.
+    train.persistent_workers, train.batches, evaluate.batches = True, None, None
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert "main.py:215" in got.fix.text
+
+
 def test_dl6_without_a_timed_epoch_start_assumes_and_says_so():
     f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=6400, batch_size=64)],
                   steps=[StepTiming(step=i, total_ms=50.0) for i in range(40)])

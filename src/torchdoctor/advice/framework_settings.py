@@ -38,6 +38,17 @@ TRAINING_ARGUMENTS = {
     },
 }
 NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
+# Library functions that hand settings they do not name on to the constructor they call: (library,
+# function) -> (the object, the parameter taking them as a dict, or None for **kwargs). From their
+# signatures and sources: Ignite's idist.auto_model(model, sync_bn=False, **kwargs) builds
+# DistributedDataParallel(model, **kwargs) and auto_dataloader(dataset, **kwargs) DataLoader(dataset,
+# **kwargs) (ignite 0.5.5); Ray Train's prepare_model(model, ..., parallel_strategy_kwargs=None)
+# builds DistributedDataParallel(model, **parallel_strategy_kwargs) (ray 2.60).
+FORWARDS = {
+    ("ignite", "auto_model"): ("DDP", None),
+    ("ignite", "auto_dataloader"): ("DataLoader", None),
+    ("ray", "prepare_model"): ("DDP", "parallel_strategy_kwargs"),
+}
 # What the advice's snippet passes to locate the object, not a setting to change.
 _NOT_SETTINGS = ("batch_size", "sampler", "device_ids", "dataset")
 
@@ -87,10 +98,15 @@ def entry_snippet(snippet: str, kind: str, d: Created) -> str | None:
     keys = [k.strip() for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
     # A sampler= here is the change itself (DL-1's longer epochs), not what locates the call.
     settings = [k for k in keys if k not in _NOT_SETTINGS or k == "sampler"]
-    if not settings or not set(settings) <= set(d.library_call_params):
+    name = d.library_call.rpartition(".")[2]
+    forward = FORWARDS.get((d.created_by or "", name))
+    passes_on = forward is not None and forward[0] == kind
+    if not settings or not (passes_on or set(settings) <= set(d.library_call_params)):
         return None
     args = [a for a in _top_level(inner) if a.partition("=")[0].strip() in settings]
-    name = d.library_call.rpartition(".")[2]
+    if passes_on and forward[1]:  # a dict parameter: prepare_model(..., parallel_strategy_kwargs={...})
+        pairs = (a.partition("=") for a in args)
+        args = [f"{forward[1]}={{" + ", ".join(f'"{k.strip()}": {v.strip()}' for k, _, v in pairs) + "}"]
     return snippet[:start] + f"{name}(..., " + ", ".join(args) + ")" + snippet[end:]
 
 
@@ -160,8 +176,16 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
         code = entry_snippet(snippet, kind, d)
         if code is not None:
             return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built inside {d.created_by}'s "
-                                    f"{d.library_call}(), which takes these settings: at {d.library_caller})"), code)
+                                    f"{d.library_call}(), which {_takes(kind, d)}: at {d.library_caller})"), code)
     return Fix(text.replace("{where}", where(kind, d)), snippet)
+
+
+def _takes(kind: str, d: Created) -> str:
+    """How the library function gets the settings: as its own parameters, or passed on (FORWARDS)."""
+    forward = FORWARDS.get((d.created_by or "", (d.library_call or "").rpartition(".")[2]))
+    if forward is None or forward[0] != kind:
+        return "takes these settings"
+    return f"passes {'its ' + forward[1] if forward[1] else 'its keyword arguments'} on to it"
 
 
 def loader_fix(loaders: list, text: str, snippet: str) -> Fix:

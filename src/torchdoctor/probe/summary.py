@@ -36,7 +36,8 @@ class LoaderRecord:
 
     facts: DataLoaderFacts
     collate_code: CodeType | None = None
-    batches: int = 0
+    batches: int = 0  # timed ones: outside the profiler's window
+    drawn: int = 0  # all of them
     next_s: float = 0.0
     collate_syncs: int = 0
     collate_s: float = 0.0
@@ -58,6 +59,8 @@ class LoaderRecord:
             facts.worker_pids = list(self.worker_pids)
             if run_dir:
                 inside(facts, workers.read(run_dir, set(self.worker_pids)))
+        if self.drawn:
+            facts.batches = self.drawn
         if self.batches:
             facts.next_ms_mean = round(1e3 * self.next_s / self.batches, 3)
             # Only the main process's collation is visible; workers collate out of sight.

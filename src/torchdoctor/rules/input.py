@@ -574,6 +574,19 @@ def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
+def restartable_loaders(loaders: list) -> list:
+    """The loaders DL-6 is about: the training loop's, when the probe counted each loader's batches
+    (the one this rank drew most from; an evaluation loader draws fewer), if its workers are not
+    persistent; without counts (an older run directory), every loader with workers that are not.
+    The epoch starts DL-6 times are the training loop's: pytorch/ignite's cifar10 example, its
+    training loader made persistent, had DL-6 price its evaluation loader with them ("every 4 steps",
+    that loader's length) and name the training loader's line."""
+    counted = [d for d in loaders if d.batches]
+    if counted:
+        loaders = [max(counted, key=lambda d: d.batches)]
+    return [d for d in loaders if d.num_workers and d.persistent_workers is False]
+
+
 @rule("DL-6", budgets=("data.wait", "step"))
 def workers_restart(inputs: RuleInputs) -> list[Finding]:
     """Workers restarted every epoch (num_workers > 0, persistent_workers=False).
@@ -593,9 +606,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
     def one(v: View) -> Finding | None:
         if v.f is None:
             return None
-        for d in v.f.dataloaders:
-            if not (d.num_workers and d.persistent_workers is False):
-                continue
+        for d in restartable_loaders(v.f.dataloaders):
             per_epoch = d.batches_per_epoch or (
                 max(1, d.dataset_len // d.batch_size) if d.dataset_len and d.batch_size else None)
             ep = epoch_starts(v)
@@ -619,7 +630,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                         "job's own work between epochs (evaluation, checkpoints).",
                         {**facts, "epoch_starts": ep.starts, "steps": ep.steps,
                          "excess_ms_per_epoch": round(ep.excess_ms, 3), "loader_ms_per_epoch": round(ep.loader_ms, 3)})],
-                    fix=_loader_fix(v, "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
+                    fix=loader_fix([d], "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
                     confidence="medium", remedy="dataloader.persistent_workers",
                     source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
                     budget={"data.wait": wait, "step": max(0.0, gain - wait)})
@@ -631,7 +642,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                 evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
                                    f"{per_epoch or '?'} steps per epoch; no epoch start was timed, so the "
                                    f"start-up is assumed ({WORKER_START_S:g} s per worker, fork).", facts)],
-                fix=_loader_fix(v, "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
+                fix=loader_fix([d], "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
                 confidence="low", remedy="dataloader.persistent_workers",
                 confirm="run past an epoch boundary under `torchdoctor run` to time the restarts",
                 source="PL persistent_workers warning; GPP first_step_outlier")
