@@ -253,6 +253,40 @@ def test_job_that_ends_itself_at_step_3(tmp_path, how, code, said):
     assert json.loads((tmp_path / "r.json").read_text())["blind_spots"][0]["step"] == 3
 
 
+# Trains 60 steps, then leaves without Python's shutdown, exit code 0 (as Ray Train's workers end).
+LEAVES_WITH_OS_EXIT = """
+import os
+import torch
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(60):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("flush_s", ["30", "0"])
+def test_a_rank_that_leaves_without_its_last_summary_is_named(tmp_path, flush_s):
+    job = script(tmp_path, LEAVES_WITH_OS_EXIT)
+    result = run([PY, "-m", "torchdoctor.runner", "--out", str(tmp_path / "run"), "--profile-steps", "off",
+                   "--json", str(tmp_path / "r.json"), "--", PY, str(job)], TORCHDOCTOR_FLUSH_S=flush_s)
+    assert result.returncode == 0, result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert facts["last_step"] == 59 and "ended" not in facts
+    said = [w["message"] for w in json.loads((tmp_path / "r.json").read_text())["warnings"]
+            if "stopped without Python shutting down" in w["message"]]
+    if flush_s == "0":  # a summary at every step: nothing lost
+        assert said == [] and max(st["step"] for st in facts["steps"]) >= 58
+    else:
+        seen = max(st["step"] for st in facts["steps"])
+        assert seen < 20 and len(said) == 1
+        assert said[0].startswith(f"rank 0: steps 0-{seen} of 0-59: the process stopped without Python shutting down")
+        assert "TORCHDOCTOR_FLUSH_S" in said[0]
+
+
 # Rank 0 trains to step 5 and waits there; rank 1 trains to step 3, waits until rank 0 is at step 5
 # (a file), then kills itself. torchrun then stops rank 0. Every step number is fixed.
 TORCHRUN_RANK_DIES = """

@@ -345,7 +345,32 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
     spots.extend(own_profiler_spots(ranks, warnings))
     unseen_forward_remark(ranks, warnings)
     nonfinite_loss_remark(ranks, warnings)
+    cut_summary_remark(ranks, warnings)
     return spots
+
+
+def cut_summary_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
+    """Ranks whose process stopped without Python shutting down (no final summary) after training
+    well past the probe's last summary: their step timings end there. Ray Train's workers end so
+    (its torch_linear_example: 375 steps in about a second, the summaries of steps 0-4 only, the
+    probe writing one after step 1 and then every 30 s)."""
+    cut = []
+    for ri in ranks:
+        f = ri.facts
+        if f is None or f.ended is not None or f.last_step is None or not f.steps:
+            continue
+        seen = max(s.step for s in f.steps)
+        if f.last_step >= 2 * (seen + 1):  # fewer than half of its steps in the summary
+            cut.append((f.rank, seen, f.last_step))
+    if not cut:
+        return
+    names = "; ".join(f"rank {r}: steps 0-{seen} of 0-{last}" for r, seen, last in cut[:8])
+    warnings.append(ErrorEntry("torchdoctor", (
+        f"{names}: the process stopped without Python shutting down (killed, or os._exit as Ray's actors "
+        "end), so the probe's last summary is all there is of it, and the per-step split covers those "
+        "steps only. The probe writes one after step 1 and then every 30 s: a shorter interval in the "
+        "job's environment keeps more of a short job (TORCHDOCTOR_FLUSH_S, in seconds: well under 1 for a "
+        "job of a few seconds).")))
 
 
 def nonfinite_loss_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
