@@ -21,6 +21,7 @@ from kineto_builder import DEVICE_PID, TraceBuilder
 from probe.livejob import PY, facts_of, load_run, run, run_wrapped, script
 from torchdoctor import runner
 from torchdoctor.cli import EXIT_BLIND, EXIT_OK, main
+from torchdoctor.facts import SUMMARY_STEPS_KEPT
 from torchdoctor.probe import core, output
 from torchdoctor.report.console import print_report
 from torchdoctor.report.html import render_html
@@ -285,6 +286,26 @@ def test_a_rank_that_leaves_without_its_last_summary_is_named(tmp_path, flush_s)
         assert seen < 20 and len(said) == 1
         assert said[0].startswith(f"rank 0: steps 0-{seen} of 0-59: the process stopped without Python shutting down")
         assert "TORCHDOCTOR_FLUSH_S" in said[0]
+
+
+def test_a_cut_summary_is_told_from_a_long_or_profiled_one():
+    from torchdoctor.facts import RankFacts, StepTiming
+    from torchdoctor.rules.engine import RankInputs
+    from torchdoctor.session import summary_cut, verdict_gap
+
+    def facts(n: int, last: int, **kw) -> RankFacts:
+        return RankFacts(steps=[StepTiming(step=i, total_ms=1.0) for i in range(n)], last_step=last, **kw)
+
+    assert summary_cut(facts(5, 374)) == (4, 374)
+    assert summary_cut(facts(5, 374, ended="exit")) is None  # Python shut down: its last summary came
+    assert summary_cut(facts(5, 8)) is None  # most of its steps are there
+    # The probe keeps 100,000 steps: a longer job's summary ends there whatever happened.
+    assert summary_cut(facts(SUMMARY_STEPS_KEPT, 250_000)) is None
+    # Profiled steps are held in the trace, not in the steps' timings.
+    assert summary_cut(facts(5, 374, profile_steps=list(range(5, 200)))) is None
+    # No "healthy" verdict from the start-up steps a cut summary holds.
+    gap = verdict_gap(RankInputs(rank=0, facts=facts(5, 374)))
+    assert gap == "rank 0's summary holds steps 0-4 of the 0-374 it ran"
 
 
 # Rank 0 trains to step 5 and waits there; rank 1 trains to step 3, waits until rank 0 is at step 5

@@ -14,6 +14,10 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+# The probe keeps at most this many steps' timings in a rank's summary (probe/clock.py): a longer
+# job's summary ends there however it ended.
+SUMMARY_STEPS_KEPT = 100_000
+
 
 class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     """One ``torch.utils.data.DataLoader`` the job iterated over."""

@@ -30,7 +30,7 @@ from .compile import fusion, torch_trace
 from .compile import history as compile_history
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
-from .facts import CompileFacts, RankFacts, evaluation_only, forward_unseen, trains
+from .facts import SUMMARY_STEPS_KEPT, CompileFacts, RankFacts, evaluation_only, forward_unseen, trains
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -349,26 +349,30 @@ def blind_spots(ranks: list[RankInputs], run: dict, sights: dict[str, TraceSight
     return spots
 
 
+def summary_cut(f: RankFacts) -> tuple[int, int] | None:
+    """(last step summarised, last step run) of a rank whose process stopped without Python shutting
+    down after running at least twice the steps its last summary holds (its profiled steps count as
+    held); None otherwise."""
+    if f.ended is not None or f.last_step is None or not f.steps or len(f.steps) >= SUMMARY_STEPS_KEPT:
+        return None
+    seen = max(max(s.step for s in f.steps), max(f.profile_steps, default=0))
+    return (seen, f.last_step) if f.last_step >= 2 * (seen + 1) else None
+
+
 def cut_summary_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
     """Ranks whose process stopped without Python shutting down (no final summary) after training
     well past the probe's last summary: their step timings end there. Ray Train's workers end so
     (its torch_linear_example: 375 steps in about a second, the summaries of steps 0-4 only, the
     probe writing one after step 1 and then every 30 s)."""
-    cut = []
-    for ri in ranks:
-        f = ri.facts
-        if f is None or f.ended is not None or f.last_step is None or not f.steps:
-            continue
-        seen = max(s.step for s in f.steps)
-        if f.last_step >= 2 * (seen + 1):  # fewer than half of its steps in the summary
-            cut.append((f.rank, seen, f.last_step))
+    cut = [(ri.rank, *c) for ri in ranks if ri.facts is not None and (c := summary_cut(ri.facts))]
     if not cut:
         return
     names = "; ".join(f"rank {r}: steps 0-{seen} of 0-{last}" for r, seen, last in cut[:8])
+    names += f" (and {len(cut) - 8} more ranks)" if len(cut) > 8 else ""
     warnings.append(ErrorEntry("torchdoctor", (
         f"{names}: the process stopped without Python shutting down (killed, or os._exit as Ray's actors "
         "end), so the probe's last summary is all there is of it, and the per-step split covers those "
-        "steps only. The probe writes one after step 1 and then every 30 s: a shorter interval in the "
+        "steps only. The probe writes one after step 1 and then every 30 s unless told otherwise: a shorter interval in the "
         "job's environment keeps more of a short job (TORCHDOCTOR_FLUSH_S, in seconds: well under 1 for a "
         "job of a few seconds).")))
 
@@ -559,6 +563,8 @@ def verdict_gap(ri: RankInputs) -> str | None:
     if facts is not None:
         if facts.device.kind != "cpu":
             return f"rank {ri.rank} has no analysed profiler window, so its device activity was not seen"
+        if cut := summary_cut(facts):
+            return f"rank {ri.rank}'s summary holds steps 0-{cut[0]} of the 0-{cut[1]} it ran"
         if not facts.steps:
             return f"rank {ri.rank} recorded no training step"
         if not any(s.step >= 1 for s in facts.steps):  # step 0 is start-up: nothing steady to judge

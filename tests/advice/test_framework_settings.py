@@ -70,6 +70,11 @@ def test_a_library_function_that_passes_settings_on_gets_them_at_the_users_call(
                              library_call_params=["dataset", "kwargs"])
     fix = loader_fix([loader], "Keep the workers alive{where}.", "DataLoader(..., persistent_workers=True)")
     assert fix.snippet == "auto_dataloader(..., persistent_workers=True)"
+    # auto_dataloader divides num_workers by the processes per node: a per-rank count said there
+    # would be another number at DataLoader(...), so the generic advice stays.
+    fix = loader_fix([loader], "Use 2 workers{where}.", "DataLoader(..., num_workers=2, persistent_workers=True)")
+    assert fix.snippet == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert "change it through ignite's settings" in fix.text
     # The same function for the other object passes nothing on: the generic advice stays.
     fix = loader_fix([DataLoaderFacts(created_by="ignite", library_call="auto_model", library_caller="/job/main.py:1")],
                      "x{where}", "DataLoader(..., persistent_workers=True)")

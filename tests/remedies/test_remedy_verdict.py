@@ -316,18 +316,20 @@ def test_runs_that_end_without_a_step_while_the_first_trained_say_why() -> None:
 
 
 def augmented(rng: np.random.Generator, shift: float, draws: bool = True, n: int = 30,
-              applied: tuple[str, ...] = ("dataloader.workers=2",)) -> list[Arm]:
+              applied: tuple[str, ...] = ("dataloader.workers=2",), since: int = 0,
+              epoch: int | None = None) -> list[Arm]:
     """Three rounds of a job whose workers augment at random (timm's train.py): the baseline
     reproduces itself; the treated runs, with another worker count, see other crops of the same
-    images: per-step losses differ by zero-mean noise, plus `shift`."""
+    images: per-step losses differ by zero-mean noise, plus `shift`, from step `since` on. The
+    probe timed an epoch start at step `epoch` (and at 0)."""
     base = [float(x) for x in 0.7 + 0.05 * rng.normal(size=n)]
     arms = []
     for k in (1, 2, 3):
-        arms += [arm(f"A{k}", "baseline", 10, base, k),
-                 arm(f"B{k}", "treated", 11, [x + shift + 0.05 * float(rng.normal()) for x in base], k,
-                     list(applied))]
+        treated = [x + (shift + 0.05 * float(rng.normal()) if i >= since else 0.0) for i, x in enumerate(base)]
+        arms += [arm(f"A{k}", "baseline", 10, base, k), arm(f"B{k}", "treated", 11, treated, k, list(applied))]
+    steps = [StepTiming(step=i, total_ms=10.0, epoch_starts=int(i in (0, epoch))) for i in range(n)]
     for a in arms:
-        a.facts = [RankFacts(dataloaders=[DataLoaderFacts(num_workers=4, worker_random_draws=draws)])]
+        a.facts = [RankFacts(dataloaders=[DataLoaderFacts(num_workers=4, worker_random_draws=draws)], steps=steps)]
     return arms
 
 
@@ -351,14 +353,20 @@ def test_persistent_workers_with_random_augmentation_are_compared_on_average() -
     epoch 2 on, by design. The other remedies applied with it are judged with it."""
     applied = ("dataloader.persistent_workers", "ddp.grad_as_bucket_view")
     spec = [Spec("dataloader.persistent_workers"), Spec("ddp.grad_as_bucket_view")]
-    out = judge(augmented(np.random.default_rng(0), 0.0, applied=applied), spec, {})
+    epoch2 = {"applied": applied, "since": 15, "epoch": 15, "n": 60}
+    out = judge(augmented(np.random.default_rng(0), 0.0, **epoch2), spec, {})
     assert out.loss.status == "same on average" and [v.status for v in out.verdicts] == ["kept", "kept"]
     assert "persistent workers carry their random stream on into the next epoch" in out.loss.text
-    assert "another worker count" not in out.loss.text
-    shifted = judge(augmented(np.random.default_rng(0), 0.05, applied=applied), spec, {})
+    assert "over 135 steps from step 15 on" in out.loss.text and "another worker count" not in out.loss.text
+    shifted = judge(augmented(np.random.default_rng(0), 0.05, **epoch2), spec, {})
     assert shifted.loss.status == "changed"
+    # Losses that differ before the first epoch boundary: not the workers' streams, whatever their mean.
+    early = judge(augmented(np.random.default_rng(0), 0.0, **{**epoch2, "since": 3}), spec, {})
+    assert early.loss.status == "changed" and "before the first epoch boundary (step 15)" in early.loss.text
+    # No epoch boundary timed (a run shorter than an epoch): nothing can differ for that reason.
+    assert judge(augmented(np.random.default_rng(0), 0.0, **{**epoch2, "epoch": None}), spec, {}).loss.status == "changed"
     # A remedy that touches no worker's stream keeps the strict check.
-    alone = judge(augmented(np.random.default_rng(0), 0.0, applied=applied[1:]), spec[1:], {})
+    alone = judge(augmented(np.random.default_rng(0), 0.0, **{**epoch2, "applied": applied[1:]}), spec[1:], {})
     assert alone.loss.status == "changed"
 
 

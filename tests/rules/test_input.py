@@ -310,6 +310,15 @@ def test_dl6_is_about_the_training_loop_s_loader():
     train.persistent_workers = False
     got = only(run("DL-6", (None, f)), "DL-6")
     assert "every 32 steps" in got.title and "main.py:211" in got.fix.text
+    # Two loaders drawn from alike (zip of two training loaders): both are the training loop's.
+    train.batches = evaluate.batches = 128
+    got = only(run("DL-6", (None, f)), "DL-6")
+    assert "main.py:211" in got.fix.text
+    train.persistent_workers = True
+    assert "main.py:215" in only(run("DL-6", (None, f)), "DL-6").fix.text
+    # One loader not counted (drawn from on another thread): no narrowing, as without counts.
+    train.batches, evaluate.batches = None, 8
+    assert "main.py:215" in only(run("DL-6", (None, f)), "DL-6").fix.text
     # The evaluation loader alone restarting, the training one persistent, in an older run
     # directory without batch counts: every loader with restarting workers is a candidate, as before.
     train.persistent_workers, train.batches, evaluate.batches = True, None, None

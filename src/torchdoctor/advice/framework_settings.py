@@ -39,15 +39,16 @@ TRAINING_ARGUMENTS = {
 }
 NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
 # Library functions that hand settings they do not name on to the constructor they call: (library,
-# function) -> (the object, the parameter taking them as a dict, or None for **kwargs). From their
-# signatures and sources: Ignite's idist.auto_model(model, sync_bn=False, **kwargs) builds
-# DistributedDataParallel(model, **kwargs) and auto_dataloader(dataset, **kwargs) DataLoader(dataset,
-# **kwargs) (ignite 0.5.5); Ray Train's prepare_model(model, ..., parallel_strategy_kwargs=None)
-# builds DistributedDataParallel(model, **parallel_strategy_kwargs) (ray 2.60).
-FORWARDS = {
-    ("ignite", "auto_model"): ("DDP", None),
-    ("ignite", "auto_dataloader"): ("DataLoader", None),
-    ("ray", "prepare_model"): ("DDP", "parallel_strategy_kwargs"),
+# function) -> (the object, the parameter taking them as a dict or None for **kwargs, the settings it
+# changes on the way). From their signatures and sources: Ignite's idist.auto_model(model,
+# sync_bn=False, **kwargs) builds DistributedDataParallel(model, **kwargs), and auto_dataloader(dataset,
+# **kwargs) DataLoader(dataset, **kwargs) after dividing batch_size and num_workers by the processes
+# per node (ignite 0.5.5); Ray Train's prepare_model(model, ..., parallel_strategy_kwargs=None) builds
+# DistributedDataParallel(model, **parallel_strategy_kwargs) (ray 2.60).
+FORWARDS: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {
+    ("ignite", "auto_model"): ("DDP", None, frozenset()),
+    ("ignite", "auto_dataloader"): ("DataLoader", None, frozenset({"batch_size", "num_workers"})),
+    ("ray", "prepare_model"): ("DDP", "parallel_strategy_kwargs", frozenset()),
 }
 # What the advice's snippet passes to locate the object, not a setting to change.
 _NOT_SETTINGS = ("batch_size", "sampler", "device_ids", "dataset")
@@ -100,7 +101,9 @@ def entry_snippet(snippet: str, kind: str, d: Created) -> str | None:
     settings = [k for k in keys if k not in _NOT_SETTINGS or k == "sampler"]
     name = d.library_call.rpartition(".")[2]
     forward = FORWARDS.get((d.created_by or "", name))
-    passes_on = forward is not None and forward[0] == kind
+    # A setting the function changes on the way (auto_dataloader's num_workers, per node) would be
+    # another number at the constructor than the snippet says: the generic advice then.
+    passes_on = forward is not None and forward[0] == kind and not set(settings) & forward[2]
     if not settings or not (passes_on or set(settings) <= set(d.library_call_params)):
         return None
     args = [a for a in _top_level(inner) if a.partition("=")[0].strip() in settings]

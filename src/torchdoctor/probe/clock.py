@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from torchdoctor.facts import StepTiming
+from torchdoctor.facts import SUMMARY_STEPS_KEPT, StepTiming
 
 
 class Source(enum.IntEnum):
@@ -66,7 +66,7 @@ class Phase(enum.IntEnum):
     FROZEN_INFERENCE = 17
 
 
-_MAX_STEPS = 100_000  # keep the summary small on very long runs
+_MAX_STEPS = SUMMARY_STEPS_KEPT  # keep the summary small on very long runs
 # A step that resumes this soon after the last one closed starts from the counters read at the close.
 REUSE_READ_S = 0.0002
 

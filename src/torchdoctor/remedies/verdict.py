@@ -219,7 +219,13 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
         if reproducible is False:
             return _against_noise(worst, selfs_d, f"{where};")
         if streams := _random_streams(base, treated):
-            return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst, streams)
+            why, since = streams
+            first = min(d.first_step for _, _, d in diffs if d.first_step is not None)
+            if since is None or first < since:  # before any epoch boundary persistent workers change nothing
+                at = f"step {since}" if since is not None else "no epoch boundary the probe timed"
+                return LossCheck("changed", f"losses differ from the baseline: {where}, before the first epoch "
+                                 f"boundary ({at}), where persistent workers change no random number", worst)
+            return _same_on_average([(a.losses, b.losses) for a, b, _ in diffs], where, worst, why, since)
         return LossCheck("changed", f"losses differ from the baseline: {where}", worst)
     ok = all(within(a.losses, b.losses, rtol, NUMERICS_ATOL) for a, b, _ in diffs)
     tol = f"|delta| <= {NUMERICS_ATOL:g} + {rtol:g} x |loss| at every step"
@@ -251,27 +257,42 @@ def _against_noise(worst: LossDiff, selfs: list[LossDiff], where: str) -> LossCh
                      "the job is not deterministic (fix its seeds to check)", worst)
 
 
-def _random_streams(base: list[Arm], treated: list[Arm]) -> str:
+def _random_streams(base: list[Arm], treated: list[Arm]) -> tuple[str, int | None] | None:
     """Why the treated runs' workers draw other random numbers (WORKER_STREAMS), where the loader's
-    workers draw any; "" when they do not."""
+    workers draw any, and the first step that can differ for that reason: 0 with another worker
+    count; with persistent workers alone, the first epoch boundary after step 0 (None when the
+    probe timed none: then nothing can differ for that reason). None when no such remedy applies."""
     if not any(d.worker_random_draws for a in base for f in a.facts for d in f.dataloaders):
-        return ""
+        return None
     applied = {rid.split("=")[0] for a in treated for rid in a.applied}
-    return " and ".join(why for rid, why in WORKER_STREAMS.items() if rid in applied)
+    whys = [why for rid, why in WORKER_STREAMS.items() if rid in applied]
+    if not whys:
+        return None
+    since = 0 if "dataloader.workers" in applied else _first_epoch_boundary(base)
+    return " and ".join(whys), since
+
+
+def _first_epoch_boundary(base: list[Arm]) -> int | None:
+    """The first step after step 0 that started an epoch, in the baselines' probe timings."""
+    starts = [s.step for a in base for f in a.facts for s in f.steps if s.epoch_starts and s.step > 0]
+    return min(starts, default=None)
 
 
 def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
-                     worst: LossDiff, streams: str) -> LossCheck:
-    """The per-step deltas (treated - baseline, same round, rank and step) have a mean within
-    MEAN_SE standard errors of zero: other random draws, the same learning."""
+                     worst: LossDiff, streams: str, since: int = 0) -> LossCheck:
+    """The per-step deltas (treated - baseline, same round, rank and step) from step `since` on
+    (before it the streams are the same) have a mean within MEAN_SE standard errors of zero: other
+    random draws, the same learning."""
     deltas = [y - x for a, b in pairs for rank, xs in a.items()
-              for x, y in zip(xs, b.get(rank, []), strict=False) if math.isfinite(x) and math.isfinite(y)]
+              for x, y in zip(xs[since:], b.get(rank, [])[since:], strict=False)
+              if math.isfinite(x) and math.isfinite(y)]
     why = f"the dataset draws random numbers in the DataLoader workers (augmentation), and {streams}"
     if len(deltas) < MIN_MEAN_STEPS:
         return LossCheck("changed", f"losses differ from the baseline: {where}; {why}, but {len(deltas)} "
                          f"steps are too few to compare their mean (>= {MIN_MEAN_STEPS})", worst)
     mean, se = statistics.fmean(deltas), statistics.stdev(deltas) / math.sqrt(len(deltas))
-    text = (f"{where}; {why}: the mean delta is {mean:+.3g} over {len(deltas)} steps, standard error "
+    text = (f"{where}; {why}: the mean delta is {mean:+.3g} over {len(deltas)} steps"
+            f"{f' from step {since} on' if since else ''}, standard error "
             f"{se:.2g}")
     if abs(mean) <= MEAN_SE * se + NUMERICS_ATOL:
         return LossCheck("same on average", f"{text}: within {MEAN_SE:g} standard errors of zero", worst)

@@ -576,15 +576,20 @@ def blocking_h2d(inputs: RuleInputs) -> list[Finding]:
 
 def restartable_loaders(loaders: list) -> list:
     """The loaders DL-6 is about: the training loop's, when the probe counted each loader's batches
-    (the one this rank drew most from; an evaluation loader draws fewer), if its workers are not
-    persistent; without counts (an older run directory), every loader with workers that are not.
+    (those this rank drew at least half as many from as from the busiest; an evaluation loader draws
+    fewer), if their workers are not persistent; without counts (an older run directory, a loader
+    drawn from on another thread), every loader with workers that are not.
     The epoch starts DL-6 times are the training loop's: pytorch/ignite's cifar10 example, its
     training loader made persistent, had DL-6 price its evaluation loader with them ("every 4 steps",
     that loader's length) and name the training loader's line."""
-    counted = [d for d in loaders if d.batches]
-    if counted:
-        loaders = [max(counted, key=lambda d: d.batches)]
-    return [d for d in loaders if d.num_workers and d.persistent_workers is False]
+    with_workers = [d for d in loaders if d.num_workers]
+    # Only when every loader with workers was counted: one a prefetching thread draws from is
+    # counted nowhere (the counts are the training thread's). Loaders drawn from alike (zip of two
+    # training loaders) all stay.
+    if with_workers and all(d.batches for d in with_workers):
+        most = max(d.batches for d in with_workers)
+        with_workers = [d for d in with_workers if 2 * d.batches >= most]
+    return [d for d in with_workers if d.persistent_workers is False]
 
 
 @rule("DL-6", budgets=("data.wait", "step"))
