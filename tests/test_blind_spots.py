@@ -189,7 +189,8 @@ x, y = next(iter(loader))
 raise RuntimeError("the first batch is bad")
 """
 
-# Trains; after optimizer step number `stop` (0-based, the probe's numbering) ends itself by `how`.
+# Trains; after optimizer step number `stop` (0-based, the probe's numbering) ends itself by `how`:
+# SIGKILL, sys.exit(3), or os._exit(0) (no Python shutdown, exit code 0: as Ray Train's workers end).
 ENDS_AT_STEP = """
 import os, signal, sys
 import torch
@@ -197,13 +198,15 @@ import torch
 how, stop = sys.argv[1], int(sys.argv[2])
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(20):
+for step in range(max(20, stop + 1)):
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
     opt.zero_grad()
     if step == stop:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "os_exit":
+            os._exit(0)
         sys.exit(3)
 """
 
@@ -254,26 +257,12 @@ def test_job_that_ends_itself_at_step_3(tmp_path, how, code, said):
     assert json.loads((tmp_path / "r.json").read_text())["blind_spots"][0]["step"] == 3
 
 
-# Trains 60 steps, then leaves without Python's shutdown, exit code 0 (as Ray Train's workers end).
-LEAVES_WITH_OS_EXIT = """
-import os
-import torch
-
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(60):
-    model(torch.randn(4, 8)).sum().backward()
-    opt.step()
-    opt.zero_grad()
-os._exit(0)
-"""
-
-
 @pytest.mark.parametrize("flush_s", ["30", "0"])
 def test_a_rank_that_leaves_without_its_last_summary_is_named(tmp_path, flush_s):
-    job = script(tmp_path, LEAVES_WITH_OS_EXIT)
+    job = script(tmp_path, ENDS_AT_STEP)
     result = run([PY, "-m", "torchdoctor.runner", "--out", str(tmp_path / "run"), "--profile-steps", "off",
-                   "--json", str(tmp_path / "r.json"), "--", PY, str(job)], TORCHDOCTOR_FLUSH_S=flush_s)
+                   "--json", str(tmp_path / "r.json"), "--", PY, str(job), "os_exit", "59"],
+                 TORCHDOCTOR_FLUSH_S=flush_s)
     assert result.returncode == 0, result.stderr
     facts = facts_of(tmp_path / "run")
     assert facts["last_step"] == 59 and "ended" not in facts
