@@ -100,10 +100,10 @@ def entry_snippet(snippet: str, kind: str, d: Created) -> str | None:
     # A sampler= here is the change itself (DL-1's longer epochs), not what locates the call.
     settings = [k for k in keys if k not in _NOT_SETTINGS or k == "sampler"]
     name = d.library_call.rpartition(".")[2]
-    forward = FORWARDS.get((d.created_by or "", name))
+    forward = _forwarding(kind, d)
     # A setting the function changes on the way (auto_dataloader's num_workers, per node) would be
     # another number at the constructor than the snippet says: the generic advice then.
-    passes_on = forward is not None and forward[0] == kind and not set(settings) & forward[2]
+    passes_on = forward is not None and not set(settings) & forward[2]
     if not settings or not (passes_on or set(settings) <= set(d.library_call_params)):
         return None
     args = [a for a in _top_level(inner) if a.partition("=")[0].strip() in settings]
@@ -183,10 +183,16 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
     return Fix(text.replace("{where}", where(kind, d)), snippet)
 
 
+def _forwarding(kind: str, d: Created) -> tuple[str, str | None, frozenset[str]] | None:
+    """The FORWARDS entry of the library function that built the `kind`, if it passes settings on to it."""
+    forward = FORWARDS.get((d.created_by or "", (d.library_call or "").rpartition(".")[2]))
+    return forward if forward is not None and forward[0] == kind else None
+
+
 def _takes(kind: str, d: Created) -> str:
     """How the library function gets the settings: as its own parameters, or passed on (FORWARDS)."""
-    forward = FORWARDS.get((d.created_by or "", (d.library_call or "").rpartition(".")[2]))
-    if forward is None or forward[0] != kind:
+    forward = _forwarding(kind, d)
+    if forward is None:
         return "takes these settings"
     return f"passes {'its ' + forward[1] if forward[1] else 'its keyword arguments'} on to it"
 

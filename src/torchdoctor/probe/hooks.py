@@ -284,9 +284,10 @@ def _dataloader(probe: Probe) -> None:
         if ready is not True:
             probe.clock.add(Phase.DATA_UNREADY, seconds)
         record, probe.current_loader = probe.current_loader, None
-        if record is not None and result is not shims.FAILED:
-            record.drawn += 1
-        if record is not None and result is not shims.FAILED and not probe.window_active:
+        if record is None or result is shims.FAILED:
+            return
+        record.drawn += 1
+        if not probe.window_active:
             record.batches += 1
             record.next_s += seconds
             if ready is not None:

@@ -1079,8 +1079,7 @@ def scan_events(buf: bytearray, blocks: _Blocks, cols: Columns, consumed: int) -
     600 MB, 2026-12-06). The buffer is no larger than what is left of the file needs: two blocks
     (32 MiB) zeroed for every 1.6 MB rank were 8,600 page faults each, 9.9 of 13.8 s at 512 ranks.
     """
-    left = blocks.remaining()
-    store = bytearray(len(buf) + (2 * BLOCK_BYTES if left is None else min(2 * BLOCK_BYTES, left + 1)))
+    store = bytearray(len(buf) + _room(blocks, 2 * BLOCK_BYTES))
     store[:len(buf)] = buf
     fill = len(buf)
     while True:
@@ -1091,7 +1090,7 @@ def scan_events(buf: bytearray, blocks: _Blocks, cols: Columns, consumed: int) -
                 rest = bytes(store[cut:fill])  # a copy: the two ranges may overlap
                 store[1:1 + len(rest)] = rest
                 fill = 1 + len(rest)
-        if len(store) - fill < _room(blocks):  # no cut yet (an event longer than a block): more room
+        if len(store) - fill < _room(blocks, BLOCK_BYTES):  # no cut yet (an event longer than a block): more room
             store += bytes(BLOCK_BYTES)
         with memoryview(store) as free:
             got = blocks.readinto(free[fill:fill + BLOCK_BYTES])
@@ -1100,11 +1099,11 @@ def scan_events(buf: bytearray, blocks: _Blocks, cols: Columns, consumed: int) -
         fill += got
 
 
-def _room(blocks: _Blocks) -> int:
-    """Free bytes the next read wants: a block, or what is left of the file and one more (so that
-    the read at its end finds room and returns 0)."""
+def _room(blocks: _Blocks, most: int) -> int:
+    """Free bytes the reads want: `most`, or what is left of the file and one more when that is less
+    (so that the read at its end finds room and returns 0)."""
     left = blocks.remaining()
-    return BLOCK_BYTES if left is None else min(BLOCK_BYTES, left + 1)
+    return most if left is None else min(most, left + 1)
 
 
 def decode_tail(buf: bytearray, doc: Document, cols: Columns, consumed: int) -> None:
