@@ -265,6 +265,62 @@ def test_syncs_per_step_count_the_loop_not_its_set_up_or_evaluation(tmp_path):
     assert facts_of(tmp_path / "run")["host_syncs_per_step"] == 1.0
 
 
+
+# An installed library's own conversions on a CPU-only machine: MONAI's decollate_batch reads its
+# metadata tensors with .item() and DiceLoss builds torch.arange(...).tolist(). Those tensors stay on
+# the CPU on any machine; a library's conversion of the loss (a tensor of the graph) would sync.
+MEDLIB = """
+import torch
+
+def decollate(meta):
+    return [t.item() for t in meta]  # metadata: CPU tensors on any machine
+
+def dice(out, target):
+    axes = torch.arange(2, out.dim()).tolist()  # a CPU tensor made from Python ints
+    return 1 - (2 * (out * target).sum(axes) / (out + target).sum(axes).clamp_min(1e-6)).mean()
+
+def log_loss(loss):
+    return loss.item()  # the loss, part of the autograd graph: a sync on an accelerator
+"""
+
+LIBRARY_CONVERSIONS = """
+import sys
+sys.path.insert(0, SITE)
+import torch
+import medlib
+
+torch.manual_seed(0)
+model = torch.nn.Conv2d(1, 1, 3, padding=1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.rand(4, 1, 8, 8), (torch.rand(4, 1, 8, 8) > 0.5).float()
+meta = torch.arange(6.0)
+for step in range(12):
+    loss = medlib.dice(torch.sigmoid(model(x)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    medlib.decollate(meta)
+    medlib.log_loss(loss)
+    loss.item()  # LINE_USER
+print("ok")
+"""
+
+
+def test_a_librarys_conversions_of_cpu_tensors_are_not_syncs_on_a_cpu_only_machine(tmp_path):
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "medlib.py").write_text(MEDLIB)
+    job = script(tmp_path, f"SITE = {str(site)!r}\n" + LIBRARY_CONVERSIONS)
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert facts["host_syncs_per_step"] == 2.0  # the user's loss.item() and the library's, not 8 more
+    lines = job.read_text().splitlines()
+    user = f"{job}:{next(i for i, t in enumerate(lines, 1) if 'LINE_USER' in t)}"
+    library = f"{site / 'medlib.py'}:{MEDLIB.splitlines().index('    return loss.item()  # the loss, part of the autograd graph: a sync on an accelerator') + 1}"
+    assert set(facts["host_sync_sites"]) == {user, library}
+
+
 # pytorch/examples mnist_forward_forward: each layer's forward() is called directly, so no module
 # hook runs on the model, and the forward was silently reported as "other". A LightningModule's
 # training_step calls its children, never the LightningModule: the hooks go down a level.
