@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from choice_traces import big_gemm, manual_fp32, rms_norm_chain, sdpa_flash, sdpa_math
+from choice_traces import STEP, big_gemm, manual_fp32, rms_norm_chain, sdpa_flash, sdpa_math
+from kineto_builder import TraceBuilder
 from torchdoctor.metrics.rank import analyze_rank
 from torchdoctor.trace.load import load_trace
 
@@ -125,6 +126,29 @@ def test_precision_advisor_follows_the_device(tmp_path):
     assert h100.recommended.startswith("fp8 for the large GEMMs") and h100.remedy is None
     small = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", m=1024)).precision
     assert small.recommended == "keep" and small.dominant == "bf16"
+    # An H100 has FP8: "bf16 is the fastest path" was false; the GEMMs are too small for it.
+    assert small.why == ("no bf16 GEMM here has M, N and K of 2048 or more, below which FP8's casts cost more "
+                         "than NVIDIA H100 SXM5 80GB's faster FP8 GEMMs save")
+    a100 = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB")).precision
+    assert a100.recommended == "keep" and a100.why.startswith("bf16 is the fastest training format")
+
+
+def test_without_the_ops_dtypes_the_kernel_names_give_the_precision(tmp_path):
+    """TraceLens' H100 Qwen trace: 31.5% of GEMM time 'unknown' where the cuBLAS kernels spell bf16; its
+    MI300X ResNet: 'keep' judged on the 16% of GEMM time the trace named."""
+    b = TraceBuilder(device_name="NVIDIA H100 80GB HBM3")
+    for n in range(3):
+        t0 = n * STEP
+        b.step(n, t0, STEP)
+        b.launching("aten::mm", t0 + 10, 20.0, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+                    t0 + 100, 300.0)  # no Input Dims / Input type: record_shapes off
+        b.launching("vllm::moe_forward", t0 + 40, 20.0, "fused_moe_kernel_gemm", t0 + 420, 700.0)
+    c = choice(str(b.write(tmp_path / "names.json")))
+    assert c.gemm_ns == {"bf16": 900_000, "": 2_100_000}
+    p = c.precision
+    assert p.shares == {"": 70.0, "bf16": 30.0} and (p.dominant, p.recommended) == ("bf16", "keep")
+    assert p.why == ("the trace gives no bf16 GEMM shapes to judge NVIDIA H100 SXM5 80GB's FP8 by "
+                     "(record_shapes=True); judged on the 30% of GEMM time whose precision the trace names")
 
 
 def test_fp32_ffma_gemms_on_h100_are_priced_as_tf32(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kineto_builder import TraceBuilder
-from torchdoctor.metrics.classify import KernelKind, MathPath, kernel_kind, math_path
+from torchdoctor.metrics.classify import KernelKind, MathPath, kernel_kind, math_path, name_precision
 from torchdoctor.metrics.rank import analyze_rank
 from torchdoctor.trace.load import load_trace
 
@@ -77,3 +77,37 @@ def test_hopper_nvjet_gemm_counts_as_gemm_and_tensor_core_in_a_trace(tmp_path):
     assert gemm.ns == 1_800_000
     sig = r.signals
     assert sig.matmul_ns == sig.tensor_core_ns == 1_800_000 and sig.fp32_simt_ns == 0
+
+
+# Kernel names from real traces (TraceLens' H100/B200/MI300X traces, HTA's A100/V100 ones) and the
+# libraries' naming schemes: the A operand's type where the name spells it, None where it does not.
+NAMED_PRECISIONS = [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "bf16"),
+    ("sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", "tf32"),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_execute_kernel", "fp32"),
+    ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x128_cublas", "fp8"),
+    ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "bf16"),
+    ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1>(Params)", "bf16"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_32x1_nn_align8>(Params)", "bf16"),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_256x64_32x4_nhwc_align8>(P)", "bf16"),
+    ("cutlass_80_tensorop_s1688tf32gemm_256x128_16x3_nn_align4", "tf32"),
+    ("cutlass_80_tensorop_h16816gemm_relu_256x128_32x3_nn_align8", "fp16"),
+    ("void cutlass::device_kernel<cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_void_bf16_128x256x64_1x2x1_0_tnn>(P)", "bf16"),
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "bf16"),
+    ("volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn", "fp16"),
+    ("turing_h1688gemm_128x128_ldg8_nn", "fp16"),
+    ("ampere_sgemm_128x64_nn", "fp32"),
+    ("igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt128x128x32_wt32x32x8_ws1x1_wr2x2", "bf16"),
+    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI32x32x8x1_SN_1LDSB0_GRVW8_ISA942", "bf16"),
+    ("Cijk_Ailk_Bljk_HHS_BH_MT64x64x32_MI16x16x16x1", "fp16"),
+    ("bmm_MxE4m3_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN", "fp8"),
+    ("bmm_Bfloat16_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN", "bf16"),
+    (NVJET, None),  # cuBLASLt's nvjet names carry no operand type
+    ("Cijk_Ailk_Bljk_SB_MT64x64x16_MI32x32x2x1", None),
+    ("triton_tem_fused_mm_0", None),
+]
+
+
+@pytest.mark.parametrize("name,expected", NAMED_PRECISIONS)
+def test_a_kernel_name_gives_its_precision_only_where_it_spells_it(name, expected):
+    assert name_precision(name) == expected

@@ -596,5 +596,26 @@ def precision_path(c: KernelChoice, device: DeviceSpec | None) -> PrecisionPath 
         out.recommended, out.numerics = "fp8 for the large GEMMs (torchao float8, a code change)", True
         out.why = f"{c.fp8.calls} GEMM calls are large enough for {device.label}'s FP8 tensor cores"
     else:
-        out.recommended, out.why = "keep", f"{dominant} is the fastest path {device.label} offers these GEMMs"
+        out.recommended, out.why = "keep", _keep_why(c, device, dominant)
+    unknown = shares.get("", 0.0)
+    if dominant is not None and unknown > 50.0:
+        out.why += f"; judged on the {100.0 - unknown:g}% of GEMM time whose precision the trace names"
     return out
+
+
+def _keep_why(c: KernelChoice, device: DeviceSpec, dominant: str) -> str:
+    """Why the rank's dominant GEMM precision stays: what the device offers beyond it, and why it
+    does not apply here (an H100 has FP8; a bf16 GEMM of 768 columns is too small to gain from it)."""
+    has = device.dense_tflops
+    if dominant in ("fp8", "fp4"):
+        return f"{dominant} GEMMs already run on {device.label}'s low-precision tensor cores"
+    if dominant in ("bf16", "fp16") and "fp8" in has:
+        if not c.gemm_flops.get(dominant):
+            return f"the trace gives no {dominant} GEMM shapes to judge {device.label}'s FP8 by (record_shapes=True)"
+        fam = best("gemm_fp8", device, "fp8")
+        size = f"M, N and K of {fam.min_dim} or more" if fam is not None else "a size FP8 is known to pay at"
+        return (f"no {dominant} GEMM here has {size}, below which FP8's casts cost more than "
+                f"{device.label}'s faster FP8 GEMMs save")
+    if dominant in ("bf16", "fp16"):
+        return f"{dominant} is the fastest training format of {device.label}'s tensor cores"
+    return f"{dominant} is the fastest path {device.label} offers these GEMMs"

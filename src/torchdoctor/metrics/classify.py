@@ -118,6 +118,64 @@ def math_path(name: str) -> MathPath:
     return MathPath.UNKNOWN
 
 
+# --- input precision of GEMM / convolution kernels, from their names ---------------------------
+
+# Where the launching op's `Input type` is missing (record_shapes off, a custom op such as vLLM's
+# MoE), the library kernels that spell their operand type in a fixed place still say it. Each
+# pattern reads the A operand's type (cuBLAS/CUTLASS/cuDNN put it first):
+#   cuBLAS/cuDNN xmma   sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n..., sm80_xmma_fprop_implicit_gemm_f16f16_...,
+#                       sm80_xmma_gemm_f32f32_tf32f32_f32_... (the third type is the math: TF32)
+#   cuBLAS (legacy)     ampere_bf16_s16816gemm_bf16_..., volta_fp16_s884gemm_fp16_..., turing_h1688gemm_...
+#   CUTLASS 2.x         cutlass_75_tensorop_bf16_s1688gemm_bf16_..., cutlass_80_tensorop_s1688tf32gemm_...,
+#                       cutlass_80_tensorop_h16816gemm_..., cutlass_tensorop_bf16_s16816fprop_... (cuDNN's)
+#   CUTLASS 3.x         cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_void_bf16_...
+#   MIOpen igemm        igemm_fwd_gtcx3_nhwc_bf16_..., igemm_bwd_gtcx_nchw_fp16_...
+#   Tensile/hipBLASLt   Cijk_Ailk_Bljk_BBS_BH_... (bf16 in, single compute), Cijk_..._HHS_BH_... (fp16)
+#   TensorRT-LLM gen    bmm_Bfloat16_MxE2m1..., bmm_MxE4m3_MxE2m1MxE4m3_Fp32_... (A, B, then the
+#                       accumulator: the wider of A and B sets the roof, as for FP8 x FP4 on Blackwell)
+# Names that do not say (nvjet_*, Triton, CK's mangled templates) stay unknown: no guess.
+_XMMA = re.compile(r"_xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(bf16|f16|f32|e4m3|e5m2)(?:bf16|f16|f32|e4m3|e5m2)_(\w+?)_", re.I)
+_LEGACY = re.compile(r"(?:^|_)(?:maxwell|pascal|volta|turing|ampere|ada|hopper|sm\d+)_(?:(bf16|fp16)_[hs]\d+|(h)\d+|(s))gemm",
+                     re.I)
+_CUTLASS = re.compile(r"cutlass\w*?_(?:wmma_)?tensorop_(bf16_s|f16_s|h|s|i)\d+(tf32)?(?:gemm|fprop|dgrad|wgrad)", re.I)
+_CUTLASS3 = re.compile(r"cutlass3x_sm\d+_tensorop_\w*?gemm_(bf16|f16|e4m3|e5m2)_", re.I)
+_IGEMM = re.compile(r"igemm_\w+?_(?:nhwc|nchw)_(bf16|fp16|fp32)_", re.I)
+_TENSILE = re.compile(r"^Cijk_A\w+?_B\w+?_(BBS|BSS|BBH|HHS|HSS|HHH)_")
+_TRTLLM = re.compile(r"^bmm_(Bfloat16|Fp16|E4m3|E5m2|MxE4m3|E2m1|MxE2m1)_(Bfloat16|Fp16|E4m3|E5m2|MxE4m3|E2m1|MxE2m1)", re.I)
+_WIDTH = {"fp4": 4, "fp8": 8, "bf16": 16, "fp16": 16}
+_TRTLLM_TYPES = {"bfloat16": "bf16", "fp16": "fp16", "e4m3": "fp8", "e5m2": "fp8", "mxe4m3": "fp8",
+                 "e2m1": "fp4", "mxe2m1": "fp4"}
+
+
+@lru_cache(maxsize=65536)
+def name_precision(name: str) -> str | None:
+    """The device table's precision key (fp32, tf32, bf16, fp16, fp8, fp4) that a GEMM/conv kernel's
+    name spells, None where the name does not say (see the table above)."""
+    if m := _XMMA.search(name):
+        a, math = m.group(1).lower(), m.group(2).lower()
+        if a == "f32":
+            return "tf32" if math.startswith("tf32") else "fp32"
+        return {"bf16": "bf16", "f16": "fp16"}.get(a, "fp8")
+    if m := _LEGACY.search(name):
+        a = next(g for g in m.groups() if g).lower()
+        return {"bf16": "bf16", "fp16": "fp16", "h": "fp16"}.get(a, "fp32")
+    if m := _CUTLASS.search(name):
+        a = m.group(1).lower()
+        if m.group(2):
+            return "tf32"
+        return {"bf16_s": "bf16", "f16_s": "fp16", "h": "fp16"}.get(a)  # s / i without tf32: leave
+    if m := _CUTLASS3.search(name):
+        return {"bf16": "bf16", "f16": "fp16"}.get(m.group(1).lower(), "fp8")
+    if m := _IGEMM.search(name):
+        return {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[m.group(1).lower()]
+    if m := _TENSILE.search(name):
+        return "bf16" if m.group(1).startswith("B") else "fp16"
+    if m := _TRTLLM.search(name):
+        a, b = (_TRTLLM_TYPES[g.lower()] for g in m.groups())
+        return max(a, b, key=_WIDTH.__getitem__)
+    return None
+
+
 # --- host side -------------------------------------------------------------------------------
 
 LAUNCH_APIS = frozenset({

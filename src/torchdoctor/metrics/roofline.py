@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hardware.devices import DeviceSpec, Identification
-from .classify import MathPath, math_path
+from .classify import MathPath, math_path, name_precision
 from .context import Context
 from .model import KernelStat
 from .occupancy import blocks_per_sm, sm_count
@@ -39,8 +39,11 @@ TINY_GRID = 1.0
 
 
 def precision(dtype: str, kernel_name: str) -> str | None:
-    """The device table's precision key for a GEMM/conv of this dtype run by this kernel."""
+    """The device table's precision key for a GEMM/conv of this dtype run by this kernel; without
+    the op's dtype (record_shapes off, a custom op), what the kernel's name spells, if it does."""
     p = PRECISION.get(dtype)
+    if p is None:
+        return name_precision(kernel_name)
     if p == "fp32" and math_path(kernel_name) == MathPath.TENSOR_CORE:
         return "tf32"
     return p
