@@ -121,6 +121,30 @@ def test_persistent_workers_keep_the_jobs_random_stream(runtime: Runtime) -> Non
     assert "dataloader.persistent_workers" not in runtime.refused
 
 
+def test_a_loader_iterated_once_is_left_out_of_the_permanent_change(runtime: Runtime) -> None:
+    """MONAI's 3D segmentation tutorial checks its first batch with a loader of its own: persistent
+    workers there keep four idle processes, and `fix` suggested the change on all three loaders."""
+    from torchdoctor.remedies.suggest import changes_for
+
+    patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
+    train = DataLoader(Squares(), batch_size=8, num_workers=1)  # iterated every epoch
+    check = DataLoader(Squares(), batch_size=8, num_workers=1)  # one look at the first batch
+    for _ in range(2):
+        batches(train)
+    next(iter(check))
+    for loader in (train, check):
+        loader._iterator._shutdown_workers()
+    applied = runtime.record()["applied"]
+    sites = {e["site"].rsplit(":", 1)[1]: e["exercised"] for e in applied}
+    assert sorted(sites.values()) == [False, True] and len(applied) == 2
+    used = next(e["site"] for e in applied if e["exercised"])
+    idle = next(e["site"] for e in applied if not e["exercised"])
+    assert int(used.rsplit(":", 1)[1]) + 1 == int(idle.rsplit(":", 1)[1])  # train's line, then check's
+    diff, note = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": applied})
+    assert diff.where == used and "persistent_workers=True" in diff.text
+    assert note.where == "left out" and idle in note.text and "iterated once" in note.text
+
+
 def test_positional_num_workers_is_found(runtime: Runtime) -> None:
     patch_data.install(torch, want(runtime, "dataloader.workers=1"))
     loader = DataLoader(Squares(), 8, False, None, None, 0)

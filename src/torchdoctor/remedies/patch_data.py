@@ -96,7 +96,8 @@ def install(torch: Any, rt: Runtime) -> None:
     orig = cls.__init__
     sig = inspect.signature(orig)
     last: dict[str, Any] = {}
-    kept_alive: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders this remedy made persistent
+    # Loaders this remedy made persistent, and the call site of each (whose change the suggestion edits).
+    kept_alive: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
     def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         last.clear()
@@ -111,7 +112,7 @@ def install(torch: Any, rt: Runtime) -> None:
         target, site = editable_site(where, "DataLoader", new)
         last.update(new=new, by=by, site=site)
         if "persistent_workers" in new:
-            kept_alive.add(bound.arguments["self"])
+            kept_alive[bound.arguments["self"]] = site
         for key, value in new.items():
             rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library)
         return (bound.args, bound.kwargs), plain
@@ -124,10 +125,12 @@ def install(torch: Any, rt: Runtime) -> None:
 
     cls.__init__ = kwargs_shim(orig, adjust, rejected, lambda exc: rt.broken(IDS, exc))
     if rt.active("dataloader.persistent_workers"):
+        rt.track("dataloader.persistent_workers")
         _same_random_stream(torch, rt, cls, kept_alive)
 
 
-def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.WeakSet[Any]) -> None:
+def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.WeakKeyDictionary[Any, str | None]
+                        ) -> None:
     """A new epoch of a loader the remedy keeps alive draws the random number a new iterator draws.
 
     Without persistent workers, every ``iter(loader)`` builds an iterator whose constructor draws a
@@ -138,12 +141,17 @@ def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.
     the remedy, "losses differ first at step 50", its first step of epoch 2) and the A/B would
     compare other batches. Made permanent, persistent_workers=True shuffles later epochs differently
     from the job as it is, and as randomly: the suggested change says so.
+
+    A second ``iter()`` is also where persistent workers first save anything: a loader iterated once
+    (MONAI's tutorial checks its first batch with a loader of its own) would only keep idle worker
+    processes, so its site is left out of the permanent change (``Runtime.exercised_at``).
     """
     orig_iter = cls.__iter__
 
     def __iter__(self: Any) -> Any:
         try:
             if self in kept_alive and getattr(self, "_iterator", None) is not None:
+                rt.exercised_at("dataloader.persistent_workers", kept_alive[self])
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         except Exception as exc:  # never the job's problem: its iterator is built as usual
             rt.broken(("dataloader.persistent_workers",), exc)

@@ -54,6 +54,9 @@ class Runtime:
         self.backward_steps = 0  # calls of backward, the step count of a job without an optimizer
         self.rank: int | None = None
         self.recording = False
+        # remedy id -> the sites where its change took effect; only for remedies whose change can go
+        # unused (persistent workers on a loader iterated once keep idle processes, nothing more).
+        self.exercised: dict[str, set[str | None]] = {}
 
     def active(self, rid: str) -> Spec | None:
         """The spec of ``rid`` when it was requested and not refused."""
@@ -86,6 +89,17 @@ class Runtime:
         if entry not in self.applied and len(self.applied) < 200:
             self.applied.append(entry)
 
+    def track(self, rid: str) -> None:
+        """``rid`` says where its change took effect (``exercised_at``); its other sites are marked."""
+        self.exercised.setdefault(rid, set())
+
+    def exercised_at(self, rid: str, site: str | None) -> None:
+        self.exercised.setdefault(rid, set()).add(site)
+
+    def _applied_record(self) -> list[dict[str, Any]]:
+        used = self.exercised
+        return [dict(e, exercised=e["site"] in used[e["id"]]) if e["id"] in used else e for e in self.applied]
+
     def _finish_losses(self) -> None:
         if not self.losses:
             return
@@ -108,7 +122,7 @@ class Runtime:
             "pid": os.getpid(),
             "rank": self.rank,
             "requested": self.requested,
-            "applied": self.applied,
+            "applied": self._applied_record(),
             "refused": [{"id": k, "reason": v} for k, v in self.refused.items()],
             "skipped": [{"id": k, "reason": v} for k, v in self.skipped.items()
                         if k not in {a["id"] for a in self.applied}],

@@ -105,9 +105,18 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
     by_site: dict[tuple[str, str], dict[str, Any]] = {}
     ids_at: dict[tuple[str, str], list[str]] = {}
     flags: list[Change] = []
+    notes: list[Change] = []
     for rid in kept:
         remedy = BY_ID[rid]
         entries = [e for e in applied.get(rid, []) if e.get("site") and remedy.target]
+        idle = _unexercised(entries)
+        if idle:
+            entries = [e for e in entries if e["site"] not in idle]
+            notes.append(Change([rid], "left out", "\n".join(
+                f"# {site}: {IDLE_WHY.get(rid, 'the change never took effect in the measured runs')}"
+                for site in sorted(idle)), "python"))
+            if not entries:
+                continue
         for e in entries:
             key = (e["target"], e["site"])
             by_site.setdefault(key, {}).update(e["set"])
@@ -122,7 +131,20 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
         args = ", ".join(f"{k}={as_code(v)}" for k, v in kwargs.items())
         out.append(Change(ids_at[(target, site)], site, diff or f"{target}(..., {args})",
                           "diff" if diff else "python"))
-    return out + flags
+    return out + flags + notes
+
+
+# Why a remedy's change at a call site that never exercised it is not suggested there.
+IDLE_WHY = {
+    "dataloader.persistent_workers": "iterated once in the measured runs: persistent workers would only "
+                                     "keep its worker processes alive, idle",
+}
+
+
+def _unexercised(entries: list[dict[str, Any]]) -> set[str]:
+    """Sites of a tracked remedy (entries carry `exercised`) where no process exercised its change."""
+    tracked = [e for e in entries if "exercised" in e]
+    return {e["site"] for e in tracked} - {e["site"] for e in tracked if e["exercised"]}
 
 
 def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
