@@ -128,3 +128,31 @@ def test_torch18_nested_ops_count_once():
     r = analyze_paths([path]).ranks[0].analysis
     assert r.signals.zero_grad_fills_per_step == 161 and r.signals.optimizer_ops_per_step == 484
     assert r.signals.optimizer_impl == "single_tensor"
+
+
+def test_gemms_without_a_launching_op_get_their_precision_from_the_kernel_name():
+    path = public("tracelens_h100_qwen05b_chat.json.gz")
+    evs = events(path)
+    launched = {e["args"].get("correlation") for e in evs if e["cat"] == "cuda_runtime"}
+    gemms = [e for e in evs if e["cat"] == "kernel" and e["name"].startswith("sm90_xmma_gemm_bf16bf16_")]
+    orphans = sum(e["dur"] for e in gemms if e["args"].get("correlation") not in launched)
+    assert orphans / sum(e["dur"] for e in gemms) == pytest.approx(0.308, abs=0.001)  # no op, no dtype
+    c = analyze_paths([path]).ranks[0].analysis.choice
+    assert "" not in c.gemm_ns and c.precision.shares["bf16"] == 100.0
+    # An H100 has FP8; these GEMMs (hidden size 1024) are below the size where it pays.
+    assert c.precision.recommended == "keep"
+    assert c.precision.why.startswith("no bf16 GEMM here has M, N and K of 2048 or more")
+
+
+def test_blackwell_moe_gemms_are_read_from_their_names():
+    path = public("tracelens_b200_vllm_moe.json.gz")
+    evs = events(path)
+    us = {p: sum(e["dur"] for e in evs if e["cat"] == "kernel" and e["name"].startswith(p))
+          for p in ("bmm_MxE4m3_", "bmm_Bfloat16_")}
+    r = analyze_paths([path]).ranks[0].analysis
+    assert r.device == "NVIDIA B200" and identify(r.device).device.key == "B200"
+    c = r.choice
+    assert c.gemm_ns["fp8"] == pytest.approx(1e3 * us["bmm_MxE4m3_"], abs=len(evs))  # MXFP8 x MXFP4: the FP8 roof
+    assert c.gemm_ns["bf16"] >= 1e3 * us["bmm_Bfloat16_"]  # bf16 x MXFP4, with the trace's bf16 GEMMs
+    assert c.gemm_ns[""] / sum(c.gemm_ns.values()) < 0.05  # cuBLASLt's nvjet names carry no type
+    assert c.precision.recommended == "keep" and c.precision.dominant == "fp8"
