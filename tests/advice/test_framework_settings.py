@@ -120,3 +120,36 @@ def test_the_snippets_other_lines_stay_and_nested_calls_are_one_argument():
         "TrainingArguments(..., dataloader_pin_memory=True)\nx = x.to(device, non_blocking=True)")
     assert trainer_snippet("DataLoader(ds, num_workers=min(4, os.cpu_count()), pin_memory=True)") == (
         "TrainingArguments(..., dataloader_num_workers=min(4, os.cpu_count()), dataloader_pin_memory=True)")
+
+
+SKORCH = DataLoaderFacts(created_by="skorch", library_site="/venv/site-packages/skorch/net.py:1976",
+                         library_call="NeuralNetClassifier.fit", library_caller="/job/train.py:41",
+                         library_call_params=["self", "X", "y"])
+
+
+def test_skorch_builds_its_loaders_from_the_nets_prefixed_parameters():
+    """skorch's README example with workers: the DataLoaders come from NeuralNet.get_iterator, set by
+    iterator_train__* / iterator_valid__* where the net is created (the advice said only "change it
+    through skorch's settings")."""
+    fix = loader_fix([SKORCH], "Keep the workers alive{where}.", "DataLoader(..., persistent_workers=True)")
+    assert fix.text == ("Keep the workers alive (the DataLoader is built by skorch (NeuralNetClassifier.fit() at "
+                        "/job/train.py:41) from its iterator_train__*/iterator_valid__* parameters: set them where "
+                        "the NeuralNetClassifier is created).")
+    assert fix.snippet == ("NeuralNetClassifier(..., iterator_train__persistent_workers=True, "
+                           "iterator_valid__persistent_workers=True)")
+    # A sampler is the training loader's alone; batch_size only locates the call.
+    epochs = "sampler = RandomSampler(ds)\nDataLoader(ds, batch_size=..., sampler=sampler, num_workers=N)"
+    assert loader_fix([SKORCH], "x{where}", epochs).snippet == (
+        "sampler = RandomSampler(ds)\nNeuralNetClassifier(..., iterator_train__sampler=sampler, "
+        "iterator_train__num_workers=N, iterator_valid__num_workers=N)")
+
+
+def test_fixs_permanent_change_for_a_skorch_loader_is_the_nets_parameters():
+    from torchdoctor.remedies.suggest import changes_for
+
+    entries = [{"id": "dataloader.workers", "target": "DataLoader", "site": None, "set": {"num_workers": 0},
+                "was": {"num_workers": 2}, "library": "skorch", "entry": f"NeuralNetClassifier.{call}"}
+               for call in ("fit", "predict_proba")]
+    (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
+    assert change.text == "NeuralNetClassifier(..., iterator_train__num_workers=0, iterator_valid__num_workers=0)"
+    assert change.where == "skorch builds the DataLoader: its NeuralNetClassifier(...) parameters"

@@ -50,6 +50,15 @@ FORWARDS: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {
     ("ignite", "auto_dataloader"): ("DataLoader", None, frozenset({"batch_size", "num_workers"})),
     ("ray", "prepare_model"): ("DDP", "parallel_strategy_kwargs", frozenset()),
 }
+# Libraries that build the object from prefixed parameters of their own, set where the user creates
+# the library's object: skorch's NeuralNet builds its DataLoaders in get_iterator from
+# params_for("iterator_train") / params_for("iterator_valid") (skorch 1.4, net.py), so a setting is
+# NeuralNetClassifier(module, ..., iterator_train__num_workers=2, iterator_valid__num_workers=2). A
+# sampler is the training loader's alone.
+PREFIXED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("skorch", "DataLoader"): ("iterator_train__", "iterator_valid__"),
+}
+_TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
 _NOT_SETTINGS = ("batch_size", "sampler", "device_ids", "dataset")
 
@@ -134,6 +143,23 @@ def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
     return snippet[:start] + "TrainingArguments(..., " + ", ".join(mapped) + ")" + note + rest
 
 
+def prefixed_snippet(snippet: str, kind: str, library: str, owner: str | None) -> str | None:
+    """The snippet with its `kind(...)` call as the library object's prefixed parameters (PREFIXED:
+    `NeuralNetClassifier(..., iterator_train__persistent_workers=True, ...)`); None when the library
+    has no such parameters or the call sets nothing."""
+    prefixes = PREFIXED.get((library, kind))
+    start = snippet.find(f"{kind}(")
+    if prefixes is None or start < 0:
+        return None
+    inner, end = _call_args(snippet, start + len(kind))
+    pairs = [(k.strip(), v.strip()) for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
+    pairs = [(k, v) for k, v in pairs if k not in _NOT_SETTINGS or k == "sampler"]
+    if not pairs:
+        return None
+    args = [f"{p}{k}={v}" for p in prefixes for k, v in pairs if p == prefixes[0] or k not in _TRAINING_ONLY]
+    return snippet[:start] + f"{owner or library}(..., " + ", ".join(args) + ")" + snippet[end:]
+
+
 def _top_level(args: str) -> list[str]:
     """`args` split at the commas outside brackets: `n=min(4, os.cpu_count()), pin=True` is two."""
     out, depth, cur = [], 0, []
@@ -175,6 +201,15 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
             return Fix(text.replace("{where}", where(kind, d)), code)
         return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by transformers' Trainer, and "
                                 "TrainingArguments has no field for this setting)"), snippet)
+    if d is not None and not d.call_site and d.created_by and (d.created_by, kind) in PREFIXED:
+        owner = d.library_call.split(".")[0] if d.library_call and "." in d.library_call else None
+        code = prefixed_snippet(snippet, kind, d.created_by, owner)
+        if code is not None:
+            params = "/".join(f"{p}*" for p in PREFIXED[(d.created_by, kind)])
+            called = f" ({d.library_call}() at {d.library_caller})" if d.library_call and d.library_caller else ""
+            return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by {d.created_by}{called} from its "
+                                    f"{params} parameters: set them where the {owner or d.created_by} is created)"),
+                       code)
     if d is not None and not d.call_site and d.library_caller:
         code = entry_snippet(snippet, kind, d)
         if code is not None:

@@ -114,7 +114,7 @@ def install(torch: Any, rt: Runtime) -> None:
         if "persistent_workers" in new:
             kept_alive[bound.arguments["self"]] = site
         for key, value in new.items():
-            rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library)
+            rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library, entry_call=where.entry)
         return (bound.args, bound.kwargs), plain
 
     def rejected(exc: BaseException) -> None:

@@ -82,10 +82,12 @@ class Runtime:
         self.skipped.setdefault(rid, reason)
 
     def did(self, rid: str, target: str, site: str | None, set_: dict[str, Any], was: dict[str, Any],
-            library: str | None = None) -> None:
+            library: str | None = None, entry_call: str | None = None) -> None:
         entry = {"id": rid, "target": target, "site": site, "set": set_, "was": was}
         if library and not site:
             entry["library"] = library  # an installed package made the call: its settings, not a diff
+            if entry_call:
+                entry["entry"] = entry_call  # the library function the user's code called (NeuralNet.fit)
         if entry not in self.applied and len(self.applied) < 200:
             self.applied.append(entry)
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..advice.framework_settings import trainer_snippet
+from ..advice.framework_settings import PREFIXED, prefixed_snippet, trainer_snippet
 from .catalogue import BY_ID
 
 
@@ -171,6 +171,13 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             code = trainer_snippet(f"{kind}(..., {args})", kind)
             if code is not None:  # the Trainer builds the loader / wraps the model from these fields
                 return Change([rid], f"TrainingArguments (transformers' Trainer builds the {remedy.target})", code,
+                              "python")
+        if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in PREFIXED:
+            owners = {str(e.get("entry")).split(".")[0] for e in entries if "." in str(e.get("entry"))}
+            owner = owners.pop() if len(owners) == 1 else None  # NeuralNetClassifier, from its fit / predict
+            code = prefixed_snippet(f"{remedy.target}(..., {args})", remedy.target, lib, owner)
+            if code is not None:
+                return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings)"
                  if all(libraries) else "unknown call site")
