@@ -8,7 +8,7 @@ from torchdoctor.fixer import estimates_of
 from torchdoctor.remedies.render import estimate_vs_measured, gain_pct
 from torchdoctor.remedies.verdict import LossCheck, Outcome
 from torchdoctor.report.model import ABRemedy, ABResult
-from torchdoctor.rules.model import Finding
+from torchdoctor.rules.model import Evidence, Finding
 
 
 def finding(fid: str, pct: float, remedy: str | None) -> Finding:
@@ -20,6 +20,18 @@ def test_estimates_sum_per_remedy_and_cap_at_the_step():
                         finding("HO-3", 9.0, None), finding("DI-7", 70.0, "ddp.find_unused_false"),
                         finding("DI-9", 45.0, "ddp.find_unused_false")])
     assert got == {"dataloader.workers": 49.4, "ddp.find_unused_false": 100.0}
+
+
+def test_no_workers_is_estimated_with_what_the_workers_cost_elsewhere():
+    """skorch's README example: DL-1 claimed 14.0% for num_workers=0, `fix` measured 70.7%; the workers'
+    restarts (DL-6) and CPU contention (HO-14) go with them."""
+    dl1 = finding("DL-1", 14.0, "dataloader.workers")
+    dl1.evidence = [Evidence("e", {"advised_workers": 0})]
+    got = estimates_of([dl1, finding("DL-6", 29.2, "dataloader.persistent_workers"), finding("HO-14", 30.5, None),
+                        finding("HO-3", 9.0, None)])
+    assert got == {"dataloader.workers": 14.0, "dataloader.persistent_workers": 29.2, "dataloader.workers=0": 73.7}
+    assert "dataloader.workers=0" not in estimates_of([finding("DL-2", 41.4, "dataloader.workers"),
+                                                      finding("DL-6", 29.2, "dataloader.persistent_workers")])
 
 
 def test_gain_is_the_share_of_the_baseline_step_given_back():

@@ -31,7 +31,7 @@ from torchdoctor.remedies.catalogue import BY_ID, REMEDIES, Spec, parse, parse_a
 from torchdoctor.remedies.measure import Arm, job_rate, loss_diff
 from torchdoctor.remedies.select import Choice, JobFacts, choose, finalize, workers_for
 from torchdoctor.remedies.verdict import judge, paired, sign_test
-from torchdoctor.report.model import Finding
+from torchdoctor.report.model import Evidence, Finding
 
 REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persistent_workers", "dataloader.prefetch",
             "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap",
@@ -56,7 +56,9 @@ def test_parse_values_and_unknown_ids() -> None:
     spec, why = parse("dataloader.worker")
     assert spec is None and "did you mean dataloader.workers" in why
     assert "takes no value" in parse("debug.off=1")[1]
-    assert "positive int" in parse("dataloader.workers=0")[1]
+    assert parse("dataloader.workers=0") == (Spec("dataloader.workers", "0"), "")  # load in the training process
+    assert "at least 0, an int" in parse("dataloader.workers=-1")[1]
+    assert "positive int" in parse("dataloader.prefetch=0")[1]
     specs, refused = parse_all(["optim.foreach", "nope", "optim.foreach=1", ""])
     assert [str(s) for s in specs] == ["optim.foreach"] and list(refused) == ["nope", "optim.foreach=1"]
 
@@ -96,6 +98,11 @@ def test_choose_by_class_with_followers_and_preconditions() -> None:
     assert "4096 bytes of unused parameters" in refused["ddp.find_unused_false"]
     _, refused = finalize([Choice(Spec("dataloader.workers", "64"), "asked for")], jf)
     assert "beyond 4 per CPU of the 2 CPU(s)" in refused["dataloader.workers"]
+    # No workers to keep alive or prefetch with after num_workers=0 (DL-1: making a batch costs less than
+    # receiving it).
+    zero = Finding(id="DL-1", layer="input", severity="warning", title="t", recoverable_pct=1.0,
+                   remedy="dataloader.workers", evidence=[Evidence("e", {"advised_workers": 0})])
+    assert [str(c.spec) for c in choose([zero], "safe")] == ["dataloader.workers=0"]
     gpu = JobFacts([rank(10, 1, 50, device=DeviceFacts(kind="cuda"))])
     assert not finalize([Choice(Spec("dataloader.pin_memory"), "")], gpu)[1]
 

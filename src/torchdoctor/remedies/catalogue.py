@@ -42,6 +42,7 @@ class Remedy:
     snippet: str = ""
     value: ValueKind = ""  # what ID=VALUE accepts ("" = no value)
     value_help: str = ""
+    value_min: int = 1  # the least an "int" value may be (0 workers: load in the training process)
     gpu_only: bool = False
     # Picked together with this remedy: its own finding can only fire once that one is applied
     # (DL-6 "workers restarted every epoch" and DL-7 "bursty loader" need workers to be seen).
@@ -59,11 +60,12 @@ _DL_SAME = ("same batches in the same order: the sampler still runs in the main 
 REMEDIES: tuple[Remedy, ...] = (
     Remedy("dataloader.workers", ("DL-2", "DL-1", "DL-3"),
            "DataLoader(num_workers=N): load batches in N worker processes instead of the training "
-           "process (N = CPUs in the affinity mask // local ranks - 1, at least 1)",
+           "process (N = CPUs in the affinity mask // local ranks - 1, at least 1); N = 0 loads them in "
+           "the training process, where a batch costs less to make than to receive from a worker",
            "safe", _DL_SAME,
            "N <= CPUs in the affinity mask // local ranks; not for an IterableDataset (every worker "
            "would replay the whole stream)", target="DataLoader", value="int",
-           value_help="workers per DataLoader"),
+           value_help="workers per DataLoader, 0 for none", value_min=0),
     Remedy("dataloader.pin_memory", ("DL-4",), "DataLoader(pin_memory=True): page-locked batches, "
            "asynchronous host-to-device copies", "safe", "copies the same bytes",
            "an accelerator (pinned memory only speeds up copies to a device)", target="DataLoader",
@@ -194,12 +196,13 @@ def parse(text: str) -> tuple[Spec | None, str]:
     if not remedy.value:
         return None, f"{rid} takes no value (got {value!r})"
     try:
-        if remedy.value == "int" and int(value) < 1:
+        if remedy.value == "int" and int(value) < remedy.value_min:
             raise ValueError
         if remedy.value == "float" and not float(value) > 0:
             raise ValueError
     except ValueError:
-        return None, f"{rid}={value}: expected a positive {remedy.value} ({remedy.value_help})"
+        least = "a positive" if remedy.value != "int" or remedy.value_min == 1 else f"at least {remedy.value_min}, an"
+        return None, f"{rid}={value}: expected {least} {remedy.value} ({remedy.value_help})"
     if remedy.value == "dtype" and value not in ("bf16", "bfloat16", "fp16", "float16"):
         return None, f"{rid}={value}: expected bf16"
     if remedy.value == "mode" and value not in COMPILE_MODES:

@@ -124,9 +124,10 @@ def choose(findings: list[Finding], level: str) -> list[Choice]:
             key = ADVISED_VALUE.get(r.id, "")
             value = next((str(e.values[key]) for f in fs for e in f.evidence if key in e.values), None)
             out.append(Choice(Spec(r.id, value), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
-    chosen = {c.spec.id for c in out}
+    # A follower needs what it follows to exist: no persistent workers or prefetch after num_workers=0.
+    chosen = {c.spec.id for c in out if c.spec.value != "0"}
     for r in REMEDIES:
-        if r.follows in chosen and r.id not in chosen and SAFETY_RANK[r.safety] <= rank:
+        if r.follows in chosen and r.id not in {c.spec.id for c in out} and SAFETY_RANK[r.safety] <= rank:
             out.append(Choice(Spec(r.id), f"follows {r.follows} ({'/'.join(r.answers)} fires once it is applied)"))
     return out
 

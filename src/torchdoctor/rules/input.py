@@ -389,16 +389,27 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
 
 
 def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
-    """The workers keep up, yet receiving each ready batch costs time: info, nothing claimed.
+    """The workers keep up, yet receiving each ready batch costs time.
 
     More workers or a deeper prefetch queue do not shorten the handoff (pickling, the queue,
-    mapping shared memory), so no gain is claimed; reported when it reaches TBP's 5% DataLoader
-    ratio, where it would otherwise read as an input-bound step.
+    mapping shared memory). Reported when it reaches TBP's 5% DataLoader ratio, where it would
+    otherwise read as an input-bound step. When a worker makes a batch in less time than the
+    training thread spends receiving one (in-memory rows, a cheap collate: skorch's README example
+    with two workers, 873 µs to make against 1.5 ms to receive), loading in the training process
+    costs less: the claim is the difference per batch, times the batches a step receives (the
+    workers' CPU contention, HO-14's, goes with them and is not claimed here). Otherwise info,
+    nothing claimed.
     """
     if v.pct(handoff) < 5.0:
         return None
     ready = next((d.ready_share for d in v.f.dataloaders if d.ready_share is not None), None) if v.f else None
-    per_batch = next((d.ready_wait_ms_mean for d in v.f.dataloaders if d.ready_wait_ms_mean), None) if v.f else None
+    timed = next((d for d in v.f.dataloaders if d.ready_wait_ms_mean), None) if v.f else None
+    per_batch = timed.ready_wait_ms_mean if timed is not None else None
+    if timed is not None and per_batch and timed.worker_dataset_ms_mean is not None \
+            and timed.worker_collate_ms_mean is not None:
+        own = timed.worker_dataset_ms_mean + timed.worker_collate_ms_mean
+        if own < per_batch:
+            return _workers_cost_more(v, handoff, per_batch, own, timed)
     return finding(
         v, "DL-1", "input",
         f"The workers keep up ({'most' if ready is None else f'{ready:.0%}'} of batches were ready when asked "
@@ -414,6 +425,30 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
                 "return torch.from_numpy(pixels_uint8), label   # in Dataset.__getitem__\n"
                 "images = images.to(device, non_blocking=True).float().div_(255)"),
         confidence="medium", source="TBP DataLoader > 5% of step (the part workers cannot hide)")
+
+
+def _workers_cost_more(v: View, handoff: float, per_batch: float, own: float, d) -> Finding:
+    """DL-1 when making a batch in the training process costs less than receiving it from a worker."""
+    gain = min(handoff, (per_batch - own) * handoff / per_batch)
+    return finding(
+        v, "DL-1", "input",
+        f"The DataLoader workers cost the step more than they save: receiving a ready batch takes "
+        f"{fmt_ms(per_batch)}, making one takes a worker {fmt_ms(own)}; loading in the training process "
+        f"(num_workers=0) would save about {fmt_ms(gain)} per step ({v.pct(gain):.0f}%).",
+        gain, sev="warning" if v.pct(gain) >= 5.0 else "info",
+        evidence=[Evidence(f"Per batch: {fmt_ms(per_batch)} in the training thread to receive a batch the workers had "
+                           f"already produced (pickling, the queue, shared memory), against {fmt_ms(own)} in a worker to "
+                           f"make it ({fmt_ms(d.worker_dataset_ms_mean)} reading, {fmt_ms(d.worker_collate_ms_mean)} "
+                           f"collating); {fmt_ms(handoff)} of receiving per step. Claimed: the difference; the "
+                           "workers' competition for the CPUs (HO-14) goes with them and is not counted here.",
+                           {"handoff_ms": round(handoff, 3), "ready_wait_ms_mean": per_batch,
+                            "worker_batch_ms": round(own, 3), "advised_workers": 0})],
+        fix=_loader_fix(v, "Load in the training process{where}: num_workers=0; the batches are cheaper to make "
+                        "than to receive (in-memory data; index whole batches to make them cheaper still).",
+                        "DataLoader(dataset, batch_size=..., num_workers=0)"),
+        confidence="medium", confirm="`torchdoctor fix --apply dataloader.workers=0` measures it",
+        remedy="dataloader.workers", source="the workers' own batch timing against the handoff (probe/workers.py)",
+        budget="data.wait")
 
 
 @rule("DL-7", budgets=("data.wait",))
