@@ -127,7 +127,7 @@ def test_precision_advisor_follows_the_device(tmp_path):
     small = choice(big_gemm(tmp_path, "NVIDIA H100 80GB HBM3", m=1024)).precision
     assert small.recommended == "keep" and small.dominant == "bf16"
     # An H100 has FP8: "bf16 is the fastest path" was false; the GEMMs are too small for it.
-    assert small.why == ("no bf16 GEMM here has M, N and K of 2048 or more, below which FP8's casts cost more "
+    assert small.why == ("no bf16 GEMM with recorded shapes has M, N and K of 2048 or more, below which FP8's casts cost more "
                          "than NVIDIA H100 SXM5 80GB's faster FP8 GEMMs save")
     a100 = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB")).precision
     assert a100.recommended == "keep" and a100.why.startswith("bf16 is the fastest training format")

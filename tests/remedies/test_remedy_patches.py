@@ -142,7 +142,23 @@ def test_a_loader_iterated_once_is_left_out_of_the_permanent_change(runtime: Run
     assert int(used.rsplit(":", 1)[1]) + 1 == int(idle.rsplit(":", 1)[1])  # train's line, then check's
     diff, note = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": applied})
     assert diff.where == used and "persistent_workers=True" in diff.text
-    assert note.where == "left out" and idle in note.text and "iterated once" in note.text
+    assert note.where == "left out" and idle in note.text and "not iterated a second time" in note.text
+
+
+def test_no_workers_also_drops_what_torch_refuses_without_them(runtime: Runtime) -> None:
+    """dataloader.workers=0 (DL-1: a batch costs less to make than to receive) on a loader with
+    persistent workers and a prefetch depth: torch raises ValueError for either without workers."""
+    patch_data.install(torch, want(runtime, "dataloader.workers=0"))
+    loader = DataLoader(Squares(), batch_size=8, num_workers=2, persistent_workers=True, prefetch_factor=4,
+                        multiprocessing_context="spawn")
+    assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (0, False, None)
+    assert loader.multiprocessing_context is None
+    assert [b.tolist() for b in batches(loader)] == [b.tolist() for b in batches(DataLoader(Squares(), batch_size=8))]
+    stream = DataLoader(Stream(), batch_size=4, num_workers=2)  # no workers: no stream replayed
+    assert stream.num_workers == 0 and "dataloader.workers" not in runtime.refused
+    first = [e for e in runtime.applied if e["id"] == "dataloader.workers"][:4]  # the first loader's four keys
+    assert {k: v for e in first for k, v in e["set"].items()} == {
+        "num_workers": 0, "persistent_workers": False, "prefetch_factor": None, "multiprocessing_context": None}
 
 
 def test_positional_num_workers_is_found(runtime: Runtime) -> None:

@@ -104,3 +104,19 @@ def test_a_loader_a_library_function_builds_is_changed_at_the_users_call_of_it(t
     (change,) = changes_for(["dataloader.workers"], applied)
     assert change.language == "diff" and change.where == f"{path}:11"
     assert "create_loader(ds, input_size=(3, 64, 64), num_workers=1)" in apply_diff(TRAIN, change.text)
+
+
+def test_a_library_built_loader_keeps_its_snippet_when_the_users_loaders_were_idle():
+    """Persistent workers kept: the user's one loader was read once (left out), the loader skorch built was
+    iterated every epoch: its settings still reach the permanent change."""
+    entries = [
+        {"id": "dataloader.persistent_workers", "target": "DataLoader", "site": "/job/train.py:9",
+         "set": {"persistent_workers": True}, "was": {}, "exercised": False},
+        {"id": "dataloader.persistent_workers", "target": "DataLoader", "site": None,
+         "set": {"persistent_workers": True}, "was": {}, "library": "skorch", "entry": "NeuralNetRegressor.fit",
+         "exercised": True},
+    ]
+    snippet, note = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": entries})
+    assert snippet.text == ("NeuralNetRegressor(..., iterator_train__persistent_workers=True, "
+                            "iterator_valid__persistent_workers=True)")
+    assert note.where == "left out" and "/job/train.py:9" in note.text

@@ -103,6 +103,8 @@ def test_choose_by_class_with_followers_and_preconditions() -> None:
     zero = Finding(id="DL-1", layer="input", severity="warning", title="t", recoverable_pct=1.0,
                    remedy="dataloader.workers", evidence=[Evidence("e", {"advised_workers": 0})])
     assert [str(c.spec) for c in choose([zero], "safe")] == ["dataloader.workers=0"]
+    restarts = finding("DL-6", "dataloader.persistent_workers")  # DL-6 asks for them: nothing to keep alive
+    assert [str(c.spec) for c in choose([zero, restarts], "safe")] == ["dataloader.workers=0"]
     gpu = JobFacts([rank(10, 1, 50, device=DeviceFacts(kind="cuda"))])
     assert not finalize([Choice(Spec("dataloader.pin_memory"), "")], gpu)[1]
 

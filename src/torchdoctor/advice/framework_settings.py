@@ -58,6 +58,7 @@ FORWARDS: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {
 PREFIXED: dict[tuple[str, str], tuple[str, ...]] = {
     ("skorch", "DataLoader"): ("iterator_train__", "iterator_valid__"),
 }
+OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
 _NOT_SETTINGS = ("batch_size", "sampler", "device_ids", "dataset")
@@ -157,7 +158,7 @@ def prefixed_snippet(snippet: str, kind: str, library: str, owner: str | None) -
     if not pairs:
         return None
     args = [f"{p}{k}={v}" for p in prefixes for k, v in pairs if p == prefixes[0] or k not in _TRAINING_ONLY]
-    return snippet[:start] + f"{owner or library}(..., " + ", ".join(args) + ")" + snippet[end:]
+    return snippet[:start] + f"{owner or OWNER.get(library, library)}(..., " + ", ".join(args) + ")" + snippet[end:]
 
 
 def _top_level(args: str) -> list[str]:
@@ -208,7 +209,8 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
             params = "/".join(f"{p}*" for p in PREFIXED[(d.created_by, kind)])
             called = f" ({d.library_call}() at {d.library_caller})" if d.library_call and d.library_caller else ""
             return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by {d.created_by}{called} from its "
-                                    f"{params} parameters: set them where the {owner or d.created_by} is created)"),
+                                    f"{params} parameters: set them where the "
+                                    f"{owner or OWNER.get(d.created_by, d.created_by)} is created)"),
                        code)
     if d is not None and not d.call_site and d.library_caller:
         code = entry_snippet(snippet, kind, d)

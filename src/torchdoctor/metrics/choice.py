@@ -614,7 +614,7 @@ def _keep_why(c: KernelChoice, device: DeviceSpec, dominant: str) -> str:
             return f"the trace gives no {dominant} GEMM shapes to judge {device.label}'s FP8 by (record_shapes=True)"
         fam = best("gemm_fp8", device, "fp8")
         size = f"M, N and K of {fam.min_dim} or more" if fam is not None else "a size FP8 is known to pay at"
-        return (f"no {dominant} GEMM here has {size}, below which FP8's casts cost more than "
+        return (f"no {dominant} GEMM with recorded shapes has {size}, below which FP8's casts cost more than "
                 f"{device.label}'s faster FP8 GEMMs save")
     if dominant in ("bf16", "fp16"):
         return f"{dominant} is the fastest training format of {device.label}'s tensor cores"

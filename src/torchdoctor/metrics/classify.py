@@ -122,26 +122,33 @@ def math_path(name: str) -> MathPath:
 
 # Where the launching op's `Input type` is missing (record_shapes off, a custom op such as vLLM's
 # MoE), the library kernels that spell their operand type in a fixed place still say it. Each
-# pattern reads the A operand's type (cuBLAS/CUTLASS/cuDNN put it first):
+# pattern reads the A operand's type:
 #   cuBLAS/cuDNN xmma   sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n..., sm80_xmma_fprop_implicit_gemm_f16f16_...,
-#                       sm80_xmma_gemm_f32f32_tf32f32_f32_... (the third type is the math: TF32)
+#                       sm80_xmma_gemm_f32f32_tf32f32_f32_... (A and B, then the math: TF32, or bf16 for
+#                       FP32 inputs under set_float32_matmul_precision("medium"))
 #   cuBLAS (legacy)     ampere_bf16_s16816gemm_bf16_..., volta_fp16_s884gemm_fp16_..., turing_h1688gemm_...
-#   CUTLASS 2.x         cutlass_75_tensorop_bf16_s1688gemm_bf16_..., cutlass_80_tensorop_s1688tf32gemm_...,
-#                       cutlass_80_tensorop_h16816gemm_..., cutlass_tensorop_bf16_s16816fprop_... (cuDNN's)
+#   CUTLASS 2.x         [C_]<acc><shape>[tf32]gemm[_<epilogue>][_A]_<tile>: cutlass_75_tensorop_bf16_s1688gemm_bf16_...,
+#                       cutlass_80_tensorop_s1688tf32gemm_..., cutlass_80_tensorop_h16816gemm_relu_...,
+#                       cutlass_tensorop_bf16_s16816fprop_optimized_bf16_... (cuDNN's); A is named after
+#                       the core unless it is the accumulator's type (h: fp16)
 #   CUTLASS 3.x         cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_void_bf16_...
 #   MIOpen igemm        igemm_fwd_gtcx3_nhwc_bf16_..., igemm_bwd_gtcx_nchw_fp16_...
 #   Tensile/hipBLASLt   Cijk_Ailk_Bljk_BBS_BH_... (bf16 in, single compute), Cijk_..._HHS_BH_... (fp16)
-#   TensorRT-LLM gen    bmm_Bfloat16_MxE2m1..., bmm_MxE4m3_MxE2m1MxE4m3_Fp32_... (A, B, then the
-#                       accumulator: the wider of A and B sets the roof, as for FP8 x FP4 on Blackwell)
+#   TensorRT-LLM gen    bmm_<out>_<A><B>_<acc>: bmm_Bfloat16_E4m3E4m3_Fp32_..., bmm_MxE4m3_MxE2m1MxE4m3_Fp32_...
+#                       (the wider of A and B sets the roof: FP4 x FP8 runs at the FP8 rate on Blackwell)
 # Names that do not say (nvjet_*, Triton, CK's mangled templates) stay unknown: no guess.
-_XMMA = re.compile(r"_xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(bf16|f16|f32|e4m3|e5m2)(?:bf16|f16|f32|e4m3|e5m2)_(\w+?)_", re.I)
+_XMMA = re.compile(r"_xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:indexed_)?(bf16|f16|tf32|f32|e4m3|e5m2)"
+                   r"(?:bf16|f16|tf32|f32|e4m3|e5m2)_(\w+?)_", re.I)
 _LEGACY = re.compile(r"(?:^|_)(?:maxwell|pascal|volta|turing|ampere|ada|hopper|sm\d+)_(?:(bf16|fp16)_[hs]\d+|(h)\d+|(s))gemm",
                      re.I)
-_CUTLASS = re.compile(r"cutlass\w*?_(?:wmma_)?tensorop_(bf16_s|f16_s|h|s|i)\d+(tf32)?(?:gemm|fprop|dgrad|wgrad)", re.I)
+_CUTLASS = re.compile(r"cutlass\w*?_(?:wmma_)?tensorop_(?:\w+?_)?([hsi])\d+(tf32)?(?:gemm|fprop|dgrad|wgrad)((?:_\w+?)*?)"
+                      r"_\d+x\d+", re.I)
+_CUTLASS_TYPES = {"bf16": "bf16", "f16": "fp16", "e4m3": "fp8", "e5m2": "fp8", "tf32": "tf32"}
 _CUTLASS3 = re.compile(r"cutlass3x_sm\d+_tensorop_\w*?gemm_(bf16|f16|e4m3|e5m2)_", re.I)
 _IGEMM = re.compile(r"igemm_\w+?_(?:nhwc|nchw)_(bf16|fp16|fp32)_", re.I)
 _TENSILE = re.compile(r"^Cijk_A\w+?_B\w+?_(BBS|BSS|BBH|HHS|HSS|HHH)_")
-_TRTLLM = re.compile(r"^bmm_(Bfloat16|Fp16|E4m3|E5m2|MxE4m3|E2m1|MxE2m1)_(Bfloat16|Fp16|E4m3|E5m2|MxE4m3|E2m1|MxE2m1)", re.I)
+_TRT = r"(Bfloat16|Fp16|MxE4m3|MxE2m1|E4m3|E5m2|E2m1)"
+_TRTLLM = re.compile(rf"^bmm_(?:Fp32|{_TRT})_{_TRT}{_TRT}_", re.I)
 _WIDTH = {"fp4": 4, "fp8": 8, "bf16": 16, "fp16": 16}
 _TRTLLM_TYPES = {"bfloat16": "bf16", "fp16": "fp16", "e4m3": "fp8", "e5m2": "fp8", "mxe4m3": "fp8",
                  "e2m1": "fp4", "mxe2m1": "fp4"}
@@ -153,17 +160,20 @@ def name_precision(name: str) -> str | None:
     name spells, None where the name does not say (see the table above)."""
     if m := _XMMA.search(name):
         a, math = m.group(1).lower(), m.group(2).lower()
-        if a == "f32":
-            return "tf32" if math.startswith("tf32") else "fp32"
-        return {"bf16": "bf16", "f16": "fp16"}.get(a, "fp8")
+        if a == "f32":  # FP32 operands: the math says which tensor-core path, if any
+            return next((p for t, p in (("tf32", "tf32"), ("bf16", "bf16"), ("f16", "fp16")) if math.startswith(t)),
+                        "fp32")
+        return {"bf16": "bf16", "f16": "fp16", "tf32": "tf32"}.get(a, "fp8")
     if m := _LEGACY.search(name):
         a = next(g for g in m.groups() if g).lower()
         return {"bf16": "bf16", "fp16": "fp16", "h": "fp16"}.get(a, "fp32")
     if m := _CUTLASS.search(name):
-        a = m.group(1).lower()
+        named = next((_CUTLASS_TYPES[t.lower()] for t in m.group(3).split("_") if t.lower() in _CUTLASS_TYPES), None)
+        if named:
+            return named
         if m.group(2):
             return "tf32"
-        return {"bf16_s": "bf16", "f16_s": "fp16", "h": "fp16"}.get(a)  # s / i without tf32: leave
+        return "fp16" if m.group(1).lower() == "h" else None  # an FP32 or int accumulator names no A
     if m := _CUTLASS3.search(name):
         return {"bf16": "bf16", "f16": "fp16"}.get(m.group(1).lower(), "fp8")
     if m := _IGEMM.search(name):
@@ -171,7 +181,7 @@ def name_precision(name: str) -> str | None:
     if m := _TENSILE.search(name):
         return "bf16" if m.group(1).startswith("B") else "fp16"
     if m := _TRTLLM.search(name):
-        a, b = (_TRTLLM_TYPES[g.lower()] for g in m.groups())
+        a, b = (_TRTLLM_TYPES[g.lower()] for g in m.groups()[1:])
         return max(a, b, key=_WIDTH.__getitem__)
     return None
 

@@ -44,7 +44,7 @@ def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], di
     spec = rt.active("dataloader.workers")
     if spec is not None:
         want = int(spec.value) if spec.value else default_workers()
-        if isinstance(a.get("dataset"), torch.utils.data.IterableDataset):
+        if want and isinstance(a.get("dataset"), torch.utils.data.IterableDataset):
             rt.skip(spec.id, "the dataset is an IterableDataset: each worker would replay the whole "
                     "stream unless the dataset shards itself (a code change)")
         elif want > WORKERS_PER_CPU_CAP * runtime.cpus():
@@ -57,6 +57,11 @@ def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], di
             rt.skip(spec.id, f"the DataLoader already has num_workers={workers}")
         else:
             new["num_workers"], by["num_workers"] = want, spec.id
+            if not want:  # torch refuses these without workers (DataLoader.__init__ raises ValueError)
+                for key, off in (("persistent_workers", False), ("prefetch_factor", None),
+                                 ("multiprocessing_context", None)):
+                    if a.get(key) not in (None, False):
+                        new[key], by[key] = off, spec.id
     workers = new.get("num_workers", workers)
     spec = rt.active("dataloader.persistent_workers")
     if spec is not None:

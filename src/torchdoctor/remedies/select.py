@@ -124,10 +124,14 @@ def choose(findings: list[Finding], level: str) -> list[Choice]:
             key = ADVISED_VALUE.get(r.id, "")
             value = next((str(e.values[key]) for f in fs for e in f.evidence if key in e.values), None)
             out.append(Choice(Spec(r.id, value), ", ".join(sorted({f"{f.id} ({f.severity})" for f in fs}))))
-    # A follower needs what it follows to exist: no persistent workers or prefetch after num_workers=0.
+    # A follower needs what it follows to exist: after num_workers=0 (DL-1: a batch costs less to make
+    # than to receive) there are no workers to keep alive or prefetch with, whoever asked for them.
+    if any(c.spec.id == "dataloader.workers" and c.spec.value == "0" for c in out):
+        out = [c for c in out if BY_ID[c.spec.id].follows != "dataloader.workers"]
+    present = {c.spec.id for c in out}
     chosen = {c.spec.id for c in out if c.spec.value != "0"}
     for r in REMEDIES:
-        if r.follows in chosen and r.id not in {c.spec.id for c in out} and SAFETY_RANK[r.safety] <= rank:
+        if r.follows in chosen and r.id not in present and SAFETY_RANK[r.safety] <= rank:
             out.append(Choice(Spec(r.id), f"follows {r.follows} ({'/'.join(r.answers)} fires once it is applied)"))
     return out
 

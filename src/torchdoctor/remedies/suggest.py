@@ -116,6 +116,10 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
                 f"# {site}: {IDLE_WHY.get(rid, 'the change never took effect in the measured runs')}"
                 for site in sorted(idle)), "python"))
             if not entries:
+                # Loaders a library built (no site of the user's) still get their settings' snippet.
+                built = [e for e in applied.get(rid, []) if not e.get("site")]
+                if built:
+                    flags.append(_snippet(rid, built))
                 continue
         for e in entries:
             key = (e["target"], e["site"])
@@ -136,8 +140,10 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
 
 # Why a remedy's change at a call site that never exercised it is not suggested there.
 IDLE_WHY = {
-    "dataloader.persistent_workers": "iterated once in the measured runs: persistent workers would only "
-                                     "keep its worker processes alive, idle",
+    "dataloader.persistent_workers": "not iterated a second time in the measured runs, so persistent workers "
+                                     "changed nothing there (they only keep its worker processes alive between "
+                                     "iterations); a loader read once would keep them idle. If the whole job "
+                                     "iterates it again, measure it with more --steps",
 }
 
 

@@ -248,7 +248,11 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
             + ("" if on_dev else ": free on the CPU, but each drains the queue on an accelerator."),
             0.0, sev="warning" if on_dev and per_step >= 1 else "info",
             evidence=[Evidence(f"{per_step:.1f} syncs per step counted by the probe"
-                               + (": " + ", ".join(f"{s_} ({n}x)" for s_, n in sites[:3]) if sites else "") + ".",
+                               + (": " + ", ".join(f"{s_} ({n}x)" for s_, n in sites[:3]) if sites else "") + "."
+                               + ("" if on_dev else " Without an accelerator an installed library's conversions "
+                                  "count only for tensors of the autograd graph (its metadata and shape tensors "
+                                  "stay on the CPU on any machine; a detached loss it reads would not): a lower "
+                                  "bound."),
                                {"per_step": per_step},
                                [{"site": s, "count": n} for s, n in sites[:5]])],
             fix=Fix("Log every N steps, or accumulate on the device and read once.",
