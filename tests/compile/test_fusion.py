@@ -84,6 +84,31 @@ def test_a_comment_belongs_to_the_next_launch_only():
         ("aten.randint", ["native_dropout"], ["x_38"], True), ("aten.scatter_reduce_", ["scatter_reduce_"], [], True)]
 
 
+# torch 2.14.1 on a CPU, pytorch/tutorials' compiled training step of a ResNet-18: each convolution is an
+# assigned extern call under its comment, and the fused batch norm + ReLU after it has none.
+CODE_214_CONV = '''
+class Runner:
+    def call(self, args):
+        # Topologically Sorted Source Nodes: [out], Original ATen: [aten.convolution]
+        buf26 = extern_kernels.convolution(buf24, buf2, stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1, bias=None)
+        assert_tensor_metadata(buf26, (16, 64, 16, 16), (16384, 1, 1024, 64), torch.float32, 'torch.ops.aten.convolution.default')
+        buf31 = empty_strided_cpu((16, 64, 16, 16), (16384, 1, 1024, 64), torch.float32)
+        cpp_fused__native_batch_norm_legit_functional_copy__relu_2(buf26, primals_10, primals_11, buf27, buf31)
+        return (buf31, )
+'''
+
+
+def test_an_assigned_extern_call_takes_its_comment():
+    """The 20 convolutions were missed ('24 extern calls' instead of 44) and their comment went to the
+    fused kernel after them: 'cpp_fused__native_batch_norm_legit_functional_copy__relu_2: convolution'."""
+    got = fusion.parse(CODE_214_CONV)
+    assert [(e["name"], e["aten"], e["nodes"]) for e in got["externs"]] == [
+        ("extern_kernels.convolution", ["convolution"], ["out"])]
+    (kernel,) = got["kernels"]
+    assert kernel["ops_from"] == "name" and kernel["nodes"] == []
+    assert kernel["aten"] == ["native_batch_norm_legit_functional", "copy", "relu"]
+
+
 def test_a_run_s_report_ties_kernels_to_user_lines(tmp_path):
     (tmp_path / "output_code").mkdir()
     (tmp_path / "output_code" / "cabc.py").write_text(CODE)

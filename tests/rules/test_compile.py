@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts, RecompileFacts
 from torchdoctor.metrics.model import KindTime
-from torchdoctor.rules.compile_breaks import advice
+from torchdoctor.rules.compile_breaks import advice, kind_of
 
 from .conftest import MS, gpu_facts, gpu_result, only, run
 
@@ -218,3 +218,23 @@ def test_cg2_prices_each_break_by_the_eager_gap_before_its_resume_function():
     assert brk.values["eager_ms_per_step"] == 0.75 and brk.items[0]["location"] == "/job/train.py:21"
     f.compile.frame_names = {"1": "torch_dynamo_resume_in_forward_at_99"}  # another line: not this break's
     assert only(run("CG-2", (r, f)), "CG-2").evidence[1].values["eager_ms_per_step"] is None
+
+
+def test_cg2_a_compiled_training_step_is_told_to_compile_the_model_instead():
+    """pytorch/tutorials' torch_compile_full_example compiles train(): zero_grad, forward, backward, step.
+    The breaks at zero_grad (skipped on purpose) and backward were told 'allow_in_graph' and
+    'trace_autograd_ops=True'; inside opt.step() they stay torch's own, expected."""
+    breaks = [
+        GraphBreakFacts("Attempted to call function marked as skipped", gb_id="GB0007", location="/job/t.py:22",
+                        source="opt.zero_grad(True)", function="train"),
+        GraphBreakFacts("Unsupported Tensor.backward() call", gb_id="GB0123", location="/job/t.py:25",
+                        source="loss.backward()", function="train",
+                        hints=["Set torch._dynamo.config.trace_autograd_ops=True"]),
+        GraphBreakFacts("Call to `torch._dynamo.graph_break()`", gb_id="GB0025", location="/job/t.py:26",
+                        source="opt.step()", function="train", in_torch=True),
+    ]
+    assert [kind_of(b) for b in breaks] == ["train_step", "train_step", "torch"]
+    got = only(run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=3, breaks=breaks)))), "CG-2")
+    assert got.fix.text.startswith("t.py:22, t.py:25: The compiled function runs the whole training step")
+    assert "allow_in_graph" not in got.fix.snippet and "model.compile()" in got.fix.snippet
+    assert "def opt_step():\n    opt.step()" in got.fix.snippet

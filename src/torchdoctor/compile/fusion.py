@@ -24,7 +24,7 @@ from typing import Any
 
 _COMMENT = re.compile(r"#\s*(?:Topologically Sorted|Unsorted) Source Nodes: \[([^\]]*)\], Original ATen: \[([^\]]*)\]")
 _KERNEL_CALL = re.compile(r"^\s+((?:cpp|triton)_\w+?)(?:\.run)?\(")
-_EXTERN = re.compile(r"^\s+extern_kernels\.(\w+)\(")
+_EXTERN = re.compile(r"^\s+(?:\w+\s*=\s*)?extern_kernels\.(\w+)\(")
 _FALLBACK = re.compile(r"^\s+(?:\w+\s*=\s*)?(?:torch\.ops\.)?aten\.(\w+)\.\w+\(")
 _TRITON_CAT = re.compile(r"^triton_(poi|red|per|tem|for|spl|unk)_")
 _SUFFIX = re.compile(r"_\d+$")

@@ -148,7 +148,12 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                                   {"compiles": b.compiles, "eager_ms_per_step": gaps.get(i) if gaps else None},
                                   [{**msgspec.to_builtins(b), "kind": kind_of(b), "fix": advice(b)[0],
                                     "eager_ms_per_step": gaps.get(i) if gaps else None}]) for i, b in enumerate(shown)]
-            steps = {f"{(b.location or 'torch').rsplit('/', 1)[-1]}: {advice(b)[0]}" for b in shown if kind_of(b) != "torch"}
+            # One advice once, with every line it is for (a compiled training step breaks at three).
+            at: dict[str, list[str]] = {}
+            for b in shown:
+                if kind_of(b) != "torch":
+                    at.setdefault(advice(b)[0], []).append((b.location or "torch").rsplit("/", 1)[-1])
+            steps = {f"{', '.join(dict.fromkeys(where))}: {text}" for text, where in at.items()}
             snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1] and not b.rewrite)
             rewrites = [b for b in shown if b.rewrite and b.rewrite_ok is not False]
             for b in rewrites:  # the branch rewritten at the user's line: the diff, with its validation

@@ -7,6 +7,8 @@ other break gets the registry's first hint. No torch import: this reads ``GraphB
 
 from __future__ import annotations
 
+import re
+
 from torchdoctor.facts import GraphBreakFacts
 
 # kind -> (what to do, snippet)
@@ -28,6 +30,12 @@ ADVICE: dict[str, tuple[str, str]] = {
                  "the code is traceable, or keep the region out of the hot path.", ""),
     "ddp": ("Expected: DDP's optimizer splits the graph at gradient-bucket boundaries so communication "
             "overlaps compute. Nothing to fix.", ""),
+    "train_step": ("The compiled function runs the whole training step: Dynamo does not trace backward(), and "
+                   "torch.optim keeps zero_grad() and step() out of the graph on purpose, so the step is cut "
+                   "into pieces here. Compile the model (its backward is compiled with it) and leave "
+                   "zero_grad/backward/step outside; compile the optimizer step on its own to fuse it.",
+                   "model.compile()   # forward, and its backward through AOTAutograd\n"
+                   "@torch.compile(fullgraph=False)\ndef opt_step():\n    opt.step()   # the compiled optimizer"),
     "torch": ("The break is inside torch's own code reached from this line (torch.optim breaks around "
               "step() on purpose). Usually expected; nothing to fix in this line.", ""),
 }
@@ -35,6 +43,9 @@ _SCALAR_IDS = {"GB0124", "GB0109"}
 _BRANCH_IDS = {"GB0170", "GB0035", "GB0033"}
 _DISABLED_IDS = {"GB0098", "GB0099"}
 _UNSUPPORTED_IDS = {"GB0007", "GB0008", "GB0009", "GB0059"}
+# The user's line runs backward or an optimizer / LR scheduler call (pytorch/tutorials'
+# torch_compile_full_example compiles `train()`: zero_grad, forward, backward, step).
+_TRAIN_STEP = re.compile(r"\.(?:backward|zero_grad|step)\(|\bautograd\.backward\(")
 
 
 def kind_of(b: GraphBreakFacts) -> str:
@@ -45,8 +56,10 @@ def kind_of(b: GraphBreakFacts) -> str:
         return "ddp"
     if b.gb_id in _DISABLED_IDS or "compiler.disable" in reason:
         return "disabled"
-    if b.in_torch:
+    if b.in_torch:  # inside torch.optim's step(): its breaks are there on purpose
         return "torch"
+    if b.source and _TRAIN_STEP.search(b.source):
+        return "train_step"
     if b.gb_id in _BRANCH_IDS or "data-dependent branching" in reason:
         return "branch"
     if b.gb_id in _SCALAR_IDS or "item()" in reason or "tolist" in reason:
