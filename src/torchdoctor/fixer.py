@@ -118,8 +118,8 @@ def estimates_of(findings: Sequence[Any]) -> dict[str, float]:
     if any(f.remedy == "dataloader.workers" and any(e.values.get("advised_workers") == 0 for e in f.evidence)
            for f in findings):
         alone = sum(f.recoverable_pct for f in findings if f.remedy == "dataloader.workers")
-        out["dataloader.workers=0"] = min(100.0, round(
-            alone + sum(f.recoverable_pct for f in findings if f.id in WORKER_COSTS), 2))
+        out["dataloader.workers=0"] = min(100.0, round(alone + sum(
+            f.recoverable_pct for f in findings if f.id in WORKER_COSTS and f.remedy != "dataloader.workers"), 2))
     return out
 
 

@@ -30,6 +30,10 @@ def test_no_workers_is_estimated_with_what_the_workers_cost_elsewhere():
     got = estimates_of([dl1, finding("DL-6", 29.2, "dataloader.persistent_workers"), finding("HO-14", 30.5, None),
                         finding("HO-3", 9.0, None)])
     assert got == {"dataloader.workers": 14.0, "dataloader.persistent_workers": 29.2, "dataloader.workers=0": 73.7}
+    # DL-6 advising no workers itself is counted once.
+    dl6 = finding("DL-6", 29.2, "dataloader.workers")
+    dl6.evidence = [Evidence("e", {"advised_workers": 0})]
+    assert estimates_of([dl1, dl6, finding("HO-14", 30.5, None)])["dataloader.workers=0"] == 73.7
     assert "dataloader.workers=0" not in estimates_of([finding("DL-2", 41.4, "dataloader.workers"),
                                                       finding("DL-6", 29.2, "dataloader.persistent_workers")])
 

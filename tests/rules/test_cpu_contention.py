@@ -48,6 +48,17 @@ def test_the_workers_fix_follows_where_their_time_goes():
     assert "collate_fn takes 75%" in got.fix.text
 
 
+def test_workers_that_cost_more_than_they_give_are_told_to_go():
+    """skorch's README example with two workers: a batch takes a worker 873 µs to make and the training
+    thread 1.5 ms to receive (DL-1): no workers at all, rather than cheaper or nicer ones."""
+    f = rank(0, delay=30.0, main=80.0, workers=150.0, busy=230.0)
+    f.dataloaders = [DataLoaderFacts(num_workers=2, batch_size=128, worker_batches=1250, worker_dataset_ms_mean=0.245,
+                                     worker_collate_ms_mean=0.628, ready_wait_ms_mean=1.5)]
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert got.fix.text.startswith("Load in the training process (num_workers=0)") and "873 µs" in got.fix.text
+    assert got.fix.snippet == "DataLoader(dataset, batch_size=..., num_workers=0)"
+
+
 def test_the_jobs_own_threads_compete_only_when_they_outnumber_the_cpus():
     # Two threads per rank x 2 ranks on 2 CPUs: own threads (80 - 70 = 10), the other rank (80),
     # workers (120) and other processes (20) all compete.

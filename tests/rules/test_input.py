@@ -221,6 +221,17 @@ def test_dl6_workers_restarted_each_epoch():
     assert abs(got.recoverable_ms - 4.0) < 1e-6  # 0.1 s x 4 workers / 100 steps
 
 
+def test_dl6_advises_no_workers_when_they_cost_more_than_they_give():
+    """skorch's README example: DL-6 said 'keep the workers alive' beside DL-1's 'num_workers=0'."""
+    d = loader(num_workers=4, persistent_workers=False, dataset_len=1000, batch_size=10, ready_wait_ms_mean=1.5,
+               worker_dataset_ms_mean=0.25, worker_collate_ms_mean=0.62)
+    got = only(run("DL-6", (None, gpu_facts(dataloaders=[d], steps=[StepTiming(step=i, total_ms=100.0)
+                                                                      for i in range(5)]))), "DL-6")
+    assert got.remedy == "dataloader.workers" and got.evidence[0].values["advised_workers"] == 0
+    assert "num_workers=0" in got.fix.snippet and "870 µs" in got.fix.text and "1.5 ms" in got.fix.text
+    assert abs(got.recoverable_ms - 4.0) < 1e-6  # the restarts it prices are the same
+
+
 def test_dl6_silent_with_persistent_workers():
     f = gpu_facts(dataloaders=[loader(num_workers=4, persistent_workers=True)])
     assert run("DL-6", (None, f)) == []

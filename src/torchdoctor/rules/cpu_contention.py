@@ -49,6 +49,7 @@ from ._common import (
 )
 from ._cpu import oversubscribed_by_job, run_delay
 from .engine import RuleInputs, rule
+from .input import cheaper_in_process
 from .model import Evidence, Finding, Fix
 
 MIN_DELAY_PCT = 2.0  # below this share of the step the run-queue delay is the scheduler's normal jitter
@@ -101,6 +102,12 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                       "loader stays ahead (no data wait).",
                       "DataLoader(ds, num_workers=N, worker_init_fn=lambda _: os.nice(10))  # workers yield the CPU",
                       "python")
+            cheaper = cheaper_in_process(inside) if inside is not None else None
+            if cheaper is not None:  # DL-1's case: no workers at all, and no contention with them
+                fix = Fix(f"Load in the training process (num_workers=0): a worker makes a batch in "
+                          f"{fmt_ms(cheaper[1])} and receiving it takes {fmt_ms(cheaper[0])} (DL-1), so the workers "
+                          "cost this CPU time and more than they give.",
+                          "DataLoader(dataset, batch_size=..., num_workers=0)", "python")
             return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="low",
                            warn=WARN_AT_PCT, crit=CRIT_AT_PCT,
                            confirm="an A/B with a cheaper collate/transform (or the workers at nice 10): the claim is "

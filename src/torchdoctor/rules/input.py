@@ -14,7 +14,7 @@ import numpy as np
 
 from ..advice.framework_settings import loader_fix
 from ..advice.workers import LoadingAdvice, advise_loading, training_busy_pct, workers_wait_on_io
-from ..facts import StepTiming, sampled_comm_median
+from ..facts import DataLoaderFacts, StepTiming, sampled_comm_median
 from ._common import (
     View,
     at,
@@ -405,11 +405,9 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
     ready = next((d.ready_share for d in v.f.dataloaders if d.ready_share is not None), None) if v.f else None
     timed = next((d for d in v.f.dataloaders if d.ready_wait_ms_mean), None) if v.f else None
     per_batch = timed.ready_wait_ms_mean if timed is not None else None
-    if timed is not None and per_batch and timed.worker_dataset_ms_mean is not None \
-            and timed.worker_collate_ms_mean is not None:
-        own = timed.worker_dataset_ms_mean + timed.worker_collate_ms_mean
-        if own < per_batch:
-            return _workers_cost_more(v, handoff, per_batch, own, timed)
+    cheaper = cheaper_in_process(timed) if timed is not None else None
+    if cheaper is not None:
+        return _workers_cost_more(v, handoff, *cheaper, timed)
     return finding(
         v, "DL-1", "input",
         f"The workers keep up ({'most' if ready is None else f'{ready:.0%}'} of batches were ready when asked "
@@ -425,6 +423,16 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
                 "return torch.from_numpy(pixels_uint8), label   # in Dataset.__getitem__\n"
                 "images = images.to(device, non_blocking=True).float().div_(255)"),
         confidence="medium", source="TBP DataLoader > 5% of step (the part workers cannot hide)")
+
+
+def cheaper_in_process(d: DataLoaderFacts) -> tuple[float, float] | None:
+    """(ms the training thread takes to receive a ready batch, ms a worker takes to make one) when
+    making it costs less than receiving it: the loader is better off without workers (DL-1, DL-6)."""
+    per = d.ready_wait_ms_mean
+    if not per or d.worker_dataset_ms_mean is None or d.worker_collate_ms_mean is None:
+        return None
+    own = d.worker_dataset_ms_mean + d.worker_collate_ms_mean
+    return (per, own) if own < per else None
 
 
 def _workers_cost_more(v: View, handoff: float, per_batch: float, own: float, d) -> Finding:
@@ -651,6 +659,21 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                 max(1, d.dataset_len // d.batch_size) if d.dataset_len and d.batch_size else None)
             ep = epoch_starts(v)
             facts = {"num_workers": d.num_workers, "steps_per_epoch": per_epoch}
+            # Workers that cost more than they give (DL-1: a batch is cheaper to make than to receive):
+            # without them there is nothing to restart either, and "keep them alive" would contradict it.
+            cheaper = cheaper_in_process(d)
+            if cheaper is not None:
+                advised = {"advised_workers": 0}
+                fix = loader_fix([d], f"Load in the training process{{where}}: num_workers=0, which removes the "
+                                 f"restarts with the workers (a worker makes a batch in {fmt_ms(cheaper[1])}, "
+                                 f"receiving it takes {fmt_ms(cheaper[0])}; DL-1).",
+                                 "DataLoader(dataset, batch_size=..., num_workers=0)")
+                remedy = "dataloader.workers"
+            else:
+                advised = {}
+                fix = loader_fix([d], "Keep the workers alive across epochs{where}.",
+                                 "DataLoader(..., persistent_workers=True)")
+                remedy = "dataloader.persistent_workers"
             if ep is not None and ep.loader_ms > 0 and v.step_ms:
                 gain, wait = ep.loader_share * v.step_ms, min(ep.loader_share, ep.wait_share) * v.step_ms
                 # The steps between epoch starts as timed (the first epoch started in step 0); with
@@ -668,13 +691,13 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                         "(worker start-up, worker_init_fn) and the data wait above the median (the old workers' "
                         "shutdown, the first batch; persistent workers still wait for that batch). The rest is the "
                         "job's own work between epochs (evaluation, checkpoints).",
-                        {**facts, "epoch_starts": ep.starts, "steps": ep.steps,
+                        {**facts, **advised, "epoch_starts": ep.starts, "steps": ep.steps,
                          "excess_ms_per_epoch": round(ep.excess_ms, 3), "loader_ms_per_epoch": round(ep.loader_ms, 3)})],
-                    fix=loader_fix([d], "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
-                    confidence="medium", remedy="dataloader.persistent_workers",
+                    fix=fix, confidence="medium", remedy=remedy,
                     source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
                     budget={"data.wait": wait, "step": max(0.0, gain - wait)})
             gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
+            facts = {**facts, **advised}
             return finding(
                 v, "DL-6", "input",
                 f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",
@@ -682,8 +705,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                 evidence=[Evidence(f"{d.num_workers} workers, persistent_workers=False, "
                                    f"{per_epoch or '?'} steps per epoch; no epoch start was timed, so the "
                                    f"start-up is assumed ({WORKER_START_S:g} s per worker, fork).", facts)],
-                fix=loader_fix([d], "Keep the workers alive across epochs{where}.", "DataLoader(..., persistent_workers=True)"),
-                confidence="low", remedy="dataloader.persistent_workers",
+                fix=fix, confidence="low", remedy=remedy,
                 confirm="run past an epoch boundary under `torchdoctor run` to time the restarts",
                 source="PL persistent_workers warning; GPP first_step_outlier")
         return None
