@@ -159,12 +159,28 @@ _EVAL_SETTINGS = (
 )
 
 
+# Where an RL library runs the rollout, its forwards are the data collection itself: one policy forward
+# per environment step over n_envs environments (stable_baselines3 OnPolicyAlgorithm.collect_rollouts,
+# n_steps per environment between updates). "Less often" would change the algorithm; more environments
+# per forward, at the same n_steps x n_envs, make each forward cover more of the rollout (the docs'
+# CartPole PPO, 40k steps: n_envs=4, n_steps=2048 took 18.6-23.5 s; n_envs=16, n_steps=512 15.8-16.3 s).
+_SB3 = ("Stable-Baselines3 collects n_steps x n_envs transitions between updates with one policy forward per "
+        "environment step: step more environments per forward at the same rollout size (n_envs up, n_steps down), "
+        "in processes when env.step costs CPU (SubprocVecEnv), and keep a small MLP policy on the CPU.",
+        "vec_env = make_vec_env(env_id, n_envs=16)   # vec_env_cls=SubprocVecEnv when env.step costs CPU\n"
+        "model = PPO(\"MlpPolicy\", vec_env, n_steps=2048 * 4 // 16, device=\"cpu\")   # same transitions per update")
+_ROLLOUT_SETTINGS = (("stable_baselines3", *_SB3), ("sb3_contrib", *_SB3))
+
+
 def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None) -> Fix:
     """What to do, by what the work is made of; through the trainer's settings where one evaluates.
     ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers);
     ``inference_mode``: the forwards already run under torch.inference_mode() (not advised again)."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
+        for library, how, snippet in _ROLLOUT_SETTINGS:
+            if site and f"{library}'s " in site:
+                return Fix(f"Most of it is the policy's forwards of the rollout{where}. {how}", snippet)
         mode = "" if inference_mode else ", under torch.inference_mode(),"
         fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
                   f"often or on fewer samples{mode} and batch it: one forward over many inputs instead of one per "
