@@ -131,6 +131,9 @@ def test_precision_advisor_follows_the_device(tmp_path):
                          "than NVIDIA H100 SXM5 80GB's faster FP8 GEMMs save")
     a100 = choice(big_gemm(tmp_path, "NVIDIA A100-SXM4-80GB")).precision
     assert a100.recommended == "keep" and a100.why.startswith("bf16 is the fastest training format")
+    # AMD's matrix units are matrix cores (MFMA), not tensor cores.
+    mi300 = choice(big_gemm(tmp_path, "AMD Instinct MI300X")).precision
+    assert mi300.why == "3 GEMM calls are large enough for AMD Instinct MI300X's FP8 matrix cores"
 
 
 def test_without_the_ops_dtypes_the_kernel_names_give_the_precision(tmp_path):

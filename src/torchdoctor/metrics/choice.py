@@ -585,16 +585,16 @@ def precision_path(c: KernelChoice, device: DeviceSpec | None) -> PrecisionPath 
         out.recommended, out.why = "unknown", "the trace does not say which precision the GEMMs ran in (record_shapes=True)"
     elif dominant == "fp32" and "tf32" in has:  # "fp32" GEMM time ran on plain FP32 kernels (else "tf32")
         out.recommended, out.remedy, out.numerics = "tf32, then bf16 autocast", "precision.tf32", True
-        out.why = f"FP32 GEMMs run without tensor cores; {device.label} runs TF32 (a flag) and bf16 on them"
+        out.why = f"FP32 GEMMs run without {cores(device)}; {device.label} runs TF32 (a flag) and bf16 on them"
     elif dominant in ("fp32", "tf32") and "bf16" in has:
         out.recommended, out.remedy, out.numerics = "bf16 autocast", "precision.autocast", True
-        out.why = f"{device.label} has bf16 tensor cores at {device.dense_tflops['bf16']:g} TFLOP/s"
+        out.why = f"{device.label} has bf16 {cores(device)} at {device.dense_tflops['bf16']:g} TFLOP/s"
     elif dominant in ("fp32", "bf16", "tf32") and "fp16" in has and "bf16" not in has:
         out.recommended, out.numerics = "fp16 autocast + GradScaler (a code change)", True
-        out.why = f"{device.label} has fp16 tensor cores only: no bf16, no TF32"
+        out.why = f"{device.label} has fp16 {cores(device)} only: no bf16, no TF32"
     elif dominant in ("bf16", "fp16") and c.fp8 is not None and "fp8" in has:
         out.recommended, out.numerics = "fp8 for the large GEMMs (torchao float8, a code change)", True
-        out.why = f"{c.fp8.calls} GEMM calls are large enough for {device.label}'s FP8 tensor cores"
+        out.why = f"{c.fp8.calls} GEMM calls are large enough for {device.label}'s FP8 {cores(device)}"
     else:
         out.recommended, out.why = "keep", _keep_why(c, device, dominant)
     unknown = shares.get("", 0.0)
@@ -603,12 +603,17 @@ def precision_path(c: KernelChoice, device: DeviceSpec | None) -> PrecisionPath 
     return out
 
 
+def cores(device: DeviceSpec) -> str:
+    """What the vendor calls its matrix units: AMD's are matrix cores (MFMA), NVIDIA's tensor cores."""
+    return "matrix cores" if device.vendor == "amd" else "tensor cores"
+
+
 def _keep_why(c: KernelChoice, device: DeviceSpec, dominant: str) -> str:
     """Why the rank's dominant GEMM precision stays: what the device offers beyond it, and why it
     does not apply here (an H100 has FP8; a bf16 GEMM of 768 columns is too small to gain from it)."""
     has = device.dense_tflops
     if dominant in ("fp8", "fp4"):
-        return f"{dominant} GEMMs already run on {device.label}'s low-precision tensor cores"
+        return f"{dominant} GEMMs already run on {device.label}'s low-precision {cores(device)}"
     if dominant in ("bf16", "fp16") and "fp8" in has:
         if not c.gemm_flops.get(dominant):
             return f"the trace gives no {dominant} GEMM shapes to judge {device.label}'s FP8 by (record_shapes=True)"
@@ -617,5 +622,5 @@ def _keep_why(c: KernelChoice, device: DeviceSpec, dominant: str) -> str:
         return (f"no {dominant} GEMM with recorded shapes has {size}, below which FP8's casts cost more than "
                 f"{device.label}'s faster FP8 GEMMs save")
     if dominant in ("bf16", "fp16"):
-        return f"{dominant} is the fastest training format of {device.label}'s tensor cores"
+        return f"{dominant} is the fastest training format of {device.label}'s {cores(device)}"
     return f"{dominant} is the fastest path {device.label} offers these GEMMs"
