@@ -153,6 +153,23 @@ def test_ho5_names_a_region_whose_own_python_holds_the_idle():
     assert "runs aten::empty_like and other host work" in got.title
 
 
+@pytest.mark.parametrize(("top", "says", "snippet"), [
+    # TraceLens' H100 BERT/Qwen traces: eager Hugging Face models, aten::linear leads the host time.
+    ("aten::linear", "The host issues the model's ops more slowly than the device runs them (aten::linear leads)",
+     "torch.compile(model)"),
+    ("vllm::moe_forward", "(vllm::moe_forward leads)", "torch.compile(model)"),
+    ("Torch-Compiled Region: 0/0", "capture the compiled step in CUDA graphs", 'mode="reduce-overhead"'),
+    ("aten::to", "Copies and casts run on the host in the step (aten::to leads)", "non_blocking=True"),
+    ("## RecMetricModule:update ##", "move ## RecMetricModule:update ## off it", "torch.compile(model)"),
+])
+def test_ho5_tells_the_models_ops_from_work_to_move(top, says, snippet):
+    """'move aten::linear off the step path' is no advice: a model's op is issued, not moved."""
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [(top, 35.0)])
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert says in got.fix.text and snippet in got.fix.snippet
+    assert ("off it" in got.fix.text) == top.startswith("##")
+
+
 def test_ho5_silent_on_compute_bound_device():
     assert run("HO-5", (idle(gpu_result(busy=99.8), "host_ops", 0.2), None)) == []
 

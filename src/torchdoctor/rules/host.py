@@ -9,6 +9,8 @@ the host-op, untraced and optimizer idle.
 
 from __future__ import annotations
 
+import re
+
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
@@ -400,6 +402,25 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
         else:
             lead = _short(op_tops[0].name) if op_tops else "host ops"
             doing = f"runs {lead} and other host work"
+        fix = Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
+                  "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
+                  "gives the device more work per host step.", "model = torch.compile(model)")
+        if op_tops and lead == _short(op_tops[0].name) and op_tops[0].name in COPY_OPS:
+            fix = Fix(f"Copies and casts run on the host in the step ({lead} leads): cast and copy on the device "
+                      "(move the tensor first, then convert), copy from pinned memory with non_blocking=True, or "
+                      "do it once outside the loop; a larger batch gives each launch more work.",
+                      "x = x.to(device, non_blocking=True).to(torch.bfloat16)   # pinned source; cast on the device")
+        elif op_tops and lead == _short(op_tops[0].name) and _MODEL_OP.match(op_tops[0].name):
+            # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch):
+            # nothing to move off the step, the host issues the model's ops slower than the device runs them.
+            compiled = op_tops[0].name.startswith("Torch-Compiled Region")
+            fix = Fix(f"The host issues the model's ops more slowly than the device runs them ({lead} leads): "
+                      "cut the per-op overhead: " + ("capture the compiled step in CUDA graphs "
+                      "(mode='reduce-overhead'), which launches it at once; " if compiled else
+                      "torch.compile fuses the ops into fewer kernels, and mode='reduce-overhead' launches the "
+                      "step as one CUDA graph; ") + "a larger batch gives each launch more work.",
+                      "model = torch.compile(model, mode=\"reduce-overhead\")" if compiled else
+                      "model = torch.compile(model)   # or mode=\"reduce-overhead\" (CUDA graphs)")
         ls = v.r.launches
         return finding(
             v, "HO-5", "host",
@@ -414,14 +435,15 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
                                 "optimizer_ms": round(opt, 3), "claimed_elsewhere_ms": round(claimed, 3),
                                 "queue_le1_pct": ls.queue_le1_pct},
                                [ts_item(t.name, t.ns, t.count, t.first_ts_ns, v.n_steps) for t in tops[:5]])],
-            fix=Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
-                    "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
-                    "gives the device more work per host step.",
-                    "model = torch.compile(model)"),
-            confidence="medium", remedy="compile",
+            fix=fix, confidence="medium", remedy="compile",
             confirm="profile the host side (py-spy, or torch.profiler with_stack=True) to see the Python behind it",
             source="HTA/BE queue depth; TBP 5%; TML RESIDUAL_HEAVY 20%", budget="idle.host")
     return per_rank(inputs, one)
+
+
+# A model's op, not a piece of the user's loop: a namespaced operator (aten::linear, vllm::moe_forward)
+# or a compiled region's host side.
+_MODEL_OP = re.compile(r"^(?:[A-Za-z_][\w.]*::\w|Torch-Compiled Region)")
 
 
 def _short(name: str, n: int = 60) -> str:
