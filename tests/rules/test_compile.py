@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts, RecompileFacts
 from torchdoctor.metrics.model import KindTime
 from torchdoctor.rules.compile_breaks import advice, kind_of
@@ -238,3 +240,17 @@ def test_cg2_a_compiled_training_step_is_told_to_compile_the_model_instead():
     assert got.fix.text.startswith("t.py:22, t.py:25: The compiled function runs the whole training step")
     assert "allow_in_graph" not in got.fix.snippet and "model.compile()" in got.fix.snippet
     assert "def opt_step():\n    opt.step()" in got.fix.snippet
+
+
+@pytest.mark.parametrize(("source", "gb_id", "reason", "kind"), [
+    ("loss.backward()", "GB0123", "Unsupported Tensor.backward() call", "train_step"),
+    ("optimizer.zero_grad(set_to_none=True)", "GB0007", "Attempted to call function marked as skipped", "train_step"),
+    ("scaler.step(opt)", "GB0025", "Call to `torch._dynamo.graph_break()`", "train_step"),
+    # Not a training step: an RL environment's step reading a scalar, a diffusion scheduler's step.
+    ("obs, r, done, _ = env.step(action.item())", "GB0124", "Unsupported Tensor.item() call", "scalar"),
+    ("latents = self.scheduler.step(noise, t, latents)", "GB0007", "Attempted to call function marked as skipped",
+     "unsupported"),
+])
+def test_cg2_train_step_breaks_are_the_optimizers_and_backwards_only(source, gb_id, reason, kind):
+    b = GraphBreakFacts(reason, gb_id=gb_id, location="/job/t.py:9", source=source, function="train")
+    assert kind_of(b) == kind

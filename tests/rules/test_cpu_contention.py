@@ -55,7 +55,8 @@ def test_workers_that_cost_more_than_they_give_are_told_to_go():
     f.dataloaders = [DataLoaderFacts(num_workers=2, batch_size=128, worker_batches=1250, worker_dataset_ms_mean=0.245,
                                      worker_collate_ms_mean=0.628, ready_wait_ms_mean=1.5)]
     got = only(run("HO-14", (None, f)), "HO-14")
-    assert got.fix.text.startswith("Load in the training process (num_workers=0)") and "873 µs" in got.fix.text
+    assert got.fix.text.startswith("Load in the training process: num_workers=0") and "873 µs" in got.fix.text
+    assert "dataloader.workers=0" in got.confirm
     assert got.fix.snippet == "DataLoader(dataset, batch_size=..., num_workers=0)"
 
 

@@ -14,7 +14,7 @@ from torchdoctor.facts import (
     StepTiming,
     ZeroGradFacts,
 )
-from torchdoctor.metrics.model import CopySite, LaunchStats, SyncSite, SyncStats
+from torchdoctor.metrics.model import CopySite, LaunchStats, MemcpyRow, SyncSite, SyncStats
 
 from .conftest import MS as MS_NS
 from .conftest import cpu_facts, cpu_result, gpu_facts, gpu_result, idle, only, run, run_all
@@ -153,22 +153,33 @@ def test_ho5_names_a_region_whose_own_python_holds_the_idle():
     assert "runs aten::empty_like and other host work" in got.title
 
 
-@pytest.mark.parametrize(("top", "says", "snippet"), [
+@pytest.mark.parametrize(("top", "htod", "says", "snippet"), [
     # TraceLens' H100 BERT/Qwen traces: eager Hugging Face models, aten::linear leads the host time.
-    ("aten::linear", "The host issues the model's ops more slowly than the device runs them (aten::linear leads)",
-     "torch.compile(model)"),
-    ("vllm::moe_forward", "(vllm::moe_forward leads)", "torch.compile(model)"),
-    ("Torch-Compiled Region: 0/0", "capture the compiled step in CUDA graphs", 'mode="reduce-overhead"'),
-    ("aten::to", "Copies and casts run on the host in the step (aten::to leads)", "non_blocking=True"),
-    ("## RecMetricModule:update ##", "move ## RecMetricModule:update ## off it", "torch.compile(model)"),
+    ("aten::linear", False, "The host issues the model's ops more slowly than the device runs them (aten::linear "
+     "leads)", "torch.compile(model)"),
+    ("vllm::moe_forward", False, "run the engine with its CUDA graphs", "enforce_eager=False"),
+    ("Torch-Compiled Region: 0/0", False, "capture the compiled step in CUDA (HIP) graphs", 'mode="reduce-overhead"'),
+    ("CompiledFunction", False, "capture the compiled step in CUDA (HIP) graphs", 'mode="reduce-overhead"'),
+    # A cast under autocast is the model's op; with host-to-device copies in the trace it is a copy to fix.
+    ("aten::to", False, "The host issues the model's ops more slowly", "torch.compile(model)"),
+    ("aten::to", True, "Copies and casts run on the host in the step (aten::to leads)", "non_blocking=True"),
+    ("## RecMetricModule:update ##", False, "move ## RecMetricModule:update ## off it", "torch.compile(model)"),
 ])
-def test_ho5_tells_the_models_ops_from_work_to_move(top, says, snippet):
+def test_ho5_tells_the_models_ops_from_work_to_move(top, htod, says, snippet):
     """'move aten::linear off the step path' is no advice: a model's op is issued, not moved."""
     r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [(top, 35.0)])
+    if htod:
+        r.kernels.memcpy = [MemcpyRow(direction="HtoD", host_memory="pageable", count=3, ns=3_000_000, bytes=1 << 20)]
     got = only(run("HO-5", (r, None)), "HO-5")
     assert says in got.fix.text and snippet in got.fix.snippet
     assert ("off it" in got.fix.text) == top.startswith("##")
 
+
+def test_ho5_does_not_advise_cuda_graphs_a_trace_already_replays():
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [("aten::linear", 35.0)])
+    r.launches.graph_launches = 12
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert "reduce-overhead" not in got.fix.text + got.fix.snippet and "already replays graphs" in got.fix.text
 
 def test_ho5_silent_on_compute_bound_device():
     assert run("HO-5", (idle(gpu_result(busy=99.8), "host_ops", 0.2), None)) == []

@@ -230,6 +230,11 @@ def test_dl6_advises_no_workers_when_they_cost_more_than_they_give():
     assert got.remedy == "dataloader.workers" and got.evidence[0].values["advised_workers"] == 0
     assert "num_workers=0" in got.fix.snippet and "870 µs" in got.fix.text and "1.5 ms" in got.fix.text
     assert abs(got.recoverable_ms - 4.0) < 1e-6  # the restarts it prices are the same
+    # Within the noise of a sub-millisecond batch (0.05 ms to receive, 0.04 ms to make): persistent workers.
+    d = msgspec_replace(d, ready_wait_ms_mean=0.05, worker_dataset_ms_mean=0.02, worker_collate_ms_mean=0.02)
+    got = only(run("DL-6", (None, gpu_facts(dataloaders=[d], steps=[StepTiming(step=i, total_ms=100.0)
+                                                                      for i in range(5)]))), "DL-6")
+    assert got.remedy == "dataloader.persistent_workers"
 
 
 def test_dl6_silent_with_persistent_workers():

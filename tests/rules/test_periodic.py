@@ -74,6 +74,9 @@ def test_a_stable_baselines3_rollout_gets_more_environments_per_forward():
     assert got.fix.text.startswith("Most of it is the policy's forwards of the rollout")
     assert "less often" not in got.fix.text and "n_envs up, n_steps down" in got.fix.text
     assert "make_vec_env(env_id, n_envs=16)" in got.fix.snippet and "n_steps=2048 * 4 // 16" in got.fix.snippet
+    # SAC has no n_steps (it collects train_freq steps between updates): the general advice stays.
+    f.inference_site = "stable_baselines3's SAC.learn() at /job/sac.py:12"
+    assert "n_steps" not in only(run("HO-16", (None, f)), "HO-16").fix.snippet
 
 
 def test_saves_are_di15s_and_jitter_is_not_the_loops():

@@ -209,7 +209,7 @@ BLOCKING_COPY_APIS = frozenset({"cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipM
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 _COMM_HOST = re.compile(
-    r"^(nccl|gloo|mpi|ucc|hccl|xccl|c10d)[:_]|^c10d::|^record_param_comms$|^ProcessGroup|"
+    r"^(nccl|gloo|mpi|ucc|hccl|xccl|c10d|_c10d_functional)[:_]|^c10d::|^record_param_comms$|^ProcessGroup|"
     r"^FSDP::(all_gather|post_backward_reduce|.*_wait)",
 )
 _BACKWARD = re.compile(r"^autograd::engine::evaluate_function|^## backward ##|^autograd::backward")

@@ -43,9 +43,18 @@ _SCALAR_IDS = {"GB0124", "GB0109"}
 _BRANCH_IDS = {"GB0170", "GB0035", "GB0033"}
 _DISABLED_IDS = {"GB0098", "GB0099"}
 _UNSUPPORTED_IDS = {"GB0007", "GB0008", "GB0009", "GB0059"}
-# The user's line runs backward or an optimizer / LR scheduler call (pytorch/tutorials'
-# torch_compile_full_example compiles `train()`: zero_grad, forward, backward, step).
-_TRAIN_STEP = re.compile(r"\.(?:backward|zero_grad|step)\(|\bautograd\.backward\(")
+# The user's line runs backward or the optimizer (pytorch/tutorials' torch_compile_full_example
+# compiles `train()`: zero_grad, forward, backward, step). Not any `.step(`: env.step(a.item()) is a
+# scalar break, a diffusion scheduler's step is the model's own code.
+_BACKWARD = re.compile(r"\.backward\(|\bautograd\.backward\(")
+_OPTIMIZER_CALL = re.compile(r"\b\w*(?:opt|optim|optimizer|optimiser|scaler)\w*\s*\.\s*(?:step|zero_grad)\(", re.I)
+
+
+def _train_step(b: GraphBreakFacts, reason: str) -> bool:
+    source = b.source or ""
+    if _BACKWARD.search(source):
+        return b.gb_id == "GB0123" or "backward" in reason
+    return bool(_OPTIMIZER_CALL.search(source)) or (".zero_grad(" in source and "zero_grad" in (b.explanation or ""))
 
 
 def kind_of(b: GraphBreakFacts) -> str:
@@ -58,12 +67,12 @@ def kind_of(b: GraphBreakFacts) -> str:
         return "disabled"
     if b.in_torch:  # inside torch.optim's step(): its breaks are there on purpose
         return "torch"
-    if b.source and _TRAIN_STEP.search(b.source):
-        return "train_step"
     if b.gb_id in _BRANCH_IDS or "data-dependent branching" in reason:
         return "branch"
     if b.gb_id in _SCALAR_IDS or "item()" in reason or "tolist" in reason:
         return "scalar"
+    if _train_step(b, reason):
+        return "train_step"
     if b.gb_id == "GB0291" or "logging.logger method" in reason:
         return "logger"
     logs = ("`print`", "print(", "logging", "logger.")

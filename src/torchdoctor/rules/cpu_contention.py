@@ -34,6 +34,7 @@ not trace who preempted whom.
 
 from __future__ import annotations
 
+from ..advice.framework_settings import loader_fix
 from ..facts import DataLoaderFacts
 from ._common import (
     WARN_PCT,
@@ -102,16 +103,17 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                       "loader stays ahead (no data wait).",
                       "DataLoader(ds, num_workers=N, worker_init_fn=lambda _: os.nice(10))  # workers yield the CPU",
                       "python")
+            confirm = ("an A/B with a cheaper collate/transform (or the workers at nice 10): the claim is the most "
+                       "it can give back, as the workers' necessary work stays")
             cheaper = cheaper_in_process(inside) if inside is not None else None
-            if cheaper is not None:  # DL-1's case: no workers at all, and no contention with them
-                fix = Fix(f"Load in the training process (num_workers=0): a worker makes a batch in "
-                          f"{fmt_ms(cheaper[1])} and receiving it takes {fmt_ms(cheaper[0])} (DL-1), so the workers "
-                          "cost this CPU time and more than they give.",
-                          "DataLoader(dataset, batch_size=..., num_workers=0)", "python")
+            if inside is not None and cheaper is not None:  # no workers at all, and no contention with them
+                fix = loader_fix([inside], f"Load in the training process{{where}}: num_workers=0; a worker makes a "
+                                 f"batch in {fmt_ms(cheaper[1])} and receiving it takes {fmt_ms(cheaper[0])}, so the "
+                                 "workers cost this CPU time and more than they give.",
+                                 "DataLoader(dataset, batch_size=..., num_workers=0)")
+                confirm = "`torchdoctor fix --apply dataloader.workers=0` measures it"
             return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="low",
-                           warn=WARN_AT_PCT, crit=CRIT_AT_PCT,
-                           confirm="an A/B with a cheaper collate/transform (or the workers at nice 10): the claim is "
-                                   "the most it can give back, as the workers' necessary work stays",
+                           warn=WARN_AT_PCT, crit=CRIT_AT_PCT, confirm=confirm,
                            source="Linux schedstat run delay (Documentation/scheduler/sched-stats.rst)")
         # The workers' part is small: say what holds the CPUs, at info (HO-13 prices the own threads' part).
         fix = {"this process's other threads": Fix(

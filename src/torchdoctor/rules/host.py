@@ -405,21 +405,34 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
         fix = Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
                   "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
                   "gives the device more work per host step.", "model = torch.compile(model)")
-        if op_tops and lead == _short(op_tops[0].name) and op_tops[0].name in COPY_OPS:
+        htod = any(m.direction == "HtoD" for m in v.r.kernels.memcpy)
+        graphs = v.r.launches.graph_launches > 0
+        if op_tops and lead == _short(op_tops[0].name) and op_tops[0].name in COPY_OPS and htod:
             fix = Fix(f"Copies and casts run on the host in the step ({lead} leads): cast and copy on the device "
                       "(move the tensor first, then convert), copy from pinned memory with non_blocking=True, or "
                       "do it once outside the loop; a larger batch gives each launch more work.",
                       "x = x.to(device, non_blocking=True).to(torch.bfloat16)   # pinned source; cast on the device")
-        elif op_tops and lead == _short(op_tops[0].name) and _MODEL_OP.match(op_tops[0].name):
-            # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch):
-            # nothing to move off the step, the host issues the model's ops slower than the device runs them.
-            compiled = op_tops[0].name.startswith("Torch-Compiled Region")
+        elif op_tops and lead == _short(op_tops[0].name) and _ENGINE_OP.match(op_tops[0].name):
+            # An inference engine's op (vLLM, SGLang): its own CUDA-graph mode, not torch.compile by hand.
+            fix = Fix(f"The host issues the engine's ops more slowly than the device runs them ({lead} leads): "
+                      "run the engine with its CUDA graphs for these batch sizes (vLLM without enforce_eager and "
+                      "with capture sizes that cover the batch; SGLang without --disable-cuda-graph).",
+                      "LLM(model=..., enforce_eager=False)   # vLLM: CUDA graphs for the decode batches")
+        elif op_tops and lead == _short(op_tops[0].name) and (_MODEL_OP.match(op_tops[0].name)
+                                                              or op_tops[0].name in COPY_OPS):
+            # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch,
+            # a cast under autocast): nothing to move off the step, the host issues the model's ops slower
+            # than the device runs them. CUDA (HIP) graphs only where the trace shows none already.
+            compiled = bool(_COMPILED.match(op_tops[0].name))
+            graph = "" if graphs else (
+                "capture the compiled step in CUDA (HIP) graphs (mode='reduce-overhead'), which launches it at "
+                "once, when its shapes are static; " if compiled else
+                "torch.compile fuses the ops into fewer kernels, and mode='reduce-overhead' launches a step of "
+                "static shapes as one CUDA (HIP) graph; ")
             fix = Fix(f"The host issues the model's ops more slowly than the device runs them ({lead} leads): "
-                      "cut the per-op overhead: " + ("capture the compiled step in CUDA graphs "
-                      "(mode='reduce-overhead'), which launches it at once; " if compiled else
-                      "torch.compile fuses the ops into fewer kernels, and mode='reduce-overhead' launches the "
-                      "step as one CUDA graph; ") + "a larger batch gives each launch more work.",
-                      "model = torch.compile(model, mode=\"reduce-overhead\")" if compiled else
+                      "cut the per-op overhead: " + (graph or "fewer, larger ops (the trace already replays "
+                      "graphs: what is left runs outside them); ") + "a larger batch gives each launch more work.",
+                      "" if graphs else "model = torch.compile(model, mode=\"reduce-overhead\")" if compiled else
                       "model = torch.compile(model)   # or mode=\"reduce-overhead\" (CUDA graphs)")
         ls = v.r.launches
         return finding(
@@ -443,7 +456,9 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
 
 # A model's op, not a piece of the user's loop: a namespaced operator (aten::linear, vllm::moe_forward)
 # or a compiled region's host side.
-_MODEL_OP = re.compile(r"^(?:[A-Za-z_][\w.]*::\w|Torch-Compiled Region)")
+_MODEL_OP = re.compile(r"^(?:[A-Za-z_][\w.]*::\w|Torch-Compiled Region|CompiledFunction)")
+_COMPILED = re.compile(r"^(?:Torch-Compiled Region|CompiledFunction)")
+_ENGINE_OP = re.compile(r"^(?:vllm|_vllm\w*|sglang|sgl_kernel)::")
 
 
 def _short(name: str, n: int = 60) -> str:

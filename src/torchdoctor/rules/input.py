@@ -427,12 +427,19 @@ def _handoff(v: View, handoff: float, wait: float) -> Finding | None:
 
 def cheaper_in_process(d: DataLoaderFacts) -> tuple[float, float] | None:
     """(ms the training thread takes to receive a ready batch, ms a worker takes to make one) when
-    making it costs less than receiving it: the loader is better off without workers (DL-1, DL-6)."""
+    making it costs clearly less than receiving it (under CHEAPER_SHARE of it, and CHEAPER_MIN_MS less):
+    the loader is better off without workers (DL-1, DL-6, HO-14). The receive time is the wall time
+    of ``__next__`` on a ready batch (the probe's shim and the sampler included), the worker's its
+    fetch and collate only: the margin keeps noise on sub-millisecond batches from flipping advice."""
     per = d.ready_wait_ms_mean
     if not per or d.worker_dataset_ms_mean is None or d.worker_collate_ms_mean is None:
         return None
     own = d.worker_dataset_ms_mean + d.worker_collate_ms_mean
-    return (per, own) if own < per else None
+    return (per, own) if own < CHEAPER_SHARE * per and per - own >= CHEAPER_MIN_MS else None
+
+
+CHEAPER_SHARE = 0.7
+CHEAPER_MIN_MS = 0.1
 
 
 def _workers_cost_more(v: View, handoff: float, per_batch: float, own: float, d) -> Finding:
@@ -666,7 +673,7 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                 advised = {"advised_workers": 0}
                 fix = loader_fix([d], f"Load in the training process{{where}}: num_workers=0, which removes the "
                                  f"restarts with the workers (a worker makes a batch in {fmt_ms(cheaper[1])}, "
-                                 f"receiving it takes {fmt_ms(cheaper[0])}; DL-1).",
+                                 f"receiving it takes {fmt_ms(cheaper[0])}).",
                                  "DataLoader(dataset, batch_size=..., num_workers=0)")
                 remedy = "dataloader.workers"
             else:

@@ -25,6 +25,8 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 
 from __future__ import annotations
 
+import re
+
 from ..metrics.between import ONE_OFF_FACTOR, Between, inference_in_every_step
 from ._common import View, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
@@ -166,10 +168,14 @@ _EVAL_SETTINGS = (
 # CartPole PPO, 40k steps: n_envs=4, n_steps=2048 took 18.6-23.5 s; n_envs=16, n_steps=512 15.8-16.3 s).
 _SB3 = ("Stable-Baselines3 collects n_steps x n_envs transitions between updates with one policy forward per "
         "environment step: step more environments per forward at the same rollout size (n_envs up, n_steps down), "
-        "in processes when env.step costs CPU (SubprocVecEnv), and keep a small MLP policy on the CPU.",
+        "in processes when env.step costs CPU (SubprocVecEnv), and keep a small MLP policy on the CPU. An "
+        "EvalCallback's evaluation runs inside learn() too: eval_freq and n_eval_episodes set its cost.",
         "vec_env = make_vec_env(env_id, n_envs=16)   # vec_env_cls=SubprocVecEnv when env.step costs CPU\n"
         "model = PPO(\"MlpPolicy\", vec_env, n_steps=2048 * 4 // 16, device=\"cpu\")   # same transitions per update")
-_ROLLOUT_SETTINGS = (("stable_baselines3", *_SB3), ("sb3_contrib", *_SB3))
+# The on-policy algorithms, whose rollout is n_steps per environment (off-policy ones collect
+# train_freq steps between gradient steps and take no n_steps).
+_ROLLOUT_SETTINGS = ((re.compile(r"(?:stable_baselines3|sb3_contrib)'s (?:PPO|A2C|TRPO|RecurrentPPO|MaskablePPO)\."),
+                      *_SB3),)
 
 
 def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None) -> Fix:
@@ -179,7 +185,7 @@ def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bo
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
         for library, how, snippet in _ROLLOUT_SETTINGS:
-            if site and f"{library}'s " in site:
+            if site and library.search(site):
                 return Fix(f"Most of it is the policy's forwards of the rollout{where}. {how}", snippet)
         mode = "" if inference_mode else ", under torch.inference_mode(),"
         fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
