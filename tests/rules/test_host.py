@@ -175,6 +175,16 @@ def test_ho5_tells_the_models_ops_from_work_to_move(top, htod, says, snippet):
     assert ("off it" in got.fix.text) == top.startswith("##")
 
 
+def test_ho5_a_region_around_the_models_forward_is_the_models_python():
+    """param's DLRM traces (8 V100 ranks): the idle sits in DDP's forward and "## forward ##" regions; their
+    Python is the model's per-op work, not something to move off the step."""
+    r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [("DistributedDataParallel.forward", 38.0), ("## forward ##", 20.0)])
+    for t in r.idle_causes[-1].top:
+        t.region = True
+    got = only(run("HO-5", (r, None)), "HO-5")
+    assert got.fix.text.startswith("The model's own Python issues its ops more slowly") and "off it" not in got.fix.text
+
+
 def test_ho5_does_not_advise_cuda_graphs_a_trace_already_replays():
     r = idle(gpu_result(busy=60.0), "host_ops", 40.0, [("aten::linear", 35.0)])
     r.launches.graph_launches = 12

@@ -580,3 +580,16 @@ def test_whole_file_fallback_keeps_one_line_errors(tmp_path, monkeypatch):
         path.write_bytes(content)
         with pytest.raises(TraceFormatError, match=message):
             load_trace(str(path))
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_an_execution_trace_is_named_as_one(tmp_path, monkeypatch, streaming):
+    """facebookresearch/param's et_replay inputs: an ExecutionTraceObserver file read 'no traceEvents key'."""
+    if not streaming:
+        monkeypatch.setattr(decode, "streaming_supported", lambda: False)
+    path = tmp_path / "resnet_et.json"
+    path.write_text('{"schema": "1.1.0-chakra.0.0.4", "pid": 7, "time": "2023-10-09", "start_ts": 1, '
+                    '"nodes": [{"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0}]}')
+    with pytest.raises(TraceFormatError, match=r"a PyTorch execution trace \(ExecutionTraceObserver, schema "
+                                               r"1\.1\.0-chakra\.0\.0\.4\), not a Kineto trace"):
+        load_trace(str(path))

@@ -418,6 +418,14 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
                       "run the engine with its CUDA graphs for these batch sizes (vLLM without enforce_eager and "
                       "with capture sizes that cover the batch; SGLang without --disable-cuda-graph).",
                       "LLM(model=..., enforce_eager=False)   # vLLM: CUDA graphs for the decode batches")
+        elif (tops and tops[0].region and lead.startswith("the Python between ops in")
+              and _MODEL_REGION.search(tops[0].name)):
+            # A region around the model's forward or backward (DDP's forward, DLRM's "## forward ##"): its
+            # Python is the model's own per-op work, nothing to move off the step.
+            graph = "" if graphs else ", and mode='reduce-overhead' launches a step of static shapes as one CUDA (HIP) graph"
+            fix = Fix(f"The model's own Python issues its ops more slowly than the device runs them ({lead}): cut the "
+                      f"per-op overhead: torch.compile fuses the ops into fewer kernels{graph}; a larger batch gives "
+                      "each launch more work.", "model = torch.compile(model)")
         elif op_tops and lead == _short(op_tops[0].name) and (_MODEL_OP.match(op_tops[0].name)
                                                               or op_tops[0].name in COPY_OPS):
             # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch,
@@ -458,6 +466,10 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
 # or a compiled region's host side.
 _MODEL_OP = re.compile(r"^(?:[A-Za-z_][\w.]*::\w|Torch-Compiled Region|CompiledFunction)")
 _COMPILED = re.compile(r"^(?:Torch-Compiled Region|CompiledFunction)")
+# record_function regions around the model's forward or backward: DDP/FSDP's own, nn.Module's, and the
+# common "## forward ##" / "## backward ##" labels (DLRM, HTA's sample traces).
+_MODEL_REGION = re.compile(r"\bforward\b|\bbackward\b|DistributedDataParallel|FullyShardedDataParallel|^nn\.Module",
+                           re.I)
 _ENGINE_OP = re.compile(r"^(?:vllm|_vllm\w*|sglang|sgl_kernel)::")
 
 

@@ -1279,6 +1279,15 @@ def old_device_properties(props: list[Any]) -> list[dict[str, Any]]:
     return [{_OLD_PROPERTY_NAMES.get(k, k): v for k, v in p.items()} for p in props if isinstance(p, dict)]
 
 
+def _schema(top: dict[str, msgspec.Raw]) -> str:
+    """', schema X' of an execution trace's top level, '' when it is not a short string."""
+    try:
+        value = msgspec.json.decode(top["schema"])
+    except msgspec.DecodeError:
+        return ""
+    return f", schema {value}" if isinstance(value, str) and len(value) <= 40 and value.isprintable() else ""
+
+
 def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) -> tuple[Header, Columns]:
     """A dict without a literal "traceEvents": [ ... ] (odd spacing, missing key): decode it whole."""
     data = head + b"".join(blocks)
@@ -1286,6 +1295,9 @@ def _decode_small_document(head: bytes, blocks: Iterator[bytes], dec: Decoders) 
         top = _top_level(data)
     except msgspec.DecodeError as e:
         raise _json_error(e, 0) from None
+    if top is not None and "nodes" in top and "schema" in top and "traceEvents" not in top:
+        raise TraceFormatError(f"a PyTorch execution trace (ExecutionTraceObserver{_schema(top)}), not a Kineto trace: "
+                               "analyse the torch.profiler trace recorded beside it (*.pt.trace.json)")
     if top is None or "traceEvents" not in top:
         raise TraceFormatError("no traceEvents key: not a Kineto trace")
     events = bytes(top["traceEvents"])
