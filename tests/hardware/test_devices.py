@@ -83,7 +83,8 @@ def test_normalise_name():
 @pytest.mark.parametrize(("file", "key", "scope"), [
     ("a100_alexnet_sync.json.gz", "A100-SXM4-40GB", ""),      # "NVIDIA A100-PG509-200", 42.3e9 B
     ("event_sync_multistream.json.gz", "A100-SXM4-40GB", ""),
-    ("mi250_rocm_minitoy.json.gz", "MI250", "one of 2 GCDs"),  # "AMD Radeon Graphics", gfx90a, 104 CUs
+    # "AMD Radeon Graphics", gfx90a, 104 CUs, 64 GB: an MI250 die, or an MI210 with the same figures.
+    ("mi250_rocm_minitoy.json.gz", "MI250", "one of 2 GCDs or AMD Instinct MI210: the same figures"),
     ("v100_resnet_rank0.json.gz", "V100-SXM2", ""),           # "Tesla V100-SXM2-32GB"
 ])
 def test_real_traces_match(file, key, scope):
@@ -173,3 +174,13 @@ def test_unknown_devices_give_none_and_a_reason(name, p, why):
 def test_no_device_properties():
     got = from_trace_properties([])
     assert got.device is None and "no roofline" in got.reason
+
+
+def test_the_mi210_is_named_and_matches_an_mi250_die():
+    """TraceLens' MI210 trace read 'unknown device': the card is one MI250 die on PCIe (AnandTech's table)."""
+    mi210 = match_device("AMD Instinct MI210", props("AMD Instinct MI210", (9, 0), 104, 64 * GIB))
+    assert mi210 is not None and mi210.key == "MI210" and mi210.scope == ""
+    die = match_device("AMD Instinct MI250").one_die()
+    assert mi210.peak_tflops("fp16") == 181 == pytest.approx(die.peak_tflops("fp16"), rel=0.01)
+    assert mi210.mem_bw_gbs == die.mem_bw_gbs == pytest.approx(1638.4)
+    assert "AnandTech" in mi210.sources["dense_tflops.fp16"]

@@ -168,6 +168,12 @@ def identify(name: str | None, props: Mapping[str, Any] | None = None) -> Identi
     views = [v for e in cands for v in _views(e, props)]
     if len(views) == 1:
         return Identification(views[0])
+    if len(views) > 1 and all(_same_figures(views[0], v) for v in views[1:]):
+        # Parts that differ in name only, as far as a roofline goes (an MI250 die and an MI210): the
+        # first, its scope naming the others.
+        others = ", ".join(v.label for v in views[1:])
+        scope = f"{views[0].scope} or {others}: the same figures" if views[0].scope else f"or {others}: the same figures"
+        return Identification(replace(views[0], scope=scope))
     what = raw or "(no name)"
     if not views:
         return Identification(None, f"unknown device {what!r}: its properties match no table entry, no roofline")
@@ -211,6 +217,19 @@ def _views(e: DeviceSpec, props: Mapping[str, Any]) -> list[DeviceSpec]:
     if len(views) > 1 and not props:
         views = views[:1]  # a bare name means the whole part
     return views
+
+
+def _same_figures(a: DeviceSpec, b: DeviceSpec, rel: float = 0.02) -> bool:
+    """Two entries nothing here tells apart: the same CUs/SMs, memory and link bandwidth and peaks
+    (within `rel`). An A100 SXM4 and PCIe 40GB share their peaks but not their links: not the same."""
+    def close(x: float | None, y: float | None) -> bool:
+        return x is None and y is None or (x is not None and y is not None and abs(x - y) <= rel * max(x, y))
+
+    return (a.sms == b.sms and close(a.mem_bw_gbs, b.mem_bw_gbs) and close(a.interconnect_gbs, b.interconnect_gbs)
+            and a.dense_tflops.keys() == b.dense_tflops.keys()
+            and all(close(a.dense_tflops[k], b.dense_tflops[k]) for k in a.dense_tflops)
+            and a.sparse_tflops.keys() == b.sparse_tflops.keys()
+            and all(close(a.sparse_tflops[k], b.sparse_tflops[k]) for k in a.sparse_tflops))
 
 
 def _memory_fits(total_bytes: int, nominal_gb: tuple[float, ...]) -> bool:
