@@ -45,7 +45,11 @@ def test_the_workers_fix_follows_where_their_time_goes():
     assert "77.5 ms in the dataset's reads" in got.evidence[-1].text
     f.dataloaders[0].worker_collate_ms_mean, f.dataloaders[0].worker_dataset_ms_mean = 60.0, 20.0
     got = only(run("HO-14", (None, f)), "HO-14")
-    assert "collate_fn takes 75%" in got.fix.text
+    assert "collate_fn takes 75%" in got.fix.text and ".item()" in got.fix.text
+    # torch's default_collate converts nothing: the advice is whole batches per __getitem__.
+    f.dataloaders[0].collate_fn = "torch.utils.data._utils.collate.default_collate"
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert "stacking one small sample at a time" in got.fix.text and ".item()" not in got.fix.text
 
 
 def test_workers_that_cost_more_than_they_give_are_told_to_go():

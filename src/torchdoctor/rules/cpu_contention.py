@@ -139,8 +139,12 @@ def _cheaper(d: DataLoaderFacts | None) -> str:
         return ("a vectorised collate such as default_collate instead of element-by-element "
                 ".item()/.tolist(), decode once and cache")
     if collate >= 0.5 * (reads + collate):
-        return (f"collate_fn takes {collate / (reads + collate):.0%} of their time per batch: collate with "
-                "whole-tensor ops instead of element-by-element .item()/.tolist()")
+        share = f"collate_fn takes {collate / (reads + collate):.0%} of their time per batch"
+        if d is not None and (d.collate_fn or "").endswith("default_collate"):
+            # torch's own collate converts nothing: its cost is one small tensor per sample, stacked.
+            return (f"{share}, torch's default_collate stacking one small sample at a time: let one __getitem__ "
+                    "return a whole batch (a BatchSampler as the sampler, batch_size=None)")
+        return f"{share}: collate with whole-tensor ops instead of element-by-element .item()/.tolist()"
     return (f"the dataset's reads and transforms take {reads / (reads + collate):.0%} of their time per batch: "
             "decode once and cache, store smaller or pre-resized samples, lighter CPU augmentation")
 
