@@ -115,8 +115,8 @@ def estimates_of(findings: Sequence[Any]) -> dict[str, float]:
     # them what other findings price: their start at every epoch (DL-6) and their competition for the
     # CPUs (HO-14). skorch's README example: DL-1 claimed 14.0%, `fix` measured 70.7% [69.0%, 72.4%];
     # with DL-6's 29.2% and HO-14's 30.5%, 73.7%. The matrix keeps each cost with its own finding.
-    if any(f.remedy == "dataloader.workers" and any(e.values.get("advised_workers") == 0 for e in f.evidence)
-           for f in findings):
+    key = select.ADVISED_VALUE["dataloader.workers"]
+    if any(f.remedy == "dataloader.workers" and any(e.values.get(key) == 0 for e in f.evidence) for f in findings):
         alone = sum(f.recoverable_pct for f in findings if f.remedy == "dataloader.workers")
         out["dataloader.workers=0"] = min(100.0, round(alone + sum(
             f.recoverable_pct for f in findings if f.id in WORKER_COSTS and f.remedy != "dataloader.workers"), 2))

@@ -144,6 +144,11 @@ def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
     return snippet[:start] + "TrainingArguments(..., " + ", ".join(mapped) + ")" + note + rest
 
 
+def call_owner(call: str | None) -> str | None:
+    """The class of a library call's qualified name ("NeuralNetClassifier.fit" -> NeuralNetClassifier)."""
+    return call.split(".")[0] if call and "." in call else None
+
+
 def prefixed_snippet(snippet: str, kind: str, library: str, owner: str | None) -> str | None:
     """The snippet with its `kind(...)` call as the library object's prefixed parameters (PREFIXED:
     `NeuralNetClassifier(..., iterator_train__persistent_workers=True, ...)`); None when the library
@@ -203,7 +208,7 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
         return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by transformers' Trainer, and "
                                 "TrainingArguments has no field for this setting)"), snippet)
     if d is not None and not d.call_site and d.created_by and (d.created_by, kind) in PREFIXED:
-        owner = d.library_call.split(".")[0] if d.library_call and "." in d.library_call else None
+        owner = call_owner(d.library_call)
         code = prefixed_snippet(snippet, kind, d.created_by, owner)
         if code is not None:
             params = "/".join(f"{p}*" for p in PREFIXED[(d.created_by, kind)])

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..advice.framework_settings import PREFIXED, prefixed_snippet, trainer_snippet
+from ..advice.framework_settings import PREFIXED, call_owner, prefixed_snippet, trainer_snippet
 from .catalogue import BY_ID
 
 
@@ -179,7 +179,7 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
                 return Change([rid], f"TrainingArguments (transformers' Trainer builds the {remedy.target})", code,
                               "python")
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in PREFIXED:
-            owners = {str(e.get("entry")).split(".")[0] for e in entries if "." in str(e.get("entry"))}
+            owners = {call_owner(e.get("entry")) for e in entries} - {None}
             owner = owners.pop() if len(owners) == 1 else None  # NeuralNetClassifier, from its fit / predict
             code = prefixed_snippet(f"{remedy.target}(..., {args})", remedy.target, lib, owner)
             if code is not None:

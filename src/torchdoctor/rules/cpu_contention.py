@@ -34,7 +34,6 @@ not trace who preempted whom.
 
 from __future__ import annotations
 
-from ..advice.framework_settings import loader_fix
 from ..facts import DataLoaderFacts
 from ._common import (
     WARN_PCT,
@@ -50,7 +49,7 @@ from ._common import (
 )
 from ._cpu import oversubscribed_by_job, run_delay
 from .engine import RuleInputs, rule
-from .input import cheaper_in_process
+from .input import cheaper_in_process, no_workers_fix
 from .model import Evidence, Finding, Fix
 
 MIN_DELAY_PCT = 2.0  # below this share of the step the run-queue delay is the scheduler's normal jitter
@@ -107,10 +106,9 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                        "it can give back, as the workers' necessary work stays")
             cheaper = cheaper_in_process(inside) if inside is not None else None
             if inside is not None and cheaper is not None:  # no workers at all, and no contention with them
-                fix = loader_fix([inside], f"Load in the training process{{where}}: num_workers=0; a worker makes a "
-                                 f"batch in {fmt_ms(cheaper[1])} and receiving it takes {fmt_ms(cheaper[0])}, so the "
-                                 "workers cost this CPU time and more than they give.",
-                                 "DataLoader(dataset, batch_size=..., num_workers=0)")
+                fix = no_workers_fix([inside], f"; a worker makes a batch in {fmt_ms(cheaper[1])} and receiving it "
+                                               f"takes {fmt_ms(cheaper[0])}, so the workers cost this CPU time and more "
+                                               "than they give.")
                 confirm = "`torchdoctor fix --apply dataloader.workers=0` measures it"
             return finding(v, "HO-14", "host", title, gain * to_view, evidence=evidence, fix=fix, confidence="low",
                            warn=WARN_AT_PCT, crit=CRIT_AT_PCT, confirm=confirm,

@@ -402,46 +402,7 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
         else:
             lead = _short(op_tops[0].name) if op_tops else "host ops"
             doing = f"runs {lead} and other host work"
-        fix = Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
-                  "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
-                  "gives the device more work per host step.", "model = torch.compile(model)")
-        htod = any(m.direction == "HtoD" for m in v.r.kernels.memcpy)
-        graphs = v.r.launches.graph_launches > 0
-        if op_tops and lead == _short(op_tops[0].name) and op_tops[0].name in COPY_OPS and htod:
-            fix = Fix(f"Copies and casts run on the host in the step ({lead} leads): cast and copy on the device "
-                      "(move the tensor first, then convert), copy from pinned memory with non_blocking=True, or "
-                      "do it once outside the loop; a larger batch gives each launch more work.",
-                      "x = x.to(device, non_blocking=True).to(torch.bfloat16)   # pinned source; cast on the device")
-        elif op_tops and lead == _short(op_tops[0].name) and _ENGINE_OP.match(op_tops[0].name):
-            # An inference engine's op (vLLM, SGLang): its own CUDA-graph mode, not torch.compile by hand.
-            fix = Fix(f"The host issues the engine's ops more slowly than the device runs them ({lead} leads): "
-                      "run the engine with its CUDA graphs for these batch sizes (vLLM without enforce_eager and "
-                      "with capture sizes that cover the batch; SGLang without --disable-cuda-graph).",
-                      "LLM(model=..., enforce_eager=False)   # vLLM: CUDA graphs for the decode batches")
-        elif (tops and tops[0].region and lead.startswith("the Python between ops in")
-              and _MODEL_REGION.search(tops[0].name)):
-            # A region around the model's forward or backward (DDP's forward, DLRM's "## forward ##"): its
-            # Python is the model's own per-op work, nothing to move off the step.
-            graph = "" if graphs else ", and mode='reduce-overhead' launches a step of static shapes as one CUDA (HIP) graph"
-            fix = Fix(f"The model's own Python issues its ops more slowly than the device runs them ({lead}): cut the "
-                      f"per-op overhead: torch.compile fuses the ops into fewer kernels{graph}; a larger batch gives "
-                      "each launch more work.", "model = torch.compile(model)")
-        elif op_tops and lead == _short(op_tops[0].name) and (_MODEL_OP.match(op_tops[0].name)
-                                                              or op_tops[0].name in COPY_OPS):
-            # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch,
-            # a cast under autocast): nothing to move off the step, the host issues the model's ops slower
-            # than the device runs them. CUDA (HIP) graphs only where the trace shows none already.
-            compiled = bool(_COMPILED.match(op_tops[0].name))
-            graph = "" if graphs else (
-                "capture the compiled step in CUDA (HIP) graphs (mode='reduce-overhead'), which launches it at "
-                "once, when its shapes are static; " if compiled else
-                "torch.compile fuses the ops into fewer kernels, and mode='reduce-overhead' launches a step of "
-                "static shapes as one CUDA (HIP) graph; ")
-            fix = Fix(f"The host issues the model's ops more slowly than the device runs them ({lead} leads): "
-                      "cut the per-op overhead: " + (graph or "fewer, larger ops (the trace already replays "
-                      "graphs: what is left runs outside them); ") + "a larger batch gives each launch more work.",
-                      "" if graphs else "model = torch.compile(model, mode=\"reduce-overhead\")" if compiled else
-                      "model = torch.compile(model)   # or mode=\"reduce-overhead\" (CUDA graphs)")
+        fix = _host_bound_fix(v, lead, tops, op_tops)
         ls = v.r.launches
         return finding(
             v, "HO-5", "host",
@@ -460,6 +421,54 @@ def host_bound(inputs: RuleInputs) -> list[Finding]:
             confirm="profile the host side (py-spy, or torch.profiler with_stack=True) to see the Python behind it",
             source="HTA/BE queue depth; TBP 5%; TML RESIDUAL_HEAVY 20%", budget="idle.host")
     return per_rank(inputs, one)
+
+
+# torch.compile's answer to per-op overhead, with CUDA graphs where the trace replays none yet.
+_FUSE = "torch.compile fuses the ops into fewer kernels"
+_GRAPH = "mode='reduce-overhead' launches a step of static shapes as one CUDA (HIP) graph"
+
+
+def _host_bound_fix(v: View, lead: str, tops: list, op_tops: list) -> Fix:
+    """HO-5's fix by what leads the host time: work of the user's to move off the step, or the
+    model's own ops (a namespaced op, a compiled region, a region around forward/backward), whose
+    per-op overhead torch.compile and CUDA graphs cut; copies, and an inference engine's ops."""
+    graphs = v.r.launches.graph_launches > 0
+    first = op_tops[0].name if op_tops and lead == _short(op_tops[0].name) else None
+    if first in COPY_OPS and any(m.direction == "HtoD" for m in v.r.kernels.memcpy):
+        return Fix(f"Copies and casts run on the host in the step ({lead} leads): cast and copy on the device "
+                   "(move the tensor first, then convert), copy from pinned memory with non_blocking=True, or "
+                   "do it once outside the loop; a larger batch gives each launch more work.",
+                   "x = x.to(device, non_blocking=True).to(torch.bfloat16)   # pinned source; cast on the device")
+    if first is not None and _ENGINE_OP.match(first):
+        # An inference engine's op (vLLM, SGLang): its own CUDA-graph mode, not torch.compile by hand.
+        return Fix(f"The host issues the engine's ops more slowly than the device runs them ({lead} leads): "
+                   "run the engine with its CUDA graphs for these batch sizes (vLLM without enforce_eager and "
+                   "with capture sizes that cover the batch; SGLang without --disable-cuda-graph).",
+                   "LLM(model=..., enforce_eager=False)   # vLLM: CUDA graphs for the decode batches")
+    if tops and tops[0].region and lead.startswith("the Python between ops in") and _MODEL_REGION.search(tops[0].name):
+        # A region around the model's forward or backward (DDP's forward, DLRM's "## forward ##"): its
+        # Python is the model's own per-op work, nothing to move off the step.
+        return Fix(f"The model's own Python issues its ops more slowly than the device runs them ({lead}): cut the "
+                   f"per-op overhead: {_FUSE}{'' if graphs else ', and ' + _GRAPH}; a larger batch gives each "
+                   "launch more work.", "model = torch.compile(model)")
+    if first is not None and (_MODEL_OP.match(first) or first in COPY_OPS):
+        # The model's own op (aten::linear in an eager Hugging Face model, a compiled region's launch,
+        # a cast under autocast): nothing to move off the step, the host issues the model's ops slower
+        # than the device runs them. CUDA (HIP) graphs only where the trace shows none already.
+        compiled = bool(_COMPILED.match(first))
+        if graphs:
+            how, snippet = "fewer, larger ops (the trace already replays graphs: what is left runs outside them); ", ""
+        elif compiled:
+            how = ("capture the compiled step in CUDA (HIP) graphs (mode='reduce-overhead'), which launches it at "
+                   "once, when its shapes are static; ")
+            snippet = "model = torch.compile(model, mode=\"reduce-overhead\")"
+        else:
+            how, snippet = f"{_FUSE}, and {_GRAPH}; ", "model = torch.compile(model)   # or mode=\"reduce-overhead\" (CUDA graphs)"
+        return Fix(f"The host issues the model's ops more slowly than the device runs them ({lead} leads): "
+                   f"cut the per-op overhead: {how}a larger batch gives each launch more work.", snippet)
+    return Fix(f"Shorten the host work on the step path: move {lead} off it (every N steps, another "
+               "thread or the data pipeline); cut per-op overhead with torch.compile; a larger batch "
+               "gives the device more work per host step.", "model = torch.compile(model)")
 
 
 # A model's op, not a piece of the user's loop: a namespaced operator (aten::linear, vllm::moe_forward)

@@ -442,6 +442,12 @@ CHEAPER_SHARE = 0.7
 CHEAPER_MIN_MS = 0.1
 
 
+def no_workers_fix(loaders: list, why: str) -> Fix:
+    """The num_workers=0 fix (DL-1, DL-6, HO-14), told where the loader is built; `why` follows it."""
+    return loader_fix(loaders, "Load in the training process{where}: num_workers=0" + why,
+                      "DataLoader(dataset, batch_size=..., num_workers=0)")
+
+
 def _workers_cost_more(v: View, handoff: float, per_batch: float, own: float, d) -> Finding:
     """DL-1 when making a batch in the training process costs less than receiving it from a worker."""
     gain = min(handoff, (per_batch - own) * handoff / per_batch)
@@ -458,9 +464,8 @@ def _workers_cost_more(v: View, handoff: float, per_batch: float, own: float, d)
                            "workers' competition for the CPUs (HO-14) goes with them and is not counted here.",
                            {"handoff_ms": round(handoff, 3), "ready_wait_ms_mean": per_batch,
                             "worker_batch_ms": round(own, 3), "advised_workers": 0})],
-        fix=_loader_fix(v, "Load in the training process{where}: num_workers=0; the batches are cheaper to make "
-                        "than to receive (in-memory data; index whole batches to make them cheaper still).",
-                        "DataLoader(dataset, batch_size=..., num_workers=0)"),
+        fix=no_workers_fix(v.f.dataloaders if v.f is not None else [], "; the batches are cheaper to make than to receive (in-memory data; "
+                                          "index whole batches to make them cheaper still)."),
         confidence="medium", confirm="`torchdoctor fix --apply dataloader.workers=0` measures it",
         remedy="dataloader.workers", source="the workers' own batch timing against the handoff (probe/workers.py)",
         budget="data.wait")
@@ -670,14 +675,11 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
             # without them there is nothing to restart either, and "keep them alive" would contradict it.
             cheaper = cheaper_in_process(d)
             if cheaper is not None:
-                advised = {"advised_workers": 0}
-                fix = loader_fix([d], f"Load in the training process{{where}}: num_workers=0, which removes the "
-                                 f"restarts with the workers (a worker makes a batch in {fmt_ms(cheaper[1])}, "
-                                 f"receiving it takes {fmt_ms(cheaper[0])}).",
-                                 "DataLoader(dataset, batch_size=..., num_workers=0)")
+                facts["advised_workers"] = 0
+                fix = no_workers_fix([d], f", which removes the restarts with the workers (a worker makes a batch in "
+                                          f"{fmt_ms(cheaper[1])}, receiving it takes {fmt_ms(cheaper[0])}).")
                 remedy = "dataloader.workers"
             else:
-                advised = {}
                 fix = loader_fix([d], "Keep the workers alive across epochs{where}.",
                                  "DataLoader(..., persistent_workers=True)")
                 remedy = "dataloader.persistent_workers"
@@ -698,13 +700,12 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                         "(worker start-up, worker_init_fn) and the data wait above the median (the old workers' "
                         "shutdown, the first batch; persistent workers still wait for that batch). The rest is the "
                         "job's own work between epochs (evaluation, checkpoints).",
-                        {**facts, **advised, "epoch_starts": ep.starts, "steps": ep.steps,
+                        {**facts, "epoch_starts": ep.starts, "steps": ep.steps,
                          "excess_ms_per_epoch": round(ep.excess_ms, 3), "loader_ms_per_epoch": round(ep.loader_ms, 3)})],
                     fix=fix, confidence="medium", remedy=remedy,
                     source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
                     budget={"data.wait": wait, "step": max(0.0, gain - wait)})
             gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
-            facts = {**facts, **advised}
             return finding(
                 v, "DL-6", "input",
                 f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",

@@ -174,8 +174,7 @@ _SB3 = ("Stable-Baselines3 collects n_steps x n_envs transitions between updates
         "model = PPO(\"MlpPolicy\", vec_env, n_steps=2048 * 4 // 16, device=\"cpu\")   # same transitions per update")
 # The on-policy algorithms, whose rollout is n_steps per environment (off-policy ones collect
 # train_freq steps between gradient steps and take no n_steps).
-_ROLLOUT_SETTINGS = ((re.compile(r"(?:stable_baselines3|sb3_contrib)'s (?:PPO|A2C|TRPO|RecurrentPPO|MaskablePPO)\."),
-                      *_SB3),)
+_SB3_ON_POLICY = re.compile(r"(?:stable_baselines3|sb3_contrib)'s (?:PPO|A2C|TRPO|RecurrentPPO|MaskablePPO)\.")
 
 
 def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None) -> Fix:
@@ -184,9 +183,8 @@ def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bo
     ``inference_mode``: the forwards already run under torch.inference_mode() (not advised again)."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
-        for library, how, snippet in _ROLLOUT_SETTINGS:
-            if site and library.search(site):
-                return Fix(f"Most of it is the policy's forwards of the rollout{where}. {how}", snippet)
+        if site and _SB3_ON_POLICY.search(site):
+            return Fix(f"Most of it is the policy's forwards of the rollout{where}. {_SB3[0]}", _SB3[1])
         mode = "" if inference_mode else ", under torch.inference_mode(),"
         fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
                   f"often or on fewer samples{mode} and batch it: one forward over many inputs instead of one per "
