@@ -123,3 +123,86 @@ def test_a_run_s_report_ties_kernels_to_user_lines(tmp_path):
     assert fusion.summary([m], 5) == ("1 compiled module(s), 5 captured ops -> 2 generated kernel(s) + 2 extern call(s) "
                                       "(addmm, aten._scaled_dot_product_flash_attention_for_cpu)")
     json.dumps(m)  # the report's JSON carries it as is
+
+
+# torch 2.14.1 on a CPU, karpathy/nanoGPT's GPT (eval graph, two blocks, cut): C++ kernels come without
+# comments; the residual adds are nodes named after the variable (x_1 = x + attn(...)).
+CODE_NANOGPT = '''
+class Runner:
+    def call(self, args):
+        cpp_fused_add_arange_embedding_native_layer_norm_0(buf1, arg0_1, arg1_1, arg2_1, arg3_1, buf2, buf3)
+        # Topologically Sorted Source Nodes: [tok_emb, pos, pos_emb, add, layer_norm, linear], Original ATen: [aten.embedding, aten.arange, aten.add, aten.native_layer_norm, aten.view, aten.t, aten.mm]
+        extern_kernels.mm(buf3, arg4_1, out=buf4)
+        # Topologically Sorted Source Nodes: [transpose_3, y_1, linear_1], Original ATen: [aten.transpose, aten.view, aten.t, aten.mm]
+        extern_kernels.mm(buf6, arg5_1, out=buf8)
+        cpp_fused__unsafe_view_add_native_layer_norm_1(buf10, buf8, arg6_1, buf11, buf12)
+        # Topologically Sorted Source Nodes: [linear_1, x_1, layer_norm_1, x_2], Original ATen: [aten._unsafe_view, aten.add, aten.native_layer_norm, aten.view, aten.t, aten.mm]
+        extern_kernels.mm(buf12, arg7_1, out=buf13)
+        cpp_fused__unsafe_view_gelu_2(buf14)
+        # Topologically Sorted Source Nodes: [x_2, x_3, x_4], Original ATen: [aten._unsafe_view, aten.gelu, aten.view, aten.t, aten.mm]
+        extern_kernels.mm(buf14, arg8_1, out=buf15)
+        cpp_fused__unsafe_view_add_native_layer_norm_3(buf16, buf15, arg9_1, buf17, buf18)
+        # Topologically Sorted Source Nodes: [x_4, x_5, layer_norm_2, linear_4], Original ATen: [aten._unsafe_view, aten.add, aten.native_layer_norm, aten.view, aten.t, aten.mm]
+        extern_kernels.mm(buf18, arg10_1, out=buf19)
+        return (buf19, )
+'''
+NANOGPT_LINES = {"tok_emb": "model.py:177", "pos": "model.py:174", "pos_emb": "model.py:178", "add": "model.py:179",
+                 "layer_norm": "model.py:27", "linear": "model.py:56", "transpose_3": "model.py:74",
+                 "y_1": "model.py:74", "linear_1": "model.py:75", "x_1": "model.py:104", "layer_norm_1": "model.py:27",
+                 "x_2": "model.py:88", "x_3": "model.py:89", "x_4": "model.py:90", "x_5": "model.py:105",
+                 "layer_norm_2": "model.py:27", "linear_4": "model.py:56"}
+NANOGPT_OPS = {"tok_emb": "embedding", "pos": "arange", "pos_emb": "embedding", "add": "add",
+               "layer_norm": "layer_norm", "linear": "linear", "transpose_3": "transpose", "y_1": "view",
+               "linear_1": "linear", "x_1": "add", "layer_norm_1": "layer_norm", "x_2": "linear", "x_3": "gelu",
+               "x_4": "linear", "x_5": "add", "layer_norm_2": "layer_norm", "linear_4": "linear"}
+
+
+def _nanogpt_kernels(tmp_path, graph):
+    (tmp_path / "output_code").mkdir()
+    (tmp_path / "output_code" / "cgpt.py").write_text(CODE_NANOGPT)
+    (m,) = fusion.report(str(tmp_path), {"output_code": ["cgpt.py"], "graphs": [graph]})
+    assert all("at" not in k for k in m["kernels"] + m["externs"]) and "launch_nodes" not in m
+    return {k["name"]: k["lines"] for k in m["kernels"]}
+
+
+def test_a_kernel_without_comment_is_tied_to_the_ops_of_its_name_near_its_launch(tmp_path):
+    """Each block's residual add + layer norm was put at the embedding's add (model.py:179, the one node
+    named 'add'), and the GELU had no line: node names are variable names. Now by the nodes' ops, and
+    only among the nodes between the commented launches around the kernel."""
+    lines = _nanogpt_kernels(tmp_path, {"ops": 17, "lines": NANOGPT_LINES, "node_ops": NANOGPT_OPS})
+    assert lines == {"cpp_fused_add_arange_embedding_native_layer_norm_0": ["model.py:177", "model.py:178",
+                                                                            "model.py:179", "model.py:27"],
+                     "cpp_fused__unsafe_view_add_native_layer_norm_1": ["model.py:104", "model.py:27"],
+                     "cpp_fused__unsafe_view_gelu_2": ["model.py:89"],
+                     "cpp_fused__unsafe_view_add_native_layer_norm_3": ["model.py:105", "model.py:27"]}
+
+
+def test_a_record_without_node_ops_still_matches_by_node_name_near_the_launch(tmp_path):
+    lines = _nanogpt_kernels(tmp_path, {"ops": 17, "lines": NANOGPT_LINES})
+    assert lines["cpp_fused__unsafe_view_add_native_layer_norm_1"] == ["model.py:27"]
+    assert lines["cpp_fused__unsafe_view_gelu_2"] == []
+
+
+def test_long_op_names_and_backward_kernels():
+    assert fusion.ops_from_name("cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_4") == [
+        "scaled_dot_product_flash_attention_for_cpu_backward", "transpose", "view"]
+    assert fusion.ops_from_name(
+        "cpp_fused__log_softmax__log_softmax_backward_data_add_arange_eq_expand_nll_loss_backward_scalar_tensor_view_0"
+    ) == ["log_softmax", "log_softmax_backward_data", "add", "arange", "eq", "expand", "nll_loss_backward",
+          "scalar_tensor", "view"]
+
+
+def test_a_backward_kernel_is_tied_to_the_forward_op_it_differentiates(tmp_path):
+    code = '''
+class Runner:
+    def call(self, args):
+        cpp_fused_gelu_gelu_backward_native_layer_norm_backward_0(buf0, buf1)
+        return (buf1, )
+'''
+    (tmp_path / "output_code").mkdir()
+    (tmp_path / "output_code" / "cbwd.py").write_text(code)
+    graph = {"lines": {"x_3": "model.py:89", "layer_norm_1": "model.py:27", "x_1": "model.py:104"},
+             "node_ops": {"x_3": "gelu", "layer_norm_1": "layer_norm", "x_1": "add"}}
+    (m,) = fusion.report(str(tmp_path), {"output_code": ["cbwd.py"], "graphs": [graph]})
+    (k,) = m["kernels"]
+    assert k["lines"] == ["model.py:89", "model.py:27"] and k["lines_from"] == "op names"

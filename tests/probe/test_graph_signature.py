@@ -40,3 +40,17 @@ def test_the_same_graph_hashes_equal_and_a_new_shape_or_op_does_not():
         if isinstance(v, torch.Tensor):
             node.meta["example_value"] = torch.empty(v.shape, dtype=v.dtype, device="meta")
     assert compile_cache.graph_signature(a)["hash"] == sa["hash"]
+
+
+def test_each_node_s_op_is_kept_beside_its_line():
+    """Node names are the user's variable names; the fusion report matches C++ kernels by the ops."""
+    def g(x, w):
+        y = x @ w
+        z = torch.nn.functional.gelu(y) + y
+        return z.sum(dim=-1)
+
+    (gm,) = captured(g, torch.randn(4, 8), torch.randn(8, 3))
+    sig = compile_cache.graph_signature(gm)
+    ops = [sig["node_ops"][n] for n in sig["lines"] if n in sig["node_ops"]]
+    assert ops == ["matmul", "gelu", "add", "sum"]
+    assert set(sig["node_ops"]) <= set(sig["lines"])

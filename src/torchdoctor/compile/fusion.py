@@ -47,6 +47,16 @@ JOINS_AFTER = {"scatter": frozenset({"slice", "select", "masked", "diagonal", "s
 STARTS = {"scatter": frozenset({"add", "reduce"})}
 
 
+# ATen ops of more words than the rules above join, longest first ("scaled_dot_product_flash_attention_
+# for_cpu_backward" would otherwise read as seven ops).
+LONG_OPS = sorted((tuple(n.split("_")) for n in (
+    "scaled_dot_product_flash_attention_for_cpu_backward", "scaled_dot_product_flash_attention_for_cpu",
+    "scaled_dot_product_flash_attention_backward", "scaled_dot_product_flash_attention",
+    "scaled_dot_product_efficient_attention_backward", "scaled_dot_product_efficient_attention",
+    "scaled_dot_product_cudnn_attention_backward", "scaled_dot_product_cudnn_attention",
+    "log_softmax_backward_data", "softmax_backward_data", "scalar_tensor")), key=len, reverse=True)
+
+
 def ops_from_name(name: str) -> list[str]:
     """The op names Inductor put in a kernel's name ("cpp_fused_add_gelu_0" -> ["add", "gelu"]), once
     each: best effort (Inductor joins op names with "_", the same character many op names contain)."""
@@ -55,7 +65,16 @@ def ops_from_name(name: str) -> list[str]:
     words = [w for w in body.split("_") if w]
     ops: list[str] = []
     glue = False
+    skip = 0
     for i, word in enumerate(words):
+        if skip:
+            skip -= 1
+            continue
+        long = next((op for op in LONG_OPS if tuple(words[i:i + len(op)]) == op), None)
+        if long is not None:
+            ops.append("_".join(long))
+            skip, glue = len(long) - 1, False
+            continue
         joined = bool(ops) and (glue or word in SUFFIXES or words[i - 1] in JOINS_AFTER.get(word, ()))
         if joined:
             ops[-1] += "_" + word
@@ -71,6 +90,9 @@ def parse(text: str) -> dict[str, Any]:
     externs: list[dict[str, Any]] = []
     body = text.split("def call(", 1)[1] if "def call(" in text else ""
     pending: tuple[list[str], list[str]] | None = None
+    # The source nodes of every launch, in launch order ([] where no comment came with it): where a
+    # kernel without a comment sits among launches that have one (report(), _nearby).
+    launch_nodes: list[list[str]] = []
     for line in body.splitlines():
         m = _COMMENT.search(line)
         if m:
@@ -84,18 +106,23 @@ def parse(text: str) -> dict[str, Any]:
             if seen is not None:  # the same kernel launched again (each layer of a loop, say)
                 seen["launches"] += 1
                 seen["nodes"] += [n for n in nodes if n not in seen["nodes"]]
+                seen["at"].append(len(launch_nodes))
             else:
                 kernels.append({"name": name, "kind": "triton" if name.startswith("triton") else "cpp",
                                 "aten": aten or ops_from_name(name), "nodes": nodes,
-                                "ops_from": "comment" if aten else "name", "launches": 1})
-            pending = None
+                                "ops_from": "comment" if aten else "name", "launches": 1,
+                                "at": [len(launch_nodes)]})
         elif (e := _EXTERN.match(line)) is not None:
-            externs.append({"name": f"extern_kernels.{e.group(1)}", "aten": aten, "nodes": nodes})
-            pending = None
+            externs.append({"name": f"extern_kernels.{e.group(1)}", "aten": aten, "nodes": nodes,
+                            "at": [len(launch_nodes)]})
         elif (f := _FALLBACK.match(line)) is not None:
-            externs.append({"name": f"aten.{f.group(1)}", "aten": aten or [f.group(1)], "nodes": nodes, "fallback": True})
-            pending = None
-    return {"kernels": kernels, "externs": externs}
+            externs.append({"name": f"aten.{f.group(1)}", "aten": aten or [f.group(1)], "nodes": nodes,
+                            "fallback": True, "at": [len(launch_nodes)]})
+        else:
+            continue
+        launch_nodes.append(nodes)
+        pending = None
+    return {"kernels": kernels, "externs": externs, "launch_nodes": launch_nodes}
 
 
 def lines_of(nodes: list[str], where: dict[str, str]) -> list[str]:
@@ -103,13 +130,91 @@ def lines_of(nodes: list[str], where: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(where[n] for n in nodes if n in where))
 
 
+# Ops of a captured graph (torch functions, operators, methods) and the ATen ops Inductor names its
+# kernels after, where the two names differ. Compared without leading underscores, as kernel names
+# lose them ("cpp_fused__native_batch_norm_legit_functional_copy__relu_2").
+ATEN_OF = {
+    "layer_norm": ("native_layer_norm",), "group_norm": ("native_group_norm",),
+    "batch_norm": ("native_batch_norm", "native_batch_norm_legit_functional", "native_batch_norm_legit_no_training"),
+    "dropout": ("native_dropout",), "linear": ("addmm", "mm"), "matmul": ("mm", "bmm"),
+    "cross_entropy": ("log_softmax", "nll_loss_forward"), "softmax": ("softmax",), "log_softmax": ("log_softmax",),
+    "iadd": ("add",), "truediv": ("div",), "floordiv": ("div",), "itruediv": ("div",), "imul": ("mul",),
+    "isub": ("sub",), "rsub": ("sub", "rsub"),
+    "scaled_dot_product_attention": ("scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_flash_attention",
+                                     "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention"),
+}
+# Ops in nearly every kernel of a graph (layout and indexing): matching them would tie a kernel to any
+# line, so they do not count.
+LAYOUT_OPS = frozenset({"view", "unsafe_view", "reshape", "t", "transpose", "permute", "expand", "clone",
+                        "contiguous", "getitem", "arange", "copy", "split", "squeeze", "unsqueeze", "flatten",
+                        "size", "to", "type_as", "float", "detach", "slice", "select", "cat", "full", "zeros"})
+
+
+_FORWARD = re.compile(r"_backward(?:_data|_input|_weight)?$")
+
+
+def _aten_names(op: str) -> tuple[str, ...]:
+    op = op.lstrip("_")
+    return (op, *ATEN_OF.get(op, ()))
+
+
+def by_op_name(item: dict[str, Any], graph: _Graph, launch_nodes: list[list[str]]) -> list[str]:
+    """The captured nodes a kernel without source nodes (C++ kernels on a CPU) was most likely made
+    from: nodes whose op is one its name spells, between the commented launches around each of its
+    launches (kernels run in topological order, so a fused kernel's nodes lie near its neighbours').
+    A hint, not provenance."""
+    # A backward kernel is told by the forward op it differentiates, as Inductor's comments do on a GPU.
+    wanted = {_FORWARD.sub("", a.lstrip("_")) for a in item["aten"]} - LAYOUT_OPS
+    named = [n for n, op in graph.ops.items() if wanted.intersection(_aten_names(op))]
+    spans = [_nearby(at, launch_nodes, graph.position) for at in item.get("at", ())]
+    spans = [s for s in spans if s is not None]
+    if spans:
+        named = [n for n in named if any(lo <= graph.position[n] <= hi for lo, hi in spans)]
+    return named
+
+
+def _nearby(at: int, launch_nodes: list[list[str]], position: dict[str, int]) -> tuple[int, int] | None:
+    """The span of graph positions of the source nodes of the nearest commented launches before and
+    after launch ``at`` (either order: a backward graph runs the forward's nodes in reverse); open
+    at an end without one; None when no launch around it names a node of the graph."""
+    def first(indices: range) -> list[int]:
+        for i in indices:
+            known = [position[n] for n in launch_nodes[i] if n in position]
+            if known:
+                return known
+        return []
+
+    before, after = first(range(at - 1, -1, -1)), first(range(at + 1, len(launch_nodes)))
+    if not before and not after:
+        return None
+    lo = min(before + after) if before and after else (min(before) if before else 0)
+    hi = max(before + after) if before and after else (max(after) if after else len(position))
+    return lo, hi
+
+
+class _Graph:
+    """The captured graphs' nodes as the fusion report needs them: user line, op and position."""
+
+    def __init__(self, graphs: list[dict[str, Any]]) -> None:
+        self.where: dict[str, str] = {}
+        self.ops: dict[str, str] = {}
+        for g in graphs:
+            for node, line in (g.get("lines") or {}).items():
+                self.where.setdefault(node, line)
+            # Records written before the probe kept each node's op: its name's stem ("mul_1" -> "mul").
+            node_ops = g.get("node_ops")
+            for node in g.get("lines") or {}:
+                op = node_ops.get(node) if node_ops is not None else _SUFFIX.sub("", node)
+                if op is not None:
+                    self.ops.setdefault(node, op)
+        self.position = {n: i for i, n in enumerate(self.where)}
+
+
 def report(folder: str, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Per output-code module of a run's compile-cache record: its kernels and extern calls with
     their ops and user lines, and the Dynamo graphs' op count for comparison."""
-    where: dict[str, str] = {}
-    for g in record.get("graphs") or []:
-        for node, line in (g.get("lines") or {}).items():
-            where.setdefault(node, line)
+    graph = _Graph(record.get("graphs") or [])
+    where = graph.where
     out = []
     for name in record.get("output_code") or []:
         try:
@@ -118,14 +223,14 @@ def report(folder: str, record: dict[str, Any]) -> list[dict[str, Any]]:
                 got = parse(f.read())
         except OSError:
             continue
+        launch_nodes = got.pop("launch_nodes")
         for item in got["kernels"] + got["externs"]:
             item["lines"] = lines_of(item["nodes"], where)
             if not item["nodes"] and item["aten"]:
-                # No source nodes written for it (C++ kernels on a CPU): the captured nodes named after
-                # its ops ("mul", "mul_1", ...), a hint rather than provenance.
-                named = [n for n in where if _SUFFIX.sub("", n) in item["aten"]]
-                item["lines"] = lines_of(named, where)
+                # No source nodes written for it (C++ kernels on a CPU).
+                item["lines"] = lines_of(by_op_name(item, graph, launch_nodes), where)
                 item["lines_from"] = "op names" if item["lines"] else None
+            item.pop("at", None)
         got["module"] = name
         out.append(got)
     return out

@@ -256,19 +256,33 @@ def graph_signature(gm: Any) -> dict[str, Any]:
     """A captured FX graph as device-agnostic lines (inputs, then each op with its output's dtype and
     shape; devices, file paths and node names left out) and their hash: equal graphs hash equal on
     any machine (reference section 4: graph identity apart from environment identity)."""
-    lines, where = [], {}
+    lines, where, ops = [], {}, {}
     for node in gm.graph.nodes:
         meta = node.meta.get("example_value", node.meta.get("val"))
         line = user_line(node.meta.get("stack_trace"))
         if line and len(where) < GRAPH_NODES:
             where[node.name] = line  # Inductor's output code names its source nodes by these names
+            if (op := _op_name(node)) is not None:
+                ops[node.name] = op  # what a C++ kernel's name is matched against (compile/fusion.py)
         if node.op == "placeholder":
             lines.append(f"input {_value(meta)}")
         elif node.op in ("call_function", "call_method", "call_module"):
             lines.append(f"{_target(gm, node)} -> {_value(meta)}")
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     return {"hash": digest, "ops": sum(not s.startswith("input ") for s in lines), "nodes": lines[:GRAPH_NODES],
-            "lines": where}
+            "lines": where, "node_ops": ops}
+
+
+def _op_name(node: Any) -> str | None:
+    """The op a captured node calls, short: ``layer_norm`` for torch.nn.functional.layer_norm, ``add``
+    for operator.add, ``view`` for a method; None for inputs, outputs and module calls. Node names are
+    the user's variable names (``x_1 = x + y``), so they cannot tell which op a node is."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function":
+        return None
+    name = getattr(node.target, "__name__", None)
+    return name if isinstance(name, str) else None
 
 
 def watch_graphs(output_graph: Any, failed: Any) -> None:
