@@ -419,3 +419,14 @@ def test_dl1_on_a_trace_without_steps_prices_the_whole_window(tmp_path):
     assert all(f.per == "window" and "the traced window waits" in f.title for f in dl)
     assert sum(f.recoverable_ms for f in dl) == pytest.approx(waited, abs=0.5)
     assert dl[0].recoverable_pct == pytest.approx(100 * dl[0].recoverable_ms / window_ms, abs=0.1)
+
+
+def test_dl6_silent_when_an_epoch_is_far_longer_than_a_restart():
+    """karpathy/minGPT's Trainer: RandomSampler(replacement=True, num_samples=10**10), one iterator for the
+    whole job; DL-6 said 'restarted at every epoch' at 0.0%."""
+    steps = [StepTiming(step=i, total_ms=100.0) for i in range(5)]
+    huge = loader(num_workers=4, persistent_workers=False, dataset_len=10**10, batch_size=16)
+    assert run("DL-6", (None, gpu_facts(dataloaders=[huge], steps=steps))) == []
+    # 4,000 steps an epoch: 0.1 ms of restart per 100 ms step, the threshold itself.
+    edge = loader(num_workers=4, persistent_workers=False, dataset_len=40_000, batch_size=10)
+    assert abs(only(run("DL-6", (None, gpu_facts(dataloaders=[edge], steps=steps))), "DL-6").recoverable_ms - 0.1) < 1e-9

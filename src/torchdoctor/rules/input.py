@@ -647,6 +647,10 @@ def restartable_loaders(loaders: list) -> list:
     return [d for d in with_workers if d.persistent_workers is False]
 
 
+# Below this share of the step, restarting the workers once an epoch is not worth a finding.
+NEGLIGIBLE_RESTART_PCT = 0.1
+
+
 @rule("DL-6", budgets=("data.wait", "step"))
 def workers_restart(inputs: RuleInputs) -> list[Finding]:
     """Workers restarted every epoch (num_workers > 0, persistent_workers=False).
@@ -706,6 +710,11 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
                     source="PL persistent_workers warning; GPP first_step_outlier; probe step timings",
                     budget={"data.wait": wait, "step": max(0.0, gain - wait)})
             gain = 1000.0 * WORKER_START_S * d.num_workers / per_epoch if per_epoch else 0.0
+            if cheaper is None and per_epoch and v.step_ms and v.pct(gain) < NEGLIGIBLE_RESTART_PCT:
+                # An epoch far longer than a restart: karpathy/minGPT's Trainer draws from a
+                # RandomSampler of 10^10 samples, one iterator for the whole job, and DL-6 told it
+                # "restarted at every epoch" at 0.0%.
+                continue
             return finding(
                 v, "DL-6", "input",
                 f"DataLoader workers ({d.num_workers}) are restarted at every epoch (persistent_workers=False).",
