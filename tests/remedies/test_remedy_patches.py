@@ -145,6 +145,32 @@ def test_a_loader_iterated_once_is_left_out_of_the_permanent_change(runtime: Run
     assert note.where == "left out" and idle in note.text and "not iterated a second time" in note.text
 
 
+def test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line(runtime: Runtime) -> None:
+    """huggingface/accelerate's prepare() builds a DataLoaderShard from the user's loader's attributes
+    (persistent_workers among them) and the job iterates only that copy, three epochs: `fix` left the
+    user's DataLoader line out of the permanent change as 'not iterated a second time'."""
+    from torchdoctor.remedies.suggest import changes_for
+
+    class Shard(DataLoader):  # what accelerate's prepare_data_loader does, reduced
+        pass
+
+    patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
+    user = DataLoader(Squares(), batch_size=8, num_workers=1)
+    copy = Shard(user.dataset, batch_size=user.batch_size, num_workers=user.num_workers,
+                 persistent_workers=user.persistent_workers)
+    other = Shard(Squares(), batch_size=8, num_workers=1, persistent_workers=True)  # not a copy of it
+    for _ in range(2):
+        batches(copy)
+        batches(other)
+    for loader in (copy, other):
+        loader._iterator._shutdown_workers()
+    applied = runtime.record()["applied"]
+    assert [e["exercised"] for e in applied] == [True] and applied[0]["site"].endswith(
+        f":{test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line.__code__.co_firstlineno + 10}")
+    (diff,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": applied})
+    assert diff.where == applied[0]["site"] and "persistent_workers=True" in diff.text
+
+
 def test_no_workers_also_drops_what_torch_refuses_without_them(runtime: Runtime) -> None:
     """dataloader.workers=0 (DL-1: a batch costs less to make than to receive) on a loader with
     persistent workers and a prefetch depth: torch raises ValueError for either without workers."""

@@ -107,6 +107,7 @@ def install(torch: Any, rt: Runtime) -> None:
     def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         last.clear()
         bound = sig.bind(*args, **kwargs)
+        inherit(bound.arguments)
         new, by = plan(torch, rt, bound.arguments)
         if not new:
             return None
@@ -121,6 +122,20 @@ def install(torch: Any, rt: Runtime) -> None:
         for key, value in new.items():
             rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library, entry_call=where.entry)
         return (bound.args, bound.kwargs), plain
+
+    def inherit(arguments: dict[str, Any]) -> None:
+        """A persistent loader over the dataset of one this remedy made persistent is a library's copy
+        of it, iterated in its place, and answers for its site: accelerate's ``prepare`` builds a
+        DataLoaderShard from the user's loader's attributes (persistent_workers included) and the job
+        iterates only that; `fix` had left the user's line out as 'not iterated a second time'
+        (huggingface/accelerate's cv_example, three epochs)."""
+        if not kept_alive or not arguments.get("persistent_workers"):
+            return
+        dataset = arguments.get("dataset")
+        site = next((site for loader, site in list(kept_alive.items())
+                     if dataset is not None and getattr(loader, "dataset", None) is dataset), False)
+        if site is not False:
+            kept_alive[arguments["self"]] = site
 
     def rejected(exc: BaseException) -> None:
         # torch refused the combination: this loader is built as the user wrote it.
