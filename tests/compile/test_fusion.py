@@ -206,3 +206,78 @@ class Runner:
     (m,) = fusion.report(str(tmp_path), {"output_code": ["cbwd.py"], "graphs": [graph]})
     (k,) = m["kernels"]
     assert k["lines"] == ["model.py:89", "model.py:27"] and k["lines_from"] == "op names"
+
+
+def _report_of(tmp_path, code: str, graphs: list[dict]) -> dict:
+    (tmp_path / "output_code").mkdir(exist_ok=True)
+    (tmp_path / "output_code" / "m.py").write_text(code)
+    (m,) = fusion.report(str(tmp_path), {"output_code": ["m.py"], "graphs": graphs})
+    return {k["name"]: k["lines"] for k in m["kernels"] + m["externs"]}
+
+
+def test_a_backward_module_opens_its_window_the_other_way(tmp_path):
+    """AOTAutograd's backward runs the forward's nodes from last to first: its first kernel (the loss's
+    gradient) lies after its commented neighbour in graph order, not before it (it had no line)."""
+    code = '''# AOT ID: ['0_backward']
+class Runner:
+    def call(self, args):
+        cpp_fused__log_softmax_backward_data_nll_loss_backward_0(buf0)
+        # Topologically Sorted Source Nodes: [linear_4], Original ATen: [aten.mm]
+        extern_kernels.mm(buf1, arg1, out=buf2)
+        cpp_fused_gelu_gelu_backward_1(buf3)
+        # Topologically Sorted Source Nodes: [x_2], Original ATen: [aten.mm]
+        extern_kernels.mm(buf1, arg1, out=buf2)
+        cpp_fused_add_embedding_dense_backward_relu_threshold_backward_2(buf3)
+        return (buf1, )
+'''
+    graph = {"lines": {"tok_emb": "m.py:1", "add": "m.py:2", "r": "m.py:3", "x_2": "m.py:4", "x_3": "m.py:5",
+                       "linear_4": "m.py:6", "loss": "m.py:7"},
+             "node_ops": {"tok_emb": "embedding", "add": "add_", "r": "relu", "x_2": "linear", "x_3": "gelu",
+                          "linear_4": "linear", "loss": "cross_entropy"}}
+    lines = _report_of(tmp_path, code, [graph])
+    assert lines["cpp_fused__log_softmax_backward_data_nll_loss_backward_0"] == ["m.py:7"]
+    assert lines["cpp_fused_gelu_gelu_backward_1"] == ["m.py:5"]
+    # embedding_dense_backward, an in-place add_ and relu's threshold_backward, before x_2 in the graph
+    assert lines["cpp_fused_add_embedding_dense_backward_relu_threshold_backward_2"] == ["m.py:1", "m.py:2", "m.py:3"]
+
+
+def test_a_kernel_outside_every_window_keeps_a_match_on_few_lines(tmp_path):
+    """Inductor put the loss kernel first in a forward module: nothing before it, and its op's only
+    node (cross_entropy) lies after the next commented launch."""
+    code = '''
+class Runner:
+    def call(self, args):
+        cpp_fused_nll_loss_forward_0(buf0)
+        # Topologically Sorted Source Nodes: [h], Original ATen: [aten.mm]
+        extern_kernels.mm(buf1, arg1, out=buf2)
+        cpp_fused_add_1(buf3)
+        return (buf1, )
+'''
+    graph = {"lines": {"h": "m.py:6", "a1": "m.py:7", "a2": "m.py:8", "a3": "m.py:9", "a4": "m.py:11",
+                       "loss": "m.py:10"},
+             "node_ops": {"h": "matmul", "a1": "add", "a2": "add", "a3": "add", "a4": "add", "loss": "cross_entropy"}}
+    lines = _report_of(tmp_path, code, [graph])
+    assert lines["cpp_fused_nll_loss_forward_0"] == ["m.py:10"]
+    assert lines["cpp_fused_add_1"] == ["m.py:7", "m.py:8", "m.py:9", "m.py:11"]  # after h: in the window
+    # h last in the graph: the adds lie outside the window, on four lines: no hint.
+    graph["lines"] = {**{k: v for k, v in graph["lines"].items() if k != "h"}, "h": "m.py:12"}
+    assert _report_of(tmp_path, code, [graph])["cpp_fused_add_1"] == []
+
+
+def test_around_a_graph_break_a_module_takes_its_own_graph_s_lines(tmp_path):
+    """Two graphs share the node names 'linear' and 'add': the module's kernels named add and gelu
+    belong to the graph that has a gelu."""
+    code = '''
+class Runner:
+    def call(self, args):
+        # Topologically Sorted Source Nodes: [linear], Original ATen: [aten.mm]
+        extern_kernels.mm(buf1, arg1, out=buf2)
+        cpp_fused_add_gelu_0(buf3)
+        return (buf1, )
+'''
+    before = {"lines": {"x": "a.py:1", "add": "a.py:2", "linear": "a.py:3"},
+              "node_ops": {"x": "relu", "add": "add", "linear": "linear"}}
+    after = {"lines": {"linear": "b.py:10", "add": "b.py:11", "y": "b.py:12"},
+             "node_ops": {"linear": "linear", "add": "add", "y": "gelu"}}
+    lines = _report_of(tmp_path, code, [before, after])
+    assert lines == {"cpp_fused_add_gelu_0": ["b.py:11", "b.py:12"], "extern_kernels.mm": ["b.py:10"]}

@@ -28,6 +28,7 @@ _EXTERN = re.compile(r"^\s+(?:\w+\s*=\s*)?extern_kernels\.(\w+)\(")
 _FALLBACK = re.compile(r"^\s+(?:\w+\s*=\s*)?(?:torch\.ops\.)?aten\.(\w+)\.\w+\(")
 _TRITON_CAT = re.compile(r"^triton_(poi|red|per|tem|for|spl|unk)_")
 _SUFFIX = re.compile(r"_\d+$")
+_AOT_BACKWARD = re.compile(r"^# AOT ID: \[[^\]]*backward", re.MULTILINE)
 # Kernels named past this many ops would make the console line unreadable.
 MAX_OPS = 12
 
@@ -122,7 +123,10 @@ def parse(text: str) -> dict[str, Any]:
             continue
         launch_nodes.append(nodes)
         pending = None
-    return {"kernels": kernels, "externs": externs, "launch_nodes": launch_nodes}
+    # AOTAutograd's backward module ("# AOT ID: ['0_backward']", or its tangents_ inputs) runs the
+    # forward's nodes from last to first.
+    backward = bool(_AOT_BACKWARD.search(text)) or "tangents_" in body
+    return {"kernels": kernels, "externs": externs, "launch_nodes": launch_nodes, "backward": backward}
 
 
 def lines_of(nodes: list[str], where: dict[str, str]) -> list[str]:
@@ -137,7 +141,8 @@ ATEN_OF = {
     "layer_norm": ("native_layer_norm",), "group_norm": ("native_group_norm",),
     "batch_norm": ("native_batch_norm", "native_batch_norm_legit_functional", "native_batch_norm_legit_no_training"),
     "dropout": ("native_dropout",), "linear": ("addmm", "mm"), "matmul": ("mm", "bmm"),
-    "cross_entropy": ("log_softmax", "nll_loss_forward"), "softmax": ("softmax",), "log_softmax": ("log_softmax",),
+    "cross_entropy": ("log_softmax", "nll_loss_forward", "nll_loss"), "softmax": ("softmax",), "log_softmax": ("log_softmax",),
+    "relu": ("relu", "threshold"), "embedding": ("embedding", "embedding_dense"),
     "iadd": ("add",), "truediv": ("div",), "floordiv": ("div",), "itruediv": ("div",), "imul": ("mul",),
     "isub": ("sub",), "rsub": ("sub", "rsub"),
     "scaled_dot_product_attention": ("scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_flash_attention",
@@ -151,32 +156,41 @@ LAYOUT_OPS = frozenset({"view", "unsafe_view", "reshape", "t", "transpose", "per
 
 
 _FORWARD = re.compile(r"_backward(?:_data|_input|_weight)?$")
+# Without a window (no commented launch near a kernel), matches spread over at most this many lines are
+# still a hint; more would name lines at random.
+MAX_UNWINDOWED_LINES = 3
 
 
 def _aten_names(op: str) -> tuple[str, ...]:
-    op = op.lstrip("_")
+    """The ATen names a graph op is written as in kernel names: ``add_``, ``add.Tensor`` and ``add``
+    alike, and its ATEN_OF aliases."""
+    op = op.split(".")[0].strip("_")
     return (op, *ATEN_OF.get(op, ()))
 
 
-def by_op_name(item: dict[str, Any], graph: _Graph, launch_nodes: list[list[str]]) -> list[str]:
+def by_op_name(item: dict[str, Any], graph: _Graph, launch_nodes: list[list[str]], reverse: bool) -> list[str]:
     """The captured nodes a kernel without source nodes (C++ kernels on a CPU) was most likely made
     from: nodes whose op is one its name spells, between the commented launches around each of its
     launches (kernels run in topological order, so a fused kernel's nodes lie near its neighbours').
-    A hint, not provenance."""
+    Where no node of the graph lies there, every match if they fall on at most MAX_UNWINDOWED_LINES
+    lines. A hint, not provenance."""
     # A backward kernel is told by the forward op it differentiates, as Inductor's comments do on a GPU.
     wanted = {_FORWARD.sub("", a.lstrip("_")) for a in item["aten"]} - LAYOUT_OPS
     named = [n for n, op in graph.ops.items() if wanted.intersection(_aten_names(op))]
-    spans = [_nearby(at, launch_nodes, graph.position) for at in item.get("at", ())]
+    spans = [_nearby(at, launch_nodes, graph.position, reverse) for at in item.get("at", ())]
     spans = [s for s in spans if s is not None]
-    if spans:
-        named = [n for n in named if any(lo <= graph.position[n] <= hi for lo, hi in spans)]
-    return named
+    near = [n for n in named if any(lo <= graph.position[n] <= hi for lo, hi in spans)] if spans else []
+    if near:
+        return near
+    return named if len(set(lines_of(named, graph.where))) <= MAX_UNWINDOWED_LINES else []
 
 
-def _nearby(at: int, launch_nodes: list[list[str]], position: dict[str, int]) -> tuple[int, int] | None:
+def _nearby(at: int, launch_nodes: list[list[str]], position: dict[str, int], reverse: bool
+            ) -> tuple[int, int] | None:
     """The span of graph positions of the source nodes of the nearest commented launches before and
-    after launch ``at`` (either order: a backward graph runs the forward's nodes in reverse); open
-    at an end without one; None when no launch around it names a node of the graph."""
+    after launch ``at``; open at an end without one, the way the module runs (``reverse``: a backward
+    module runs the forward's nodes from last to first); None when no launch around it names a node
+    of the graph."""
     def first(indices: range) -> list[int]:
         for i in indices:
             known = [position[n] for n in launch_nodes[i] if n in position]
@@ -185,15 +199,19 @@ def _nearby(at: int, launch_nodes: list[list[str]], position: dict[str, int]) ->
         return []
 
     before, after = first(range(at - 1, -1, -1)), first(range(at + 1, len(launch_nodes)))
+    if before and after:
+        return min(before + after), max(before + after)
     if not before and not after:
         return None
-    lo = min(before + after) if before and after else (min(before) if before else 0)
-    hi = max(before + after) if before and after else (max(after) if after else len(position))
-    return lo, hi
+    # Only one neighbour: the kernel lies on the side of it that runs earlier (before it) or later.
+    lower = min(before) if before else min(after)
+    upper = max(before) if before else max(after)
+    runs_later = bool(before) != reverse  # forward order with a neighbour before, or reverse with one after
+    return (lower, len(position)) if runs_later else (0, upper)
 
 
 class _Graph:
-    """The captured graphs' nodes as the fusion report needs them: user line, op and position."""
+    """Captured graphs' nodes as the fusion report needs them: user line, op and position."""
 
     def __init__(self, graphs: list[dict[str, Any]]) -> None:
         self.where: dict[str, str] = {}
@@ -210,11 +228,30 @@ class _Graph:
         self.position = {n: i for i, n in enumerate(self.where)}
 
 
+def _graph_of(graphs: list[_Graph], merged: _Graph, module: dict[str, Any], launch_nodes: list[list[str]]) -> _Graph:
+    """The captured graph an output-code module was compiled from: the one whose node names its
+    comments name most (graphs around a graph break share names such as ``add`` and ``linear``, at
+    other lines and positions), then the one with ops for more of the ops its kernels are named
+    after; all of them together when no comment names a node."""
+    named = {n for nodes in launch_nodes for n in nodes}
+    spelled = {_FORWARD.sub("", a.lstrip("_")) for k in module["kernels"] for a in k["aten"]} - LAYOUT_OPS
+
+    def score(g: _Graph) -> tuple[int, int]:
+        have = {a for op in set(g.ops.values()) for a in _aten_names(op)}
+        return len(named.intersection(g.where)), len(spelled & have)
+
+    scores = [score(g) for g in graphs]
+    if not scores or max(scores)[0] == 0:
+        return merged
+    return graphs[scores.index(max(scores))]
+
+
 def report(folder: str, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Per output-code module of a run's compile-cache record: its kernels and extern calls with
     their ops and user lines, and the Dynamo graphs' op count for comparison."""
-    graph = _Graph(record.get("graphs") or [])
-    where = graph.where
+    captured = record.get("graphs") or []
+    merged = _Graph(captured)
+    graphs = [_Graph([g]) for g in captured]
     out = []
     for name in record.get("output_code") or []:
         try:
@@ -224,11 +261,13 @@ def report(folder: str, record: dict[str, Any]) -> list[dict[str, Any]]:
         except OSError:
             continue
         launch_nodes = got.pop("launch_nodes")
+        reverse = got.pop("backward")
+        graph = _graph_of(graphs, merged, got, launch_nodes)
         for item in got["kernels"] + got["externs"]:
-            item["lines"] = lines_of(item["nodes"], where)
+            item["lines"] = lines_of(item["nodes"], graph.where) or lines_of(item["nodes"], merged.where)
             if not item["nodes"] and item["aten"]:
                 # No source nodes written for it (C++ kernels on a CPU).
-                item["lines"] = lines_of(by_op_name(item, graph, launch_nodes), where)
+                item["lines"] = lines_of(by_op_name(item, graph, launch_nodes, reverse), graph.where)
                 item["lines_from"] = "op names" if item["lines"] else None
             item.pop("at", None)
         got["module"] = name
