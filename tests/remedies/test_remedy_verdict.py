@@ -407,12 +407,19 @@ def test_the_mean_test_counts_a_seeded_job_s_curves_once_and_their_drift_by_batc
         a.facts = [RankFacts(dataloaders=[DataLoaderFacts(num_workers=4, worker_random_draws=True)], steps=steps)]
     out = judge(arms, [Spec("dataloader.persistent_workers")], {})
     assert out.loss.status == "same on average", out.loss.text
-    assert "the mean delta is -1.15 over 40 steps from step 20 on, standard error 0.42 (batch means of 6 steps)" in (
-        out.loss.text)
-    # The same curves a step further apart on average (-1.5, 3.6 standard errors): changed.
+    assert ("the mean delta is -1.15 over 40 steps from step 20 on, standard error 0.42 from 6 batch means: "
+            "within 4.032 standard errors of zero (99%, t with 5 degrees of freedom)") in out.loss.text
+    # The same curves further apart on average (-1.85, 4.4 standard errors): changed.
     for a in arms[1::2]:
-        a.losses = {0: [x - 0.35 * (i >= 20) for i, x in enumerate(CV_PERSISTENT)]}
+        a.losses = {0: [x - 0.7 * (i >= 20) for i, x in enumerate(CV_PERSISTENT)]}
     assert judge(arms, [Spec("dataloader.persistent_workers")], {}).loss.status == "changed"
+
+
+def test_the_mean_test_s_bound_is_student_s_t_for_the_batches() -> None:
+    assert verdict.t99(5) == 4.032 and verdict.t99(1) == 63.657 and verdict.t99(0) == 63.657
+    assert verdict.t99(35) == 2.750 and verdict.t99(10_000) == 2.617  # between rows: the wider one
+    mean, se, k = verdict._batch_means([float(i % 2) for i in range(40)])
+    assert (mean, k) == (0.5, 6) and se == pytest.approx(0.0261, abs=1e-4)  # batches of 7, 7, 7, 7, 6, 6
 
 
 def test_a_baseline_that_does_not_reproduce_makes_the_check_inconclusive() -> None:

@@ -24,7 +24,7 @@ remedy earns its place (no torch).
   hands each batch another worker's stream, and persistent workers carry their stream on into the
   next epoch where new workers are seeded afresh. The same images then get other crops and flips and
   the losses differ step by step by design. There the losses must agree on average: the mean of the
-  per-step deltas (same batches, same steps) within MEAN_SE standard errors of zero ("same on
+  per-step deltas (one a step, by batch means) within Student's t 99% bound of zero ("same on
   average"), else "changed".
 - Each remedy's own share (``--ablate``): leave-one-out, the same statistic over the pairs
   (treated_k / treated_k without that remedy).
@@ -54,7 +54,20 @@ WORKER_STREAMS = {
     "dataloader.persistent_workers": ("persistent workers carry their random stream on into the next epoch, "
                                       "where new ones are seeded afresh"),
 }
-MEAN_SE = 3.0  # the mean per-step loss delta within this many standard errors of zero
+# The mean per-step loss delta is "same on average" within Student's t bound of 99% (two-sided) for
+# the batch means' degrees of freedom (batches - 1) standard errors of zero: with about sqrt(n)
+# batches a fixed 3 would call curves that agree "changed" one time in ten at n = 10 to 15.
+T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
+       11: 3.106, 12: 3.055, 13: 3.012, 14: 2.977, 15: 2.947, 16: 2.921, 17: 2.898, 18: 2.878, 19: 2.861,
+       20: 2.845, 25: 2.787, 30: 2.750, 40: 2.704, 60: 2.660, 120: 2.617}
+
+
+def t99(dof: int) -> float:
+    """The two-sided 99% bound of Student's t with ``dof`` degrees of freedom (T99; a dof between
+    tabulated ones takes the smaller one's, a little wider)."""
+    return T99[max(d for d in T99 if d <= max(dof, 1))]
+
+
 MIN_MEAN_STEPS = 10  # steps needed for the mean test
 MIN_PAIRS = 3  # fewer pairs give no interval
 BOOTSTRAP_RESAMPLES = 2000
@@ -279,20 +292,20 @@ def _first_epoch_boundary(base: list[Arm]) -> int | None:
 
 
 def _batch_means(deltas: list[float]) -> tuple[float, float, int]:
-    """Mean, standard error and batch length of a series of per-step deltas by batch means: about
-    sqrt(n) batches of consecutive steps. Two loss curves that part drift apart for many steps at a
+    """Mean, standard error and number of batches of a series of per-step deltas by batch means:
+    about sqrt(n) batches of consecutive steps (lengths differing by one at most). Two loss curves that part drift apart for many steps at a
     time (each step's weights carry the last one's), so the per-step deltas are not independent and
     stdev/sqrt(n) would be too small: accelerate's cv_example (a linear head trained at lr 3e-2 on
     frozen features) was called 'changed' at a mean of -1.15 with a standard error of 0.19."""
     k = max(2, math.isqrt(len(deltas)))
     batches = [float(b.mean()) for b in np.array_split(np.asarray(deltas, dtype=float), k)]
-    return statistics.fmean(deltas), statistics.stdev(batches) / math.sqrt(k), len(deltas) // k
+    return statistics.fmean(deltas), statistics.stdev(batches) / math.sqrt(k), k
 
 
 def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
                      worst: LossDiff, streams: str, since: int = 0) -> LossCheck:
     """The per-step deltas (treated - baseline, same round, rank and step) from step `since` on
-    (before it the streams are the same) have a mean within MEAN_SE standard errors of zero: other
+    (before it the streams are the same) have a mean within t99 standard errors of zero: other
     random draws, the same learning."""
     by_step: dict[int, list[float]] = {}
     for a, b in pairs:
@@ -307,13 +320,15 @@ def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[fl
     if len(deltas) < MIN_MEAN_STEPS:
         return LossCheck("changed", f"losses differ from the baseline: {where}; {why}, but {len(deltas)} "
                          f"steps are too few to compare their mean (>= {MIN_MEAN_STEPS})", worst)
-    mean, se, size = _batch_means(deltas)
+    mean, se, batches = _batch_means(deltas)
+    bound = t99(batches - 1)
     text = (f"{where}; {why}: the mean delta is {mean:+.3g} over {len(deltas)} steps"
-            f"{f' from step {since} on' if since else ''}, standard error "
-            f"{se:.2g} (batch means of {size} steps)")
-    if abs(mean) <= MEAN_SE * se + NUMERICS_ATOL:
-        return LossCheck("same on average", f"{text}: within {MEAN_SE:g} standard errors of zero", worst)
-    return LossCheck("changed", f"{text}: beyond {MEAN_SE:g} standard errors of zero", worst)
+            f"{f' from step {since} on' if since else ''}, standard error {se:.2g} from {batches} batch means")
+    if abs(mean) <= bound * se + NUMERICS_ATOL:
+        return LossCheck("same on average", f"{text}: within {bound:g} standard errors of zero (99%, t with "
+                         f"{batches - 1} degrees of freedom)", worst)
+    return LossCheck("changed", f"{text}: beyond {bound:g} standard errors of zero (99%, t with {batches - 1} "
+                     "degrees of freedom)", worst)
 
 
 def _stats(xs: list[float]) -> tuple[float, float, float]:
