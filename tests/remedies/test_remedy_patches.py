@@ -148,27 +148,49 @@ def test_a_loader_iterated_once_is_left_out_of_the_permanent_change(runtime: Run
 def test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line(runtime: Runtime) -> None:
     """huggingface/accelerate's prepare() builds a DataLoaderShard from the user's loader's attributes
     (persistent_workers among them) and the job iterates only that copy, three epochs: `fix` left the
-    user's DataLoader line out of the permanent change as 'not iterated a second time'."""
+    user's DataLoader line out of the permanent change as 'not iterated a second time'. A loader the
+    user's own code builds over the same dataset stays the user's own."""
+    import linecache
+
     from torchdoctor.remedies.suggest import changes_for
 
-    class Shard(DataLoader):  # what accelerate's prepare_data_loader does, reduced
+    class Shard(DataLoader):
         pass
+
+    # accelerate's prepare_data_loader, reduced, as if installed.
+    path = "/venv/lib/python3.11/site-packages/accelerate/data_loader.py"
+    src = ("def prepare(loader, Shard):\n    return Shard(loader.dataset, batch_size=loader.batch_size, "
+           "num_workers=loader.num_workers, persistent_workers=loader.persistent_workers)\n")
+    linecache.cache[path] = (len(src), None, src.splitlines(True), path)
+    ns: dict = {}
+    exec(compile(src, path, "exec"), ns)
 
     patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
     user = DataLoader(Squares(), batch_size=8, num_workers=1)
-    copy = Shard(user.dataset, batch_size=user.batch_size, num_workers=user.num_workers,
-                 persistent_workers=user.persistent_workers)
-    other = Shard(Squares(), batch_size=8, num_workers=1, persistent_workers=True)  # not a copy of it
+    copy = ns["prepare"](user, Shard)
+    own = DataLoader(user.dataset, batch_size=4, num_workers=1, persistent_workers=True)  # the user's, not a copy
+    torch.manual_seed(0)
     for _ in range(2):
         batches(copy)
-        batches(other)
-    for loader in (copy, other):
+        batches(own)
+    drawn = torch.rand(1)
+    for loader in (copy, own):
         loader._iterator._shutdown_workers()
     applied = runtime.record()["applied"]
     assert [e["exercised"] for e in applied] == [True] and applied[0]["site"].endswith(
-        f":{test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line.__code__.co_firstlineno + 10}")
+        f":{test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line.__code__.co_firstlineno + 21}")
     (diff,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": applied})
     assert diff.where == applied[0]["site"] and "persistent_workers=True" in diff.text
+    # The copy's second epoch drew the number a new iterator draws, and the user's own loader drew nothing
+    # extra: the job's random stream is the one it has without the remedy.
+    plain_copy = DataLoader(Squares(), batch_size=8, num_workers=1)
+    plain_own = DataLoader(Squares(), batch_size=4, num_workers=1, persistent_workers=True)
+    torch.manual_seed(0)
+    for _ in range(2):
+        batches(plain_copy)
+        batches(plain_own)
+    assert torch.equal(drawn, torch.rand(1))
+    plain_own._iterator._shutdown_workers()
 
 
 def test_no_workers_also_drops_what_torch_refuses_without_them(runtime: Runtime) -> None:

@@ -8,6 +8,7 @@ refused with torch's message.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 from typing import Any
@@ -116,7 +117,7 @@ def install(torch: Any, rt: Runtime) -> None:
         bound.arguments.update(new)
         where = runtime.creation_site(type(bound.arguments["self"]).__name__)
         target, site = editable_site(where, "DataLoader", new)
-        last.update(new=new, by=by, site=site)
+        last.update(new=new, by=by, site=site, self=weakref.ref(bound.arguments["self"]))
         if "persistent_workers" in new:
             kept_alive[bound.arguments["self"]] = site
         for key, value in new.items():
@@ -124,21 +125,28 @@ def install(torch: Any, rt: Runtime) -> None:
         return (bound.args, bound.kwargs), plain
 
     def inherit(arguments: dict[str, Any]) -> None:
-        """A persistent loader over the dataset of one this remedy made persistent is a library's copy
-        of it, iterated in its place, and answers for its site: accelerate's ``prepare`` builds a
-        DataLoaderShard from the user's loader's attributes (persistent_workers included) and the job
-        iterates only that; `fix` had left the user's line out as 'not iterated a second time'
-        (huggingface/accelerate's cv_example, three epochs)."""
-        if not kept_alive or not arguments.get("persistent_workers"):
-            return
+        """A persistent loader a library builds over the dataset of one this remedy made persistent,
+        with as many workers, is that library's copy of it, iterated in its place, and answers for
+        its site: accelerate's ``prepare`` builds a DataLoaderShard from the user's loader's
+        attributes (persistent_workers included) and the job iterates only that; `fix` had left the
+        user's line out as 'not iterated a second time' (huggingface/accelerate's cv_example, three
+        epochs). A loader the user's own code builds over the same dataset is the user's own."""
         dataset = arguments.get("dataset")
-        site = next((site for loader, site in list(kept_alive.items())
-                     if dataset is not None and getattr(loader, "dataset", None) is dataset), False)
-        if site is not False:
-            kept_alive[arguments["self"]] = site
+        if not kept_alive or dataset is None or not arguments.get("persistent_workers"):
+            return
+        try:
+            source = next((loader for loader in list(kept_alive.keys())
+                           if getattr(loader, "dataset", None) is dataset
+                           and getattr(loader, "num_workers", None) == arguments.get("num_workers")), None)
+            if source is not None and runtime.creation_site(type(arguments["self"]).__name__).library:
+                kept_alive[arguments["self"]] = kept_alive[source]
+        except (RuntimeError, TypeError):  # another thread building a loader; a loader type without hash
+            pass
 
     def rejected(exc: BaseException) -> None:
         # torch refused the combination: this loader is built as the user wrote it.
+        with contextlib.suppress(Exception):
+            kept_alive.pop(last["self"](), None)
         for key, rid in last.get("by", {}).items():
             rt.applied[:] = [e for e in rt.applied if not (e["id"] == rid and e["site"] == last["site"])]
             rt.refuse(rid, f"DataLoader(..., {key}={last['new'][key]!r}) failed: {type(exc).__name__}: {exc}")
