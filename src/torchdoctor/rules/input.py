@@ -665,7 +665,8 @@ def workers_restart(inputs: RuleInputs) -> list[Finding]:
     loop and a checkpoint between epochs land in the same step (pytorch/examples super_resolution:
     713 ms of excess, 177 ms of it the loader's; `fix` measured 2.0% [-1.1%, 4.9%] against a claim
     of 11.5% on the whole excess). Without epoch starts in the steady steps: WORKER_START_S x
-    workers / steps per epoch (assumed fork start), info.
+    workers / steps per epoch (assumed fork start), info, and no finding below
+    NEGLIGIBLE_RESTART_PCT of the step (an epoch of 10^10 samples restarts nothing in a job's life).
     """
     def one(v: View) -> Finding | None:
         if v.f is None:
