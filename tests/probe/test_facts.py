@@ -532,3 +532,60 @@ def test_who_asks_zero_grad_to_fill_gradients_with_zeros(tmp_path):
          "caller": f"{job}:{line['LINE_WRAPPED']}", "entry": "PrivateOptimizer.zero_grad"},
         {"optimizer": "Adam", "call_site": f"{job}:{line['LINE_MINE']}"},
     ]
+
+
+FASTAI_OPTIMIZER = """
+class Optimizer:  # fastai.optimizer.Optimizer, reduced: its own step over lists of parameters
+    def __init__(self, params, lr):
+        self.param_lists, self.lr = [list(params)], lr
+
+    def step(self, closure=None):
+        for group in self.param_lists:
+            for p in group:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-self.lr)
+
+    def zero_grad(self):
+        for group in self.param_lists:
+            for p in group:
+                p.grad = None
+"""
+
+FASTAI_JOB = """
+import sys
+import time
+import torch
+sys.path.insert(0, sys.argv[1])
+from fastai.optimizer import Optimizer
+
+model = torch.nn.Linear(64, 8)
+opt = Optimizer(model.parameters(), lr=0.01)
+for _ in range(12):
+    model(torch.randn(32, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.002)
+print("ok")
+"""
+
+
+def test_fastai_s_own_optimizer_ends_the_steps(tmp_path):
+    """fastai's Optimizer is no torch.optim optimizer: torch's step hooks never saw it, the steps ended at
+    backward and its time was the loop's own (the 'Is it a cat?' quick start: optimizer 0.0 ms)."""
+    site_packages = tmp_path / "venv" / "lib" / "site-packages"
+    (site_packages / "fastai").mkdir(parents=True)
+    (site_packages / "fastai" / "__init__.py").write_text("")
+    (site_packages / "fastai" / "optimizer.py").write_text(FASTAI_OPTIMIZER)
+    result = run_wrapped(tmp_path / "run", script(tmp_path, FASTAI_JOB), str(site_packages))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    window = range(*facts["profile_steps"])
+    assert facts["step_source"] == "optimizer"
+    assert [s["step"] for s in facts["steps"]] == [i for i in range(12) if i not in window]
+    assert all(s["optimizer_ms"] > 0 for s in facts["steps"][1:])
+    (opt,) = facts["optimizers"]
+    assert opt["cls"] == "Optimizer" and opt["num_params"] == 64 * 8 + 8 and opt["num_param_tensors"] == 2
+    # The profiler's window carries the annotation torch.optim writes around its steps.
+    with gzip.open(tmp_path / "run" / facts["trace_file"], "rt") as f:
+        names = [e.get("name") for e in json.load(f)["traceEvents"]]
+    assert names.count("Optimizer.step#Optimizer.step") == len(window)

@@ -160,7 +160,11 @@ def batches_per_epoch(loader: Any) -> int | None:
 
 def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
     defaults = getattr(opt, "defaults", {}) or {}
-    tensors = [p for g in opt.param_groups for p in g.get("params", ())]
+    groups = getattr(opt, "param_groups", None)
+    if groups is not None:
+        tensors = [p for g in groups for p in g.get("params", ())]
+    else:  # fastai's Optimizer: lists of parameters, one per group
+        tensors = [p for group in getattr(opt, "param_lists", ()) for p in group]
     return OptimizerFacts(
         cls=type(opt).__name__,
         foreach=defaults.get("foreach"),

@@ -437,6 +437,36 @@ def _optimizer(probe: Probe) -> None:
     optim.register_optimizer_step_pre_hook(_guard("optimizer.pre", pre))
     optim.register_optimizer_step_post_hook(_guard("optimizer.post", post))
     _zero_grad(probe, optim.Optimizer)
+    imphook.when_imported("fastai.optimizer", _guard("optimizer.fastai", lambda m: _fastai_optimizer(probe, m, pre, post)))
+
+
+def _fastai_optimizer(probe: Probe, module: Any, pre: Callable[..., None], post: Callable[..., None]) -> None:
+    """fastai's own Optimizer (its default opt_func, Adam, is one) is no torch.optim optimizer: torch's
+    step hooks never see it, so a fastai job's steps ended at backward and its optimizer time, and
+    the profiler's, counted as the training loop's own (fastai's 'Is it a cat?' quick start: 0.0 ms
+    of optimizer). Its step() gets the same hooks, and the annotation torch.optim writes around a step
+    (``Optimizer.step#<class>.step``) for the trace's host split."""
+    cls = getattr(module, "Optimizer", None)
+    step = getattr(cls, "step", None)
+    if not callable(step) or getattr(step, "_torchdoctor_step", False):
+        return
+    record_function = probe.torch.autograd.profiler.record_function
+
+    def before(args: tuple[Any, ...]) -> Any:
+        opt = args[0]
+        pre(opt, (), {})
+        annotation = record_function(f"Optimizer.step#{type(opt).__name__}.step")
+        annotation.__enter__()
+        return opt, annotation
+
+    def after(token: Any, args: tuple[Any, ...], result: Any) -> None:
+        opt, annotation = token
+        annotation.__exit__(None, None, None)
+        post(opt, (), {})
+
+    shim = shims.around(step, before, after, _failed("optimizer.fastai"))
+    shim._torchdoctor_step = True  # type: ignore[attr-defined]
+    cls.step = shim
 
 
 # Optimizers whose zero_grad(set_to_none=False) call is recorded: one call each is enough.
