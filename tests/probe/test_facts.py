@@ -589,3 +589,86 @@ def test_fastai_s_own_optimizer_ends_the_steps(tmp_path):
     with gzip.open(tmp_path / "run" / facts["trace_file"], "rt") as f:
         names = [e.get("name") for e in json.load(f)["traceEvents"]]
     assert names.count("Optimizer.step#Optimizer.step") == len(window)
+
+
+FASTAI_LOAD = """
+import itertools
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+_loaders = (_MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter)
+
+
+class _FakeLoader:  # fastai.data.load._FakeLoader, as fastai 2.8 writes it
+    def _fn_noops(self, x=None, *args, **kwargs): return x
+    _IterableDataset_len_called, _auto_collation, collate_fn, drop_last, in_order = None, False, _fn_noops, False, True
+    _index_sampler, generator, prefetch_factor = itertools.count(), None, 2
+    dataset_kind = _dataset_kind = _DatasetKind.Iterable
+
+    def __init__(self, d, pin_memory, num_workers, timeout, persistent_workers, pin_memory_device):
+        self.dataset, self.default, self.worker_init_fn, self.pin_memory_device = self, d, None, pin_memory_device
+        self.d, self.pin_memory, self.num_workers, self.timeout = d, pin_memory, num_workers, timeout
+        self.persistent_workers = persistent_workers
+
+    def _get_shared_seed(self): return 0
+
+    def __iter__(self): return iter(self.d.create_batches())
+
+    @property
+    def multiprocessing_context(self): return None
+
+
+class DataLoader:  # fastai's DataLoader: a new torch iterator over its _FakeLoader every epoch
+    def __init__(self, dataset, bs=8, num_workers=0, persistent_workers=False):
+        self.dataset, self.bs = dataset, bs
+        self.fake_l = _FakeLoader(self, False, num_workers, 0, persistent_workers, "")
+
+    def __len__(self): return len(self.dataset) // self.bs
+
+    def create_batches(self):
+        for i in range(len(self)):
+            yield self.dataset[i * self.bs:(i + 1) * self.bs]
+
+    def __iter__(self):
+        yield from _loaders[self.fake_l.num_workers == 0](self.fake_l)
+"""
+
+FASTAI_LOADER_JOB = """
+import sys
+import time
+import torch
+sys.path.insert(0, sys.argv[1])
+from fastai.data.load import DataLoader
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(torch.randn(64, 4), bs=8, persistent_workers=True)  # LINE_LOADER
+for epoch in range(3):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.001)
+print("ok")
+"""
+
+
+def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_path):
+    """fastai hands its _FakeLoader to torch's iterator itself, every epoch: DataLoader.__iter__ never ran,
+    so its refill at each epoch start read as 'the loader cannot keep up on average'."""
+    site_packages = tmp_path / "venv" / "lib" / "site-packages"
+    (site_packages / "fastai" / "data").mkdir(parents=True)
+    for init in ("fastai/__init__.py", "fastai/data/__init__.py"):
+        (site_packages / init).write_text("")
+    (site_packages / "fastai" / "data" / "load.py").write_text(FASTAI_LOAD)
+    job = script(tmp_path, FASTAI_LOADER_JOB)
+    result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
+    (d,) = facts["dataloaders"]
+    line = next(i for i, t in enumerate(FASTAI_LOADER_JOB.splitlines(), start=1) if "LINE_LOADER" in t)
+    assert d["call_site"] == f"{job}:{line}"  # fastai's own class, built on the job's line
+    assert (d["batch_size"], d["dataset_len"], d["batches_per_epoch"], d["batches"]) == (8, 64, 8, 24)
+    # It asked for persistent workers, but fastai starts new ones every epoch: unknown, not True.
+    assert "persistent_workers" not in d and d["num_workers"] == 0

@@ -383,6 +383,11 @@ def test_dl1_names_an_epoch_start_refill_and_offers_no_worker_remedy():
     f.dataloaders[0].persistent_workers = False
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "keep the workers alive (persistent_workers=True)" in got.fix.text
+    # fastai's loaders start new workers every epoch whatever they are told (the probe leaves it unknown).
+    f.dataloaders[0].persistent_workers = None
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "start of each epoch" in got.title and "persistent_workers" not in got.fix.text
+    assert got.fix.text.startswith("Make epochs longer") and got.fix.text.endswith("cheaper.")
 
 
 def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():

@@ -150,6 +150,22 @@ def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
     )
 
 
+def foreign_loader_facts(loader: Any, owner: Any, site: Site | None) -> DataLoaderFacts:
+    """A loader that is no torch DataLoader but hands itself to torch's iterators. fastai's
+    ``_FakeLoader`` (``owner``: the fastai DataLoader behind it) says its workers and pinning; the
+    batch size, dataset and epoch length are its owner's. fastai builds a new iterator, and new
+    workers, every epoch whatever persistent_workers says: so it is left unknown, and nothing
+    advises setting it."""
+    facts = dataloader_facts(loader, site)
+    facts.collate_fn = None
+    if owner is not None:
+        facts.persistent_workers = None
+        facts.batch_size = attempt(lambda: int(owner.bs))
+        facts.dataset_len = attempt(lambda: len(owner.dataset))
+        facts.batches_per_epoch = attempt(lambda: len(owner))
+    return facts
+
+
 def batches_per_epoch(loader: Any) -> int | None:
     """len() of the loader's batch sampler (its sampler with batch_size=None): what len(loader) says
     for a map-style dataset, without calling len(loader), which on an IterableDataset records the

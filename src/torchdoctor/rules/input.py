@@ -348,6 +348,9 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         epoch_bound = nw != 0 and at_starts
         loaders = [d for d in v.f.dataloaders if d.num_workers] if v.f is not None else []
         persistent = bool(loaders) and all(d.persistent_workers for d in loaders)
+        # fastai builds new workers every epoch whatever persistent_workers says (the probe leaves it
+        # unknown there): keeping them alive is no setting of its loaders.
+        can_persist = not loaders or any(d.persistent_workers is not None for d in loaders)
         cheaper = ("move decoding/augmentation to the GPU (torchvision.transforms.v2 on tensors, DALI), "
                    if v.accel else
                    # A CPU-only job has no device to move the work to: cut the per-sample overhead.
@@ -360,7 +363,8 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
                                                    "True), but they start on an epoch's first batches only "
                                                    "when that epoch begins."
                                                    if persistent else
-                                                   "; keep the workers alive (persistent_workers=True).")
+                                                   "; keep the workers alive (persistent_workers=True)." if can_persist
+                                                   else ".")
                     if epoch_bound else
                     "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
                     "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
