@@ -406,6 +406,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # torchao's version when it is installed in the job's environment (read from its metadata, never
     # imported): HW-16's FP8 advice names it; "" when it is not installed, None when unknown.
     torchao_version: str | None = None
+    # Reinforcement-learning environment libraries the job imported (ENV_LIBRARIES): the advice on
+    # Python between and in steps speaks of environment steps only where there are environments.
+    env_libraries: list[str] = []
     distributed_backend: str | None = None
     dataloaders: list[DataLoaderFacts] = []
     ddp: list[DDPFacts] = []

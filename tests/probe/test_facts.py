@@ -585,6 +585,7 @@ def test_fastai_s_own_optimizer_ends_the_steps(tmp_path):
     assert all(s["optimizer_ms"] > 0 for s in facts["steps"][1:])
     (opt,) = facts["optimizers"]
     assert opt["cls"] == "Optimizer" and opt["num_params"] == 64 * 8 + 8 and opt["num_param_tensors"] == 2
+    assert "env_libraries" not in facts  # no environment library imported
     # The profiler's window carries the annotation torch.optim writes around its steps.
     with gzip.open(tmp_path / "run" / facts["trace_file"], "rt") as f:
         names = [e.get("name") for e in json.load(f)["traceEvents"]]
@@ -639,6 +640,7 @@ import time
 import torch
 sys.path.insert(0, sys.argv[1])
 from fastai.data.load import DataLoader
+import gymnasium  # an environment library imported (a stand-in): the advice may speak of environments
 
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -661,6 +663,7 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
     for init in ("fastai/__init__.py", "fastai/data/__init__.py"):
         (site_packages / init).write_text("")
     (site_packages / "fastai" / "data" / "load.py").write_text(FASTAI_LOAD)
+    (site_packages / "gymnasium.py").write_text("")
     job = script(tmp_path, FASTAI_LOADER_JOB)
     result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
@@ -672,3 +675,4 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
     assert (d["batch_size"], d["dataset_len"], d["batches_per_epoch"], d["batches"]) == (8, 64, 8, 24)
     # It asked for persistent workers, but fastai starts new ones every epoch: unknown, not True.
     assert "persistent_workers" not in d and d["num_workers"] == 0
+    assert facts["env_libraries"] == ["gymnasium"]

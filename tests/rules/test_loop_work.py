@@ -29,6 +29,7 @@ def facts(timings: list[StepTiming], gpu: bool = False):
 def test_an_environment_step_in_every_update_is_priced_against_the_job():
     # CleanRL's dqn.py on 2 CPUs: 4.1 ms of an 8.5 ms step outside the model (measured).
     f = facts(steps(400, 4.1, model=4.4))
+    f.env_libraries = ["gymnasium"]
     got = only(run("HO-17", (None, f)), "HO-17")
     assert got.title.startswith("Each step spends 4.1 ms (48% of a 8.5 ms step) outside the model's forward")
     values = got.evidence[0].values
@@ -36,6 +37,11 @@ def test_an_environment_step_in_every_update_is_priced_against_the_job():
     assert got.job_s == pytest.approx(400 * 4.1 / 1e3, rel=1e-3) and got.job_pct == pytest.approx(48.2, abs=0.1)
     assert got.severity == "critical" and got.per == "job" and got.recoverable_pct == 0
     assert "AsyncVectorEnv" in got.fix.snippet and "py-spy" in got.fix.snippet
+    # Without an environment library (fastai's vision quick start before its optimizer was seen): no
+    # environments in the advice.
+    f.env_libraries = []
+    got = only(run("HO-17", (None, f)), "HO-17")
+    assert "nvironment" not in got.fix.text + got.fix.snippet and "DataLoader's workers" in got.fix.text
 
 
 def test_updates_that_are_a_small_part_of_the_job_are_info():

@@ -31,7 +31,8 @@ def facts(timings: list[StepTiming], **kw):
 
 def test_a_rollout_every_16_steps_is_priced_against_the_job():
     # CleanRL's ppo.py: 400 ms every 16 steps of 10 ms, 90 ms of it in no_grad forwards.
-    f = facts(steps(320, 16, 400.0, inference=90.0), inference_site="ppo.py:122 (Agent.get_action_and_value)")
+    f = facts(steps(320, 16, 400.0, inference=90.0), inference_site="ppo.py:122 (Agent.get_action_and_value)",
+              env_libraries=["gymnasium"])
     got = only(run("HO-16", (None, f)), "HO-16")
     n = 19  # steps 16, 32, ..., 304
     assert got.title.startswith("Every 16 steps the training loop stops for 400.0 ms of work between steps")
@@ -42,6 +43,10 @@ def test_a_rollout_every_16_steps_is_priced_against_the_job():
     assert got.severity == "critical" and got.recoverable_pct == 0 and got.per == "job"
     assert "AsyncVectorEnv" in got.fix.snippet and "--profile-steps 16:17" in got.confirm
     assert "called at ppo.py:122 (Agent.get_action_and_value)" in got.evidence[0].text
+    # A job without environments (fastai's vision quick start) is not told to step them.
+    f.env_libraries = []
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert "nvironment" not in got.fix.text + got.fix.snippet and "py-spy" in got.fix.snippet
 
 
 def test_an_evaluation_made_of_forwards_gets_the_inference_fix():

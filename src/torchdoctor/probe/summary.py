@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -73,6 +74,10 @@ class LoaderRecord:
                 if self.ready_batches:
                     facts.ready_wait_ms_mean = round(1e3 * self.ready_s / self.ready_batches, 3)
         return facts
+
+
+# Reinforcement-learning environment libraries, by module name (imported by the job, never by the probe).
+ENV_LIBRARIES = ("gymnasium", "gym", "envpool", "pettingzoo", "dm_env", "procgen", "minigrid", "vizdoom", "mujoco")
 
 
 def inside(facts: DataLoaderFacts, stats: workers.WorkerStats | None) -> None:
@@ -215,6 +220,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         pid=probe.pid,
         torch_version=str(torch.__version__),
         torchao_version=collect.package_version("torchao"),
+        env_libraries=[m for m in ENV_LIBRARIES if m in sys.modules],
         distributed_backend=backend,
         dataloaders=[rec.summary(probe.config.run_dir) for rec in probe.loaders],
         ddp=ddp_facts,

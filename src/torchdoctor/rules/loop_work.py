@@ -38,6 +38,23 @@ INFO_PCT, WARN_PCT, CRIT_PCT = 10.0, 20.0, 40.0
 MIN_STEPS = 8
 
 
+def _fix(envs: bool) -> Fix:
+    """Profile, then take the work off the per-step path; environment steps and replay sampling only
+    where the job imported an RL environment library (a fastai vision job was told to use
+    AsyncVectorEnv)."""
+    profile = ("Find what it is with a Python profiler over a few hundred steps (py-spy record, or cProfile sorted by "
+               "cumulative time) and take it off the per-step path: ")
+    snippet = "py-spy record -o loop.svg -- python train.py   # or: python -m cProfile -s cumtime train.py"
+    tail = "; a loss computed outside the model lands here too, and is compute, not overhead."
+    if envs:
+        return Fix(f"{profile}step environments as a vector (gymnasium.vector.AsyncVectorEnv runs them in other "
+                   "processes), sample replay batches as whole tensors instead of Python lists, compute metrics on "
+                   f"tensors and log every N steps{tail}",
+                   f"{snippet}\nenvs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])")
+    return Fix(f"{profile}compute metrics on tensors and log every N steps, run per-step callbacks less often, and move "
+               f"per-batch Python (host-side transforms of a batch) into the DataLoader's workers{tail}", snippet)
+
+
 @rule("HO-17")
 def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
     """Every step of a CPU-only job spends a large share outside the model: the loop's own work.
@@ -77,13 +94,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
                 {"loop_ms": round(mid, 3), "step_ms": round(step, 3), "model_ms": round(model, 3),
                  "loop_pct": round(pct, 1), "inference_ms": round(inference, 3), "steps": len(steps),
                  "job_s": round(job_s, 3), "job_pct": round(job_pct, 1)})],
-            fix=Fix("Find what it is with a Python profiler over a few hundred steps (py-spy record, or cProfile "
-                    "sorted by cumulative time) and take it off the per-step path: step environments as a vector "
-                    "(gymnasium.vector.AsyncVectorEnv runs them in other processes), sample replay batches as whole "
-                    "tensors instead of Python lists, compute metrics on tensors and log every N steps; a loss computed "
-                    "outside the model lands here too, and is compute, not overhead.",
-                    "py-spy record -o loop.svg -- python train.py   # or: python -m cProfile -s cumtime train.py\n"
-                    "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])"),
+            fix=_fix(bool(v.f.env_libraries)),
             confidence="medium",
             confirm="py-spy or cProfile over the same run names the functions that take this time",
             source="probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "
