@@ -594,6 +594,7 @@ def test_fastai_s_own_optimizer_ends_the_steps(tmp_path):
 
 FASTAI_LOAD = """
 import itertools
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
@@ -627,8 +628,10 @@ class DataLoader:  # fastai's DataLoader: a new torch iterator over its _FakeLoa
     def __len__(self): return len(self.dataset) // self.bs
 
     def create_batches(self):
+        info = get_worker_info()  # fastai's _wif gives each worker its share
         for i in range(len(self)):
-            yield self.dataset[i * self.bs:(i + 1) * self.bs]
+            if info is None or i % info.num_workers == info.id:
+                yield self.dataset[i * self.bs:(i + 1) * self.bs]
 
     def __iter__(self):
         yield from _loaders[self.fake_l.num_workers == 0](self.fake_l)
@@ -644,7 +647,7 @@ import gymnasium  # an environment library imported (a stand-in): the advice may
 
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = DataLoader(torch.randn(64, 4), bs=8, persistent_workers=True)  # LINE_LOADER
+loader = DataLoader(torch.randn(64, 4), bs=8, num_workers=int(sys.argv[2]), persistent_workers=True)  # LINE_LOADER
 for epoch in range(3):
     for x in loader:
         model(x).sum().backward()
@@ -655,7 +658,8 @@ print("ok")
 """
 
 
-def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_path, workers):
     """fastai hands its _FakeLoader to torch's iterator itself, every epoch: DataLoader.__iter__ never ran,
     so its refill at each epoch start read as 'the loader cannot keep up on average'."""
     site_packages = tmp_path / "venv" / "lib" / "site-packages"
@@ -665,7 +669,7 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
     (site_packages / "fastai" / "data" / "load.py").write_text(FASTAI_LOAD)
     (site_packages / "gymnasium.py").write_text("")
     job = script(tmp_path, FASTAI_LOADER_JOB)
-    result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
+    result = run_wrapped(tmp_path / "run", job, str(site_packages), str(workers), options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     facts = facts_of(tmp_path / "run")
     assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
@@ -674,5 +678,8 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
     assert d["call_site"] == f"{job}:{line}"  # fastai's own class, built on the job's line
     assert (d["batch_size"], d["dataset_len"], d["batches_per_epoch"], d["batches"]) == (8, 64, 8, 24)
     # It asked for persistent workers, but fastai starts new ones every epoch: unknown, not True.
-    assert "persistent_workers" not in d and d["num_workers"] == 0
+    assert "persistent_workers" not in d and "prefetch_factor" not in d and d["num_workers"] == workers
     assert facts["env_libraries"] == ["gymnasium"]
+    if workers:  # timed when the workers have started: each epoch's two, and their own per-batch counters
+        assert len(d["worker_pids"]) == 3 * workers and d["worker_batches"] == 24
+        assert all(s["loader_iter_ms"] > 0 for s in facts["steps"] if s.get("epoch_starts"))

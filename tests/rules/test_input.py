@@ -406,8 +406,19 @@ def test_dl1_names_an_epoch_start_refill_and_offers_no_worker_remedy():
     # fastai's loaders start new workers every epoch whatever they are told (the probe leaves it unknown).
     f.dataloaders[0].persistent_workers = None
     got = only(run("DL-1", (None, f)), "DL-1")
-    assert "start of each epoch" in got.title and "persistent_workers" not in got.fix.text
+    assert "start of each epoch" in got.title and "persistent_workers" not in got.fix.text + got.fix.snippet
     assert got.fix.text.startswith("Make epochs longer") and got.fix.text.endswith("cheaper.")
+    assert "sampler" not in got.fix.snippet  # fastai's DataLoader takes none
+
+
+def test_dl1_spread_waits_on_a_loader_that_cannot_keep_its_workers():
+    steps = [StepTiming(step=i, total_ms=60.0, dataloader_ms=10.0, dataloader_unready_ms=10.0,
+                        epoch_starts=int(i % 10 == 9)) for i in range(40)]
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=None)], steps=steps,
+                  cpu=CpuFacts(affinity=[0, 1]))
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "cannot keep up on average" in got.title and got.fix.text.startswith("Add DataLoader workers")
+    assert "persistent_workers" not in got.fix.text + got.fix.snippet
 
 
 def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():

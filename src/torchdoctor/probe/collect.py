@@ -159,7 +159,8 @@ def foreign_loader_facts(loader: Any, owner: Any, site: Site | None) -> DataLoad
     facts = dataloader_facts(loader, site)
     facts.collate_fn = None
     if owner is not None:
-        facts.persistent_workers = None
+        # Neither is the owner's to set: a new iterator each epoch, and prefetch fixed at 2 in _FakeLoader.
+        facts.persistent_workers = facts.prefetch_factor = None
         facts.batch_size = attempt(lambda: int(owner.bs))
         facts.dataset_len = attempt(lambda: len(owner.dataset))
         facts.batches_per_epoch = attempt(lambda: len(owner))

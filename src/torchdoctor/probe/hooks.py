@@ -298,26 +298,32 @@ def _dataloader(probe: Probe) -> None:
             probe.clock.samples += record.facts.batch_size or 0
 
     base_iter.__next__ = shims.around(base_iter.__next__, next_before, next_after, _failed("dataloader.next"))
-    _foreign_loaders(probe, loader_cls, base_iter)
+    _foreign_loaders(probe, loader_cls, (dl._SingleProcessDataLoaderIter, dl._MultiProcessingDataLoaderIter))
     imphook.when_imported("fastai.data.load", _guard("dataloader.fastai", lambda m: _fastai_loader_sites(probe, m)))
 
 
-def _foreign_loaders(probe: Probe, loader_cls: type, base_iter: type) -> None:
+def _foreign_loaders(probe: Probe, loader_cls: type, iterators: tuple[type, ...]) -> None:
     """Epochs of loaders that are not torch DataLoaders but draw from torch's iterators: fastai's
     DataLoader hands its ``_FakeLoader`` to ``_MultiProcessingDataLoaderIter`` itself, every epoch,
     and DataLoader.__iter__ never runs. Without the mark, a fastai job's refill at each epoch start
     (285 and 344 ms in the 'Is it a cat?' quick start, 2 ms a batch otherwise) read as 'the loader
-    cannot keep up on average: add workers'. A torch DataLoader's iterator is marked by __iter__."""
+    cannot keep up on average: add workers'. A torch DataLoader's iterator is marked by __iter__.
+    On each concrete iterator's __init__, not the base class's: the base one returns before the
+    workers start, so their start-up and their pids would be missed. ``depth``: a subclass of one
+    calling the other's __init__ counts once."""
+    depth = [0]
 
     def before(args: tuple[Any, ...]) -> float | None:
-        if len(args) < 2 or isinstance(args[1], loader_cls) or "dataloader.foreign" in BROKEN:
+        if len(args) < 2 or isinstance(args[1], loader_cls) or "dataloader.foreign" in BROKEN or depth[0]:
             return None
+        depth[0] += 1
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
         return perf_counter() if threading.get_ident() == probe.main_thread else -1.0
 
     def after(t0: float | None, args: tuple[Any, ...], result: Any) -> None:
         if t0 is None:
             return
+        depth[0] -= 1
         probe.loader_setup -= 1
         if t0 < 0 or result is shims.FAILED:
             return
@@ -340,7 +346,8 @@ def _foreign_loaders(probe: Probe, loader_cls: type, base_iter: type) -> None:
             if getattr(worker, "pid", None):
                 record.add_worker(worker.pid)
 
-    base_iter.__init__ = shims.around(base_iter.__init__, before, after, _failed("dataloader.foreign"))
+    for cls in iterators:
+        cls.__init__ = shims.around(cls.__init__, before, after, _failed("dataloader.foreign"))
 
 
 def _fastai_loader_sites(probe: Probe, module: Any) -> None:
@@ -508,16 +515,29 @@ def _fastai_optimizer(probe: Probe, module: Any, pre: Callable[..., None], post:
     record_function = probe.torch.autograd.profiler.record_function
 
     def before(args: tuple[Any, ...]) -> Any:
+        if "optimizer.fastai" in BROKEN:
+            return None
         opt = args[0]
-        pre(opt, (), {})
         annotation = record_function(f"Optimizer.step#{type(opt).__name__}.step")
         annotation.__enter__()
+        try:
+            pre(opt, (), {})
+        except BaseException:
+            annotation.__exit__(None, None, None)
+            raise
         return opt, annotation
 
     def after(token: Any, args: tuple[Any, ...], result: Any) -> None:
+        if token is None:
+            return
         opt, annotation = token
-        annotation.__exit__(None, None, None)
-        post(opt, (), {})
+        try:
+            annotation.__exit__(None, None, None)
+        finally:
+            if result is shims.FAILED:  # a step that raised ends no step (torch's post hook never runs)
+                probe.optimizer_depth = max(0, probe.optimizer_depth - 1)
+            else:
+                post(opt, (), {})
 
     shim = shims.around(step, before, after, _failed("optimizer.fastai"))
     shim._torchdoctor_step = True  # type: ignore[attr-defined]

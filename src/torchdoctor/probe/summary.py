@@ -77,7 +77,8 @@ class LoaderRecord:
 
 
 # Reinforcement-learning environment libraries, by module name (imported by the job, never by the probe).
-ENV_LIBRARIES = ("gymnasium", "gym", "envpool", "pettingzoo", "dm_env", "procgen", "minigrid", "vizdoom", "mujoco")
+ENV_LIBRARIES = ("gymnasium", "gym", "envpool", "pettingzoo", "dm_env", "dm_control", "procgen", "minigrid", "vizdoom",
+                 "mujoco", "ale_py", "pybullet", "isaacgym", "torchrl")
 
 
 def inside(facts: DataLoaderFacts, stats: workers.WorkerStats | None) -> None:

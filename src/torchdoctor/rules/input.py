@@ -378,9 +378,18 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
                                                    "; keep the workers alive (persistent_workers=True)." if can_persist
                                                    else ".")
                     if epoch_bound else
-                    "Add DataLoader workers (up to CPUs // local ranks - 1), keep them alive "
-                    "(persistent_workers=True) and pin memory; if the CPUs are saturated, move "
-                    "augmentation to the GPU.")
+                    "Add DataLoader workers (up to CPUs // local ranks - 1), "
+                    + ("keep them alive (persistent_workers=True) " if can_persist else "")
+                    + "and pin memory; if the CPUs are saturated, move augmentation to the GPU.")
+        # A loader whose workers cannot persist (fastai's) takes no torch DataLoader snippet either:
+        # its own class has neither a sampler argument nor a lasting persistent_workers.
+        if not can_persist:
+            snippet = ""
+        elif epoch_bound:
+            snippet = ("sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
+                       "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)")
+        else:
+            snippet = f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"
         evidence = _dl_evidence(v, wait)
         inside = worker_loader(v)
         if inside is not None:  # where the workers' time per batch goes: reads or collate
@@ -393,10 +402,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             f"Input-bound: each step waits {fmt_ms(rest)} ({v.pct(rest):.0f}% of the step) for the "
             f"DataLoader; {why}.",
             rest, evidence=evidence,
-            fix=_loader_fix(v, fix_text, "sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
-                            "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)")
-            if epoch_bound else
-            _loader_fix(v, fix_text, f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"),
+            fix=_loader_fix(v, fix_text, snippet),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
             remedy=None if nw == 0 or epoch_bound else "dataloader.workers",
