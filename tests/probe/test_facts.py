@@ -683,3 +683,39 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
     if workers:  # timed when the workers have started: each epoch's two, and their own per-batch counters
         assert len(d["worker_pids"]) == 3 * workers and d["worker_batches"] == 24
         assert all(s["loader_iter_ms"] > 0 for s in facts["steps"] if s.get("epoch_starts"))
+
+
+STATEFUL_JOB = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = StatefulDataLoader(torch.randn(64, 4), batch_size=8, num_workers=2)  # LINE_LOADER
+for epoch in range(3):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+print("ok")
+"""
+
+
+def test_torchdata_s_stateful_loader_is_recorded(tmp_path):
+    """torchdata's StatefulDataLoader (torchtitan's) never calls DataLoader.__init__ and has its own
+    __iter__: the probe recorded no loader, no epoch start and no worker."""
+    import stateful_loader
+
+    site_packages = tmp_path / "venv" / "lib" / "site-packages"
+    stateful_loader.install(site_packages)
+    job = script(tmp_path, STATEFUL_JOB)
+    result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
+    (d,) = facts["dataloaders"]
+    line = next(i for i, t in enumerate(STATEFUL_JOB.splitlines(), start=1) if "LINE_LOADER" in t)
+    assert d["call_site"] == f"{job}:{line}" and d["persistent_workers"] is False
+    assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (2, 24, 6)

@@ -193,6 +193,33 @@ def test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line(runtime: Runti
     plain_own._iterator._shutdown_workers()
 
 
+def test_torchdata_s_stateful_loader_takes_the_loader_remedies(runtime: Runtime, tmp_path, monkeypatch) -> None:
+    """torchdata's StatefulDataLoader never calls DataLoader.__init__: `fix` called persistent workers on
+    it a no-op, 'the job never reached what it changes'."""
+    import sys
+
+    import stateful_loader
+
+    stateful_loader.install(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("torchdata")]:
+        monkeypatch.delitem(sys.modules, name)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    try:
+        patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
+        loader = StatefulDataLoader(Squares(), batch_size=8, num_workers=1)
+        assert loader.persistent_workers
+        for _ in range(2):
+            batches(loader)
+        loader._iterator._shutdown_workers()
+        (entry,) = runtime.record()["applied"]
+        assert entry["exercised"] and entry["set"] == {"persistent_workers": True}
+    finally:
+        for name in [m for m in sys.modules if m.startswith("torchdata")]:
+            sys.modules.pop(name, None)
+
+
 def test_no_workers_also_drops_what_torch_refuses_without_them(runtime: Runtime) -> None:
     """dataloader.workers=0 (DL-1: a batch costs less to make than to receive) on a loader with
     persistent workers and a prefetch depth: torch raises ValueError for either without workers."""

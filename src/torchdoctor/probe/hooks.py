@@ -198,6 +198,9 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     return replace(site, user=entry[1])
 
 
+_NESTED = object()  # an __iter__ shim inside another: the outer one times and records
+
+
 def _dataloader(probe: Probe) -> None:
     from torch.utils.data import dataloader as dl
 
@@ -218,11 +221,34 @@ def _dataloader(probe: Probe) -> None:
                 with contextlib.suppress(TypeError):  # a dataset without weak references: not linked
                     sites[id(dataset)] = (weakref.ref(dataset), site.user)
 
-    loader_cls.__init__ = shims.around(loader_cls.__init__, before, after, _failed("dataloader.init"))
+    def init_after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
+        after(site, args, result)
+        if result is not shims.FAILED and args:
+            own_iter(type(args[0]))
+
+    loader_cls.__init__ = shims.around(loader_cls.__init__, before, init_after, _failed("dataloader.init"))
+    nesting = threading.local()
+
+    def own_iter(cls: type) -> None:
+        """A DataLoader subclass with an __iter__ of its own never runs DataLoader.__iter__ unless it
+        calls it: torchdata's StatefulDataLoader (torchtitan's loader) builds and resets its iterators
+        itself, so its epochs, its facts and its workers went unrecorded. Its __iter__ gets the same
+        shim, once per class; a nested call (one that calls DataLoader's) counts once, outside."""
+        owner = next((c for c in cls.__mro__ if "__iter__" in c.__dict__), loader_cls)
+        if owner is loader_cls or getattr(owner.__dict__["__iter__"], "_torchdoctor_iter", False):
+            return
+        shim = shims.around(owner.__dict__["__iter__"], iter_before, iter_after, _failed("dataloader.iter"))
+        shim._torchdoctor_iter = True  # type: ignore[attr-defined]
+        owner.__iter__ = shim
 
     def iter_after(t0: float | None, args: tuple[Any, ...], it: Any) -> None:
         probe.loader_setup -= 1
-        if it is shims.FAILED or "dataloader.iter" in BROKEN:
+        nesting.depth -= 1
+        if t0 is _NESTED:
+            return
+        # A generator __iter__ (accelerate's DataLoaderShard) returns before it builds anything: the
+        # DataLoader.__iter__ it calls later is the one that counts.
+        if it is shims.FAILED or "dataloader.iter" in BROKEN or not isinstance(it, base_iter):
             return
         fault_point("dataloader.iter")
         if t0 is not None:  # an epoch starts (main thread): its cost, and the mark DL-6/DL-1 read
@@ -245,13 +271,33 @@ def _dataloader(probe: Probe) -> None:
             if getattr(worker, "pid", None):
                 record.add_worker(worker.pid)
 
-    def iter_before(args: tuple[Any, ...]) -> float | None:
+    def iter_before(args: tuple[Any, ...]) -> Any:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
+        nesting.depth = getattr(nesting, "depth", 0) + 1
+        if nesting.depth > 1:
+            return _NESTED
         return perf_counter() if threading.get_ident() == probe.main_thread else None
 
     loader_cls.__iter__ = shims.around(
         loader_cls.__iter__, iter_before, iter_after, _failed("dataloader.iter")
     )
+    loader_cls.__iter__._torchdoctor_iter = True  # type: ignore[attr-defined]
+
+    def on_torchdata(module: Any) -> None:
+        """torchdata's StatefulDataLoader (torchtitan's) subclasses DataLoader but never calls its
+        __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen."""
+        cls = getattr(module, "StatefulDataLoader", None)
+        if cls is None:
+            return
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_torchdoctor_init", False):
+            shim = shims.around(init, before, after, _failed("dataloader.init"))
+            shim._torchdoctor_init = True  # type: ignore[attr-defined]
+            cls.__init__ = shim
+        own_iter(cls)
+
+    imphook.when_imported("torchdata.stateful_dataloader.stateful_dataloader",
+                          _guard("dataloader.torchdata", on_torchdata))
 
     def next_before(args: tuple[Any, ...]) -> tuple[float, bool | None] | None:
         if "dataloader.next" in BROKEN or threading.get_ident() != probe.main_thread:

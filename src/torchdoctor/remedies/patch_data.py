@@ -98,12 +98,33 @@ def install(torch: Any, rt: Runtime) -> None:
         return
     from torch.utils.data import dataloader
 
-    cls = dataloader.DataLoader
+    # Loaders this remedy made persistent, and the call site of each (whose change the suggestion edits).
+    kept_alive: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+    _patch_loader_class(torch, rt, dataloader.DataLoader, kept_alive)
+
+    def stateful(module: Any) -> None:
+        # torchdata's StatefulDataLoader (torchtitan's) sets its attributes itself and never calls
+        # DataLoader.__init__: `fix` called persistent workers on it a no-op ("the job never reached
+        # what it changes").
+        try:
+            cls = getattr(module, "StatefulDataLoader", None)
+            if cls is not None and "__init__" in cls.__dict__:
+                _patch_loader_class(torch, rt, cls, kept_alive)
+        except Exception as exc:
+            rt.broken(IDS, exc)
+
+    from torchdoctor.probe.imphook import when_imported
+
+    when_imported("torchdata.stateful_dataloader.stateful_dataloader", stateful)
+
+
+def _patch_loader_class(torch: Any, rt: Runtime, cls: type,
+                        kept_alive: weakref.WeakKeyDictionary[Any, str | None]) -> None:
+    """The remedies on ``cls.__init__`` (DataLoader's, or a subclass's that does not call it), and on
+    its ``__iter__`` the persistent workers' random-stream guard."""
     orig = cls.__init__
     sig = inspect.signature(orig)
     last: dict[str, Any] = {}
-    # Loaders this remedy made persistent, and the call site of each (whose change the suggestion edits).
-    kept_alive: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
     def adjust(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         last.clear()
