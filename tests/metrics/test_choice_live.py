@@ -33,7 +33,7 @@ RECORD = textwrap.dedent("""
         m, _ = mha(y, y, y)  # need_weights=True (the default): matmul, softmax, matmul inside
         (a.sum() + b.sum() + s.sum() + r.sum() + g.sum() + m.sum()).backward()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
-        for _ in range(3):
+        for _ in range(6):  # leading steps slowed by a busy machine read as warm-up: 2 or more stay
             step(); p.step()
     p.export_chrome_trace(sys.argv[1])
 """)

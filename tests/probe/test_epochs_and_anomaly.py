@@ -58,7 +58,7 @@ def test_epoch_starts_and_anomaly_stacks_are_timed(tmp_path):
     ho8 = next(f for f in report["findings"] if f["id"] == "HO-8")
     assert ho8["recoverable_ms"] > 0 and "anomaly mode alone costs" in ho8["title"]
     dl6 = next(f for f in report["findings"] if f["id"] == "DL-6")
-    assert dl6["recoverable_pct"] > 0 and "starting them and waiting for its first batch" in dl6["title"]
+    assert dl6["recoverable_pct"] > 0 and "restarting them (their start-up, the wait for its first batch" in dl6["title"]
     assert "every 6 steps; 3 such start(s) in this run" in dl6["title"]
     assert facts["dataloaders"][0]["batches_per_epoch"] == 6
 

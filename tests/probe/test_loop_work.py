@@ -42,7 +42,8 @@ def test_an_environment_step_in_every_update_is_the_loops_own_work(tmp_path):
     assert outside_ms >= 4.0 and outside_ms - 0.1 <= values["loop_ms"] <= outside_ms + 1.0, (outside_ms, values)
     assert values["loop_pct"] >= 40 and ho17["per"] == "job" and ho17["recoverable_pct"] == 0
     assert ho17["severity"] == "critical" and values["job_pct"] >= 40
-    assert "AsyncVectorEnv" in ho17["fix"]["snippet"]
+    # The job steps a hand-written environment and imports no environment library: the advice stays general.
+    assert "py-spy" in ho17["fix"]["snippet"] and "AsyncVectorEnv" not in ho17["fix"]["snippet"]
 
 
 # A physics-informed loss (PINN): the derivatives inside the loss come from torch.autograd.grad,
