@@ -1,7 +1,8 @@
 """torchdata's StatefulDataLoader (torchtitan's loader), reduced for tests that cannot install torchdata:
 a DataLoader subclass that never calls DataLoader.__init__ (it sets every attribute itself, as
 torchdata 0.11 does) and has its own __iter__ (an iterator kept and reset when persistent, a new one
-otherwise). Map-style datasets only."""
+otherwise; the iterator state_dict() built first serves the first epoch), and a random sampler that
+draws its permutation when walked, as torchdata's does. Map-style datasets only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ SOURCE = '''
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, _utils
 from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+
+class _EagerRandomSampler(RandomSampler):  # torchdata's: the permutation is drawn when the sampler is walked
+    def __iter__(self):
+        return iter(torch.randperm(len(self.data_source), generator=self.generator).tolist())
 
 
 class _StatefulSingle(_SingleProcessDataLoaderIter):
@@ -35,7 +41,7 @@ class StatefulDataLoader(DataLoader):
         self.worker_init_fn, self.multiprocessing_context, self.in_order = worker_init_fn, multiprocessing_context, in_order
         self._dataset_kind = _DatasetKind.Map
         if sampler is None:
-            sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+            sampler = _EagerRandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         self.batch_size, self.drop_last, self.sampler = batch_size, drop_last, sampler
         self.batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.generator = generator
@@ -45,11 +51,21 @@ class StatefulDataLoader(DataLoader):
         self._IterableDataset_len_called = None
         self._iterator = None
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self._initial_iter_for_state_dict = False
 
     def _get_iterator(self):
         return (_StatefulSingle if self.num_workers == 0 else _StatefulMulti)(self)
 
+    def state_dict(self):  # a checkpoint before the first epoch builds that epoch's iterator
+        if self._iterator is None:
+            self._iterator = self._get_iterator()
+            self._initial_iter_for_state_dict = True
+        return {}
+
     def __iter__(self):
+        if self._initial_iter_for_state_dict:
+            self._initial_iter_for_state_dict = False
+            return self._iterator
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None:
                 self._iterator = self._get_iterator()

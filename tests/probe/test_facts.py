@@ -719,3 +719,56 @@ def test_torchdata_s_stateful_loader_is_recorded(tmp_path):
     line = next(i for i, t in enumerate(STATEFUL_JOB.splitlines(), start=1) if "LINE_LOADER" in t)
     assert d["call_site"] == f"{job}:{line}" and d["persistent_workers"] is False
     assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (2, 24, 6)
+
+
+WRAPPED_JOB = """
+import sys
+import torch
+from torch.utils.data import DataLoader
+
+
+class Wrapped:  # DGL's _PrefetchingIter / PyG's DataLoaderIterator: an iterator around torch's
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.it)
+
+
+class WrapsIter(DataLoader):  # DGL's DataLoader.__iter__
+    def __iter__(self):
+        return Wrapped(super().__iter__())
+
+
+class WrapsGetIterator(DataLoader):  # PyG's NodeLoader._get_iterator
+    def _get_iterator(self):
+        return Wrapped(super()._get_iterator())
+
+
+cls = {"iter": WrapsIter, "get_iterator": WrapsGetIterator}[sys.argv[1]]
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = cls(torch.randn(64, 4), batch_size=8, num_workers=1)
+for epoch in range(3):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["iter", "get_iterator"])
+def test_a_loader_that_wraps_torch_s_iterator_is_recorded_once(tmp_path, kind):
+    """DGL's DataLoader returns a prefetching iterator around DataLoader.__iter__'s, PyG's NodeLoader one
+    around _get_iterator's: 6fd30df recorded neither (no loader, no epoch start); each is recorded once."""
+    job = script(tmp_path, WRAPPED_JOB)
+    result = run_wrapped(tmp_path / "run", job, kind, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
+    (d,) = facts["dataloaders"]
+    assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (1, 24, 3)

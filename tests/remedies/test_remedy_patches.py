@@ -195,7 +195,10 @@ def test_a_library_s_copy_of_a_loader_answers_for_the_user_s_line(runtime: Runti
 
 def test_torchdata_s_stateful_loader_takes_the_loader_remedies(runtime: Runtime, tmp_path, monkeypatch) -> None:
     """torchdata's StatefulDataLoader never calls DataLoader.__init__: `fix` called persistent workers on
-    it a no-op, 'the job never reached what it changes'."""
+    it a no-op, 'the job never reached what it changes'. Made persistent, it must keep the job's random
+    stream: with a checkpoint taken before training and torchdata's sampler, which draws its permutation
+    when walked, the remedy first took another shuffle from epoch 2 (the real torchdata 0.11: 'losses
+    differ first at step 16', x1.98 rejected)."""
     import sys
 
     import stateful_loader
@@ -206,7 +209,17 @@ def test_torchdata_s_stateful_loader_takes_the_loader_remedies(runtime: Runtime,
         monkeypatch.delitem(sys.modules, name)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    def epochs() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        dl = StatefulDataLoader(Squares(), batch_size=8, num_workers=1, shuffle=True)
+        dl.state_dict()
+        out = [torch.cat([b.flatten() for b in batches(dl)]) for _ in range(3)] + [torch.rand(1)]
+        if dl.persistent_workers:
+            dl._iterator._shutdown_workers()
+        return out
+
     try:
+        plain = epochs()
         patch_data.install(torch, want(runtime, "dataloader.persistent_workers"))
         loader = StatefulDataLoader(Squares(), batch_size=8, num_workers=1)
         assert loader.persistent_workers
@@ -215,6 +228,7 @@ def test_torchdata_s_stateful_loader_takes_the_loader_remedies(runtime: Runtime,
         loader._iterator._shutdown_workers()
         (entry,) = runtime.record()["applied"]
         assert entry["exercised"] and entry["set"] == {"persistent_workers": True}
+        assert all(torch.equal(a, b) for a, b in zip(plain, epochs(), strict=True))
     finally:
         for name in [m for m in sys.modules if m.startswith("torchdata")]:
             sys.modules.pop(name, None)

@@ -322,11 +322,12 @@ def test_dl6_counts_the_model_slowed_after_the_fork_but_not_an_evaluation():
     against 4.4 (3,241 page faults: the training process copies the pages it writes after forking its
     workers); DL-6 claimed 20.5% without it and `fix` measured 42.0% [37.0%, 46.7%]. Forwards without
     autograd in that step (an evaluation between epochs) stay the job's own work."""
-    def run_with(forward: float, inference: float) -> float:
+    def run_with(forward: float, inference: float, faults: int = 3241) -> float:
         steps = epoch_steps(40, 10, 50.0, 350.0, 150.0, start_iter=100.0)
         for s in steps:
             s.forward_ms, s.backward_ms = (forward, 20.0) if s.epoch_starts else (10.0, 20.0)
             s.inference_ms = inference if s.epoch_starts else 0.0
+            s.minor_faults = faults if s.epoch_starts else 8
         f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False, dataset_len=640, batch_size=64)],
                       steps=steps)
         return only(run("DL-6", (None, f)), "DL-6").evidence[0].values["loader_ms_per_epoch"]
@@ -334,6 +335,7 @@ def test_dl6_counts_the_model_slowed_after_the_fork_but_not_an_evaluation():
     assert run_with(10.0, 0.0) == 249.0  # the model as fast as in any step: iterator and wait only
     assert run_with(40.0, 0.0) == 279.0  # 30 ms more forward after the fork
     assert run_with(40.0, 30.0) == 249.0  # those 30 ms were an evaluation's forwards
+    assert run_with(40.0, 0.0, faults=12) == 249.0  # no sign of a fork: an evaluation with autograd on
 
 
 def test_dl6_counts_a_ranks_epoch_in_its_own_batches():

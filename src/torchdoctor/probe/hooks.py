@@ -198,9 +198,6 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     return replace(site, user=entry[1])
 
 
-_NESTED = object()  # an __iter__ shim inside another: the outer one times and records
-
-
 def _dataloader(probe: Probe) -> None:
     from torch.utils.data import dataloader as dl
 
@@ -233,9 +230,13 @@ def _dataloader(probe: Probe) -> None:
         """A DataLoader subclass with an __iter__ of its own never runs DataLoader.__iter__ unless it
         calls it: torchdata's StatefulDataLoader (torchtitan's loader) builds and resets its iterators
         itself, so its epochs, its facts and its workers went unrecorded. Its __iter__ gets the same
-        shim, once per class; a nested call (one that calls DataLoader's) counts once, outside."""
+        shim, once per class. In a chain of such calls (one calling DataLoader's) the innermost that
+        returns an iterator records it, once; a wrapper around it (DGL's prefetching iterator) or a
+        generator (a loader that yields from DataLoader.__iter__) records nothing of its own."""
         owner = next((c for c in cls.__mro__ if "__iter__" in c.__dict__), loader_cls)
-        if owner is loader_cls or getattr(owner.__dict__["__iter__"], "_torchdoctor_iter", False):
+        # A mixin before DataLoader in the MRO is no loader: its other users keep their __iter__.
+        if (owner is loader_cls or not issubclass(owner, loader_cls)
+                or getattr(owner.__dict__["__iter__"], "_torchdoctor_iter", False)):
             return
         shim = shims.around(owner.__dict__["__iter__"], iter_before, iter_after, _failed("dataloader.iter"))
         shim._torchdoctor_iter = True  # type: ignore[attr-defined]
@@ -244,12 +245,16 @@ def _dataloader(probe: Probe) -> None:
     def iter_after(t0: float | None, args: tuple[Any, ...], it: Any) -> None:
         probe.loader_setup -= 1
         nesting.depth -= 1
-        if t0 is _NESTED:
+        inner_done = getattr(nesting, "done", False)
+        if nesting.depth == 0:
+            nesting.done = False
+        # A generator __iter__ returns before it builds anything: the DataLoader.__iter__ it calls
+        # later is the one that counts. A call around one that recorded (it returns that iterator,
+        # or a wrapper of it) adds nothing.
+        if it is shims.FAILED or "dataloader.iter" in BROKEN or inspect.isgenerator(it) or inner_done:
             return
-        # A generator __iter__ (accelerate's DataLoaderShard) returns before it builds anything: the
-        # DataLoader.__iter__ it calls later is the one that counts.
-        if it is shims.FAILED or "dataloader.iter" in BROKEN or not isinstance(it, base_iter):
-            return
+        if nesting.depth > 0:
+            nesting.done = True
         fault_point("dataloader.iter")
         if t0 is not None:  # an epoch starts (main thread): its cost, and the mark DL-6/DL-1 read
             probe.clock.add(Phase.LOADER_ITER, perf_counter() - t0)
@@ -263,6 +268,11 @@ def _dataloader(probe: Probe) -> None:
             record = LoaderRecord(facts, collate_code=code_of(loader.collate_fn))
             probe.loader_by_obj[loader] = record
             probe.loaders.append(record)
+        if not isinstance(it, base_iter):
+            # An iterator around torch's (PyG's DataLoaderIterator from _get_iterator): batches come
+            # from the one it holds, which the batch shim sees.
+            held = getattr(it, "__dict__", None) or {}
+            it = next((v for v in list(held.values()) if isinstance(v, base_iter)), it)
         probe.loader_by_iter[it] = record
         probe.last_iter = None  # the next batch looks the iterator up again
         if record.collate_code is not None:
@@ -274,8 +284,6 @@ def _dataloader(probe: Probe) -> None:
     def iter_before(args: tuple[Any, ...]) -> Any:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
         nesting.depth = getattr(nesting, "depth", 0) + 1
-        if nesting.depth > 1:
-            return _NESTED
         return perf_counter() if threading.get_ident() == probe.main_thread else None
 
     loader_cls.__iter__ = shims.around(

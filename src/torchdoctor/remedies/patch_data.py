@@ -109,7 +109,7 @@ def install(torch: Any, rt: Runtime) -> None:
         try:
             cls = getattr(module, "StatefulDataLoader", None)
             if cls is not None and "__init__" in cls.__dict__:
-                _patch_loader_class(torch, rt, cls, kept_alive)
+                _patch_loader_class(torch, rt, cls, kept_alive, stateful=True)
         except Exception as exc:
             rt.broken(IDS, exc)
 
@@ -119,7 +119,7 @@ def install(torch: Any, rt: Runtime) -> None:
 
 
 def _patch_loader_class(torch: Any, rt: Runtime, cls: type,
-                        kept_alive: weakref.WeakKeyDictionary[Any, str | None]) -> None:
+                        kept_alive: weakref.WeakKeyDictionary[Any, str | None], stateful: bool = False) -> None:
     """The remedies on ``cls.__init__`` (DataLoader's, or a subclass's that does not call it), and on
     its ``__iter__`` the persistent workers' random-stream guard."""
     orig = cls.__init__
@@ -175,11 +175,11 @@ def _patch_loader_class(torch: Any, rt: Runtime, cls: type,
     cls.__init__ = kwargs_shim(orig, adjust, rejected, lambda exc: rt.broken(IDS, exc))
     if rt.active("dataloader.persistent_workers"):
         rt.track("dataloader.persistent_workers")
-        _same_random_stream(torch, rt, cls, kept_alive)
+        _same_random_stream(torch, rt, cls, kept_alive, stateful)
 
 
-def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.WeakKeyDictionary[Any, str | None]
-                        ) -> None:
+def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.WeakKeyDictionary[Any, str | None],
+                        stateful: bool = False) -> None:
     """A new epoch of a loader the remedy keeps alive draws the random number a new iterator draws.
 
     Without persistent workers, every ``iter(loader)`` builds an iterator whose constructor draws a
@@ -199,9 +199,16 @@ def _same_random_stream(torch: Any, rt: Runtime, cls: type, kept_alive: weakref.
 
     def __iter__(self: Any) -> Any:
         try:
-            if self in kept_alive and getattr(self, "_iterator", None) is not None:
+            # torchdata's StatefulDataLoader: an iterator state_dict() built before the first epoch is
+            # that epoch's own (it drew its seed); a new one of its iterators walks the sampler twice
+            # (__init__ and its first _reset), a persistent reset once, and torchdata's RandomSampler
+            # draws its permutation when walked.
+            if (self in kept_alive and getattr(self, "_iterator", None) is not None
+                    and not getattr(self, "_initial_iter_for_state_dict", False)):
                 rt.exercised_at("dataloader.persistent_workers", kept_alive[self])
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+                if stateful:
+                    iter(self._index_sampler)
         except Exception as exc:  # never the job's problem: its iterator is built as usual
             rt.broken(("dataloader.persistent_workers",), exc)
         return orig_iter(self)
