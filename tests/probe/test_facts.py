@@ -685,15 +685,10 @@ def test_a_fastai_loader_s_epochs_are_marked_where_torch_s_iterator_starts(tmp_p
         assert all(s["loader_iter_ms"] > 0 for s in facts["steps"] if s.get("epoch_starts"))
 
 
-STATEFUL_JOB = """
-import sys
-import torch
-sys.path.insert(0, sys.argv[1])
-from torchdata.stateful_dataloader import StatefulDataLoader
-
+# Three epochs of 8 steps over `loader`, then "ok": the loop the loader jobs below share.
+THREE_EPOCHS = """
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = StatefulDataLoader(torch.randn(64, 4), batch_size=8, num_workers=2)  # LINE_LOADER
 for epoch in range(3):
     for x in loader:
         model(x).sum().backward()
@@ -701,6 +696,15 @@ for epoch in range(3):
         opt.zero_grad()
 print("ok")
 """
+
+STATEFUL_JOB = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+loader = StatefulDataLoader(torch.randn(64, 4), batch_size=8, num_workers=2)  # LINE_LOADER
+""" + THREE_EPOCHS
 
 
 def test_torchdata_s_stateful_loader_is_recorded(tmp_path):
@@ -749,16 +753,8 @@ class WrapsGetIterator(DataLoader):  # PyG's NodeLoader._get_iterator
 
 
 cls = {"iter": WrapsIter, "get_iterator": WrapsGetIterator}[sys.argv[1]]
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = cls(torch.randn(64, 4), batch_size=8, num_workers=1)
-for epoch in range(3):
-    for x in loader:
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-print("ok")
-"""
+""" + THREE_EPOCHS
 
 
 @pytest.mark.parametrize("kind", ["iter", "get_iterator"])
