@@ -198,6 +198,35 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     return replace(site, user=entry[1])
 
 
+def _shim_once(cls: Any, name: str, before: Callable[..., Any], after: Callable[..., None], where: str) -> None:
+    """``cls.<name>`` (a class's or a module's own attribute) wrapped by shims.around, once: a second
+    call (the same hook installed again, the same module imported again) finds the mark and leaves it."""
+    orig = cls.__dict__.get(name)
+    if not callable(orig) or getattr(orig, "_torchdoctor_shim", False):
+        return
+    shim = shims.around(orig, before, after, _failed(where))
+    shim._torchdoctor_shim = True  # type: ignore[attr-defined]
+    setattr(cls, name, shim)
+
+
+def _register_iterator(probe: Probe, key: Any, it: Any, facts: Callable[[], Any]) -> LoaderRecord | None:
+    """The loader record of ``key`` (made from ``facts()`` the first time), tied to its iterator ``it``
+    for the batch shim, with the iterator's worker pids; None past _MAX_LOADERS."""
+    record = probe.loader_by_obj.get(key)
+    if record is None:
+        if len(probe.loaders) >= _MAX_LOADERS:
+            return None
+        record = facts()
+        probe.loader_by_obj[key] = record
+        probe.loaders.append(record)
+    probe.loader_by_iter[it] = record
+    probe.last_iter = None  # the next batch looks the iterator up again
+    for worker in getattr(it, "_workers", None) or ():
+        if getattr(worker, "pid", None):
+            record.add_worker(worker.pid)
+    return record
+
+
 def _dataloader(probe: Probe) -> None:
     from torch.utils.data import dataloader as dl
 
@@ -235,12 +264,8 @@ def _dataloader(probe: Probe) -> None:
         generator (a loader that yields from DataLoader.__iter__) records nothing of its own."""
         owner = next((c for c in cls.__mro__ if "__iter__" in c.__dict__), loader_cls)
         # A mixin before DataLoader in the MRO is no loader: its other users keep their __iter__.
-        if (owner is loader_cls or not issubclass(owner, loader_cls)
-                or getattr(owner.__dict__["__iter__"], "_torchdoctor_iter", False)):
-            return
-        shim = shims.around(owner.__dict__["__iter__"], iter_before, iter_after, _failed("dataloader.iter"))
-        shim._torchdoctor_iter = True  # type: ignore[attr-defined]
-        owner.__iter__ = shim
+        if owner is not loader_cls and issubclass(owner, loader_cls):
+            _shim_once(owner, "__iter__", iter_before, iter_after, "dataloader.iter")
 
     def iter_after(t0: float | None, args: tuple[Any, ...], it: Any) -> None:
         probe.loader_setup -= 1
@@ -257,52 +282,32 @@ def _dataloader(probe: Probe) -> None:
             nesting.done = True
         fault_point("dataloader.iter")
         if t0 is not None:  # an epoch starts (main thread): its cost, and the mark DL-6/DL-1 read
-            probe.clock.add(Phase.LOADER_ITER, perf_counter() - t0)
-            probe.clock.add(Phase.EPOCH_STARTS, 1.0)
+            _epoch_start(probe, t0)
         loader = args[0]
-        record = probe.loader_by_obj.get(loader)
-        if record is None:
-            if len(probe.loaders) >= _MAX_LOADERS:
-                return
-            facts = collect.dataloader_facts(loader, _loader_site(probe, loader))
-            record = LoaderRecord(facts, collate_code=code_of(loader.collate_fn))
-            probe.loader_by_obj[loader] = record
-            probe.loaders.append(record)
         if not isinstance(it, base_iter):
             # An iterator around torch's (PyG's DataLoaderIterator from _get_iterator): batches come
             # from the one it holds, which the batch shim sees.
             held = getattr(it, "__dict__", None) or {}
             it = next((v for v in list(held.values()) if isinstance(v, base_iter)), it)
-        probe.loader_by_iter[it] = record
-        probe.last_iter = None  # the next batch looks the iterator up again
-        if record.collate_code is not None:
+        record = _register_iterator(probe, loader, it, lambda: LoaderRecord(
+            collect.dataloader_facts(loader, _loader_site(probe, loader)), collate_code=code_of(loader.collate_fn)))
+        if record is not None and record.collate_code is not None:
             _time_collate(probe, it, record)
-        for worker in getattr(it, "_workers", None) or ():
-            if getattr(worker, "pid", None):
-                record.add_worker(worker.pid)
 
     def iter_before(args: tuple[Any, ...]) -> Any:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
         nesting.depth = getattr(nesting, "depth", 0) + 1
         return perf_counter() if threading.get_ident() == probe.main_thread else None
 
-    loader_cls.__iter__ = shims.around(
-        loader_cls.__iter__, iter_before, iter_after, _failed("dataloader.iter")
-    )
-    loader_cls.__iter__._torchdoctor_iter = True  # type: ignore[attr-defined]
+    _shim_once(loader_cls, "__iter__", iter_before, iter_after, "dataloader.iter")
 
     def on_torchdata(module: Any) -> None:
         """torchdata's StatefulDataLoader (torchtitan's) subclasses DataLoader but never calls its
         __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen."""
         cls = getattr(module, "StatefulDataLoader", None)
-        if cls is None:
-            return
-        init = cls.__dict__.get("__init__")
-        if init is not None and not getattr(init, "_torchdoctor_init", False):
-            shim = shims.around(init, before, after, _failed("dataloader.init"))
-            shim._torchdoctor_init = True  # type: ignore[attr-defined]
-            cls.__init__ = shim
-        own_iter(cls)
+        if cls is not None:
+            _shim_once(cls, "__init__", before, after, "dataloader.init")
+            own_iter(cls)
 
     imphook.when_imported("torchdata.stateful_dataloader.stateful_dataloader",
                           _guard("dataloader.torchdata", on_torchdata))
@@ -382,38 +387,28 @@ def _foreign_loaders(probe: Probe, loader_cls: type, iterators: tuple[type, ...]
         if t0 < 0 or result is shims.FAILED:
             return
         fault_point("dataloader.foreign")
-        probe.clock.add(Phase.LOADER_ITER, perf_counter() - t0)
-        probe.clock.add(Phase.EPOCH_STARTS, 1.0)
+        _epoch_start(probe, t0)
         it, loader = args[0], args[1]
         owner = getattr(loader, "d", None) if type(loader).__name__ == "_FakeLoader" else None
         key = owner if owner is not None else loader
-        record = probe.loader_by_obj.get(key)
-        if record is None:
-            if len(probe.loaders) >= _MAX_LOADERS:
-                return
-            record = LoaderRecord(collect.foreign_loader_facts(loader, owner, probe.sites.get(key)))
-            probe.loader_by_obj[key] = record
-            probe.loaders.append(record)
-        probe.loader_by_iter[it] = record
-        probe.last_iter = None
-        for worker in getattr(it, "_workers", None) or ():
-            if getattr(worker, "pid", None):
-                record.add_worker(worker.pid)
+        _register_iterator(probe, key, it, lambda: LoaderRecord(
+            collect.foreign_loader_facts(loader, owner, probe.sites.get(key))))
 
     for cls in iterators:
         cls.__init__ = shims.around(cls.__init__, before, after, _failed("dataloader.foreign"))
 
 
+def _epoch_start(probe: Probe, t0: float) -> None:
+    """An epoch starts on the training thread: its iterator's cost, and the mark DL-6/DL-1 read."""
+    probe.clock.add(Phase.LOADER_ITER, perf_counter() - t0)
+    probe.clock.add(Phase.EPOCH_STARTS, 1.0)
+
+
 def _fastai_loader_sites(probe: Probe, module: Any) -> None:
     """Where each fastai DataLoader is built (fastai's own code, called from the user's line)."""
     cls = getattr(module, "DataLoader", None)
-    init = getattr(cls, "__init__", None)
-    if not callable(init) or getattr(init, "_torchdoctor_site", False):
-        return
-    before, after = _site_recorder(probe, "dataloader.fastai.init")
-    shim = shims.around(init, before, after, _failed("dataloader.fastai.init"))
-    shim._torchdoctor_site = True  # type: ignore[attr-defined]
-    cls.__init__ = shim
+    if cls is not None:
+        _shim_once(cls, "__init__", *_site_recorder(probe, "dataloader.fastai.init"), "dataloader.fastai.init")
 
 
 def _quiet_workers(probe: Probe) -> None:
@@ -563,8 +558,7 @@ def _fastai_optimizer(probe: Probe, module: Any, pre: Callable[..., None], post:
     of optimizer). Its step() gets the same hooks, and the annotation torch.optim writes around a step
     (``Optimizer.step#<class>.step``) for the trace's host split."""
     cls = getattr(module, "Optimizer", None)
-    step = getattr(cls, "step", None)
-    if not callable(step) or getattr(step, "_torchdoctor_step", False):
+    if cls is None:
         return
     record_function = probe.torch.autograd.profiler.record_function
 
@@ -593,9 +587,7 @@ def _fastai_optimizer(probe: Probe, module: Any, pre: Callable[..., None], post:
             else:
                 post(opt, (), {})
 
-    shim = shims.around(step, before, after, _failed("optimizer.fastai"))
-    shim._torchdoctor_step = True  # type: ignore[attr-defined]
-    cls.step = shim
+    _shim_once(cls, "step", before, after, "optimizer.fastai")
 
 
 # Optimizers whose zero_grad(set_to_none=False) call is recorded: one call each is enough.
@@ -1171,11 +1163,7 @@ def _checkpoints(probe: Probe) -> None:
     def on_dcp_state_dict(module: Any) -> None:
         # Private (torch 2.2+): feature-detected; without it the zero-lr step counts as a step.
         try:
-            fn = getattr(module, "_init_optim_state", None)
-            if callable(fn) and not getattr(fn, "_torchdoctor_init", False):
-                shim = shims.around(fn, init_start, init_end, _failed("optimizer.init_state"))
-                shim._torchdoctor_init = True  # type: ignore[attr-defined]
-                module._init_optim_state = shim
+            _shim_once(module, "_init_optim_state", init_start, init_end, "optimizer.init_state")
         except Exception as exc:
             ERRORS.record("optimizer.init_state", exc)
 
