@@ -10,8 +10,8 @@ JOB = """
 import torch
 
 torch.manual_seed(0)
-x, y = torch.randn(2048, 64), torch.randn(2048, 1)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+x, y = torch.randn(4096, 128), torch.randn(4096, 1)
+model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Tanh(), torch.nn.Linear(512, 1))
 opt = torch.optim.LBFGS(model.parameters(), max_iter=4, history_size=4)
 
 def closure():
