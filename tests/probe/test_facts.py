@@ -699,23 +699,28 @@ print("ok")
 
 STATEFUL_JOB = """
 import sys
-import torch
 sys.path.insert(0, sys.argv[1])
+if sys.argv[2] == "torch first":
+    import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
+import torch
 
 loader = StatefulDataLoader(torch.randn(64, 4), batch_size=8, num_workers=2)  # LINE_LOADER
 """ + THREE_EPOCHS
 
 
-def test_torchdata_s_stateful_loader_is_recorded(tmp_path):
+@pytest.mark.parametrize("order", ["torch first", "torchdata first"])
+def test_torchdata_s_stateful_loader_is_recorded(tmp_path, order):
     """torchdata's StatefulDataLoader (torchtitan's) never calls DataLoader.__init__ and has its own
-    __iter__: the probe recorded no loader, no epoch start and no worker."""
+    __iter__: the probe recorded no loader, no epoch start and no worker. Imported before torch, its
+    module is the one that imports torch, so it is half-built when the probe's torch hooks go in (the
+    class was not there yet: nothing was recorded either)."""
     import stateful_loader
 
     site_packages = tmp_path / "venv" / "lib" / "site-packages"
     stateful_loader.install(site_packages)
     job = script(tmp_path, STATEFUL_JOB)
-    result = run_wrapped(tmp_path / "run", job, str(site_packages), options=("--profile-steps", "off"))
+    result = run_wrapped(tmp_path / "run", job, str(site_packages), order, options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     facts = facts_of(tmp_path / "run")
     assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
@@ -752,7 +757,32 @@ class WrapsGetIterator(DataLoader):  # PyG's NodeLoader._get_iterator
         return Wrapped(super()._get_iterator())
 
 
-cls = {"iter": WrapsIter, "get_iterator": WrapsGetIterator}[sys.argv[1]]
+class _Repeat:  # ultralytics' _RepeatSampler
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+class Infinite(DataLoader):  # ultralytics' InfiniteDataLoader: one iterator, from _get_iterator, for every epoch
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "batch_sampler", _Repeat(self.batch_sampler))
+        self.iterator = None
+
+    def __len__(self):
+        return len(self.batch_sampler.sampler)
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = self._get_iterator()
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+cls = {"iter": WrapsIter, "get_iterator": WrapsGetIterator, "repeat": Infinite}[sys.argv[1]]
 loader = cls(torch.randn(64, 4), batch_size=8, num_workers=1)
 """ + THREE_EPOCHS
 
@@ -768,3 +798,17 @@ def test_a_loader_that_wraps_torch_s_iterator_is_recorded_once(tmp_path, kind):
     assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0, 8, 16]
     (d,) = facts["dataloaders"]
     assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (1, 24, 3)
+
+
+def test_a_loader_that_keeps_one_iterator_for_every_epoch_is_recorded(tmp_path):
+    """ultralytics' InfiniteDataLoader builds its one iterator with _get_iterator() inside a generator
+    __iter__ and repeats its sampler: DataLoader.__iter__ never runs, so the loader, its worker and the
+    start of its one epoch went unrecorded, and the iterator's seed read counted as the job's sync."""
+    job = script(tmp_path, WRAPPED_JOB)
+    result = run_wrapped(tmp_path / "run", job, "repeat", options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    facts = facts_of(tmp_path / "run")
+    assert [s["step"] for s in facts["steps"] if s.get("epoch_starts")] == [0]
+    (d,) = facts["dataloaders"]
+    assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (1, 24, 1)
+    assert facts["host_syncs_per_step"] == 0

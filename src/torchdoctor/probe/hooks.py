@@ -300,14 +300,25 @@ def _dataloader(probe: Probe) -> None:
         return perf_counter() if threading.get_ident() == probe.main_thread else None
 
     _shim_once(loader_cls, "__iter__", iter_before, iter_after, "dataloader.iter")
+    # Where DataLoader.__iter__ builds a new iterator, and what a loader that never runs it calls
+    # (ultralytics' InfiniteDataLoader: one iterator for every epoch, built inside a generator).
+    _shim_once(loader_cls, "_get_iterator", iter_before, iter_after, "dataloader.iter")
 
     def on_torchdata(module: Any) -> None:
         """torchdata's StatefulDataLoader (torchtitan's) subclasses DataLoader but never calls its
-        __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen."""
+        __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen.
+        A job that imports it before torch: its module is the one importing torch, so it is still
+        half-built here and the class comes later, when it subclasses DataLoader."""
         cls = getattr(module, "StatefulDataLoader", None)
         if cls is not None:
-            _shim_once(cls, "__init__", before, after, "dataloader.init")
-            own_iter(cls)
+            on_stateful(cls)
+        else:
+            imphook.when_subclassed(loader_cls, module.__name__, "StatefulDataLoader",
+                                    _guard("dataloader.torchdata", on_stateful))
+
+    def on_stateful(cls: type) -> None:
+        _shim_once(cls, "__init__", before, after, "dataloader.init")
+        own_iter(cls)
 
     imphook.when_imported("torchdata.stateful_dataloader.stateful_dataloader",
                           _guard("dataloader.torchdata", on_torchdata))

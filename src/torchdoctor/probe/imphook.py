@@ -4,6 +4,9 @@ The probe must not import torch itself (a process that never uses torch pays not
 waits for the job to import it. ``when_imported("torch", fn)`` calls ``fn(module)`` once torch's
 own ``__init__`` has run, from inside the importing statement. The finder removes itself after
 the last pending hook fired, so later imports are not slowed down.
+
+A module that is still running when its hook is asked for (it imported torch, whose hook asks) is
+handed over half-built; ``when_subclassed`` then waits for the class it defines.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import importlib.machinery
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 Callback = Callable[[ModuleType], None]
 _pending: dict[str, list[Callback]] = {}
@@ -84,3 +88,30 @@ def when_imported(fullname: str, callback: Callback) -> None:
     _pending.setdefault(fullname, []).append(callback)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
+
+
+def when_subclassed(base: type, module: str, name: str, callback: Callable[[type], None]) -> None:
+    """Call ``callback(cls)`` once, when the class ``module.name`` is defined as a subclass of
+    ``base`` (a module still running when the hook went in defines it later). ``base`` keeps its own
+    ``__init_subclass__``, or the one it inherits, for every subclass, and gets it back once the
+    class came. The callback must not raise."""
+    own = base.__dict__.get("__init_subclass__")
+    fired: list[type] = []
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if own is not None:
+            own.__get__(None, cls)(**kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        if fired or cls.__module__ != module or cls.__qualname__ != name:
+            return
+        fired.append(cls)
+        if base.__dict__.get("__init_subclass__") is hook:  # not if another hook went in after this one
+            if own is None:
+                del base.__init_subclass__  # type: ignore[misc]
+            else:
+                base.__init_subclass__ = own  # type: ignore[method-assign]
+        callback(cls)
+
+    hook = classmethod(__init_subclass__)
+    base.__init_subclass__ = hook  # type: ignore[assignment,method-assign]

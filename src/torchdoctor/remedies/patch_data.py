@@ -102,20 +102,29 @@ def install(torch: Any, rt: Runtime) -> None:
     kept_alive: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
     _patch_loader_class(torch, rt, dataloader.DataLoader, kept_alive)
 
-    def stateful(module: Any) -> None:
+    def stateful(cls: Any) -> None:
         # torchdata's StatefulDataLoader (torchtitan's) sets its attributes itself and never calls
         # DataLoader.__init__: `fix` called persistent workers on it a no-op ("the job never reached
         # what it changes").
         try:
-            cls = getattr(module, "StatefulDataLoader", None)
             if cls is not None and "__init__" in cls.__dict__:
                 _patch_loader_class(torch, rt, cls, kept_alive, stateful=True)
         except Exception as exc:
             rt.broken(IDS, exc)
 
-    from torchdoctor.probe.imphook import when_imported
+    def stateful_module(module: Any) -> None:
+        try:
+            cls = getattr(module, "StatefulDataLoader", None)
+            if cls is None:  # imported before torch: its module, which imports torch, is half-built
+                when_subclassed(dataloader.DataLoader, module.__name__, "StatefulDataLoader", stateful)
+            else:
+                stateful(cls)
+        except Exception as exc:
+            rt.broken(IDS, exc)
 
-    when_imported("torchdata.stateful_dataloader.stateful_dataloader", stateful)
+    from torchdoctor.probe.imphook import when_imported, when_subclassed
+
+    when_imported("torchdata.stateful_dataloader.stateful_dataloader", stateful_module)
 
 
 def _patch_loader_class(torch: Any, rt: Runtime, cls: type,

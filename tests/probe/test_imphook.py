@@ -1,0 +1,58 @@
+"""Post-import hooks: a class defined by a module that was still running when its hook went in."""
+
+from __future__ import annotations
+
+from torchdoctor.probe.imphook import when_subclassed
+
+
+class Base:
+    pass
+
+
+class WithOwn:
+    seen: list[tuple[str, object]] = []
+
+    def __init_subclass__(cls, tag: object = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        WithOwn.seen.append((cls.__name__, tag))
+
+
+def test_the_callback_gets_the_named_class_once_and_the_base_is_given_back() -> None:
+    got: list[type] = []
+    when_subclassed(Base, __name__, "Target", got.append)
+    assert "__init_subclass__" in Base.__dict__
+
+    class Other(Base):  # another subclass: no callback
+        pass
+
+    assert got == []
+    Target = type("Target", (Base,), {"__module__": __name__})
+    assert got == [Target] and "__init_subclass__" not in Base.__dict__
+    type("Target", (Base,), {"__module__": __name__})  # defined again: the hook is gone
+    assert got == [Target]
+
+
+def test_a_base_s_own_init_subclass_runs_for_every_subclass_with_its_arguments() -> None:
+    got: list[type] = []
+    own = WithOwn.__dict__["__init_subclass__"]
+    when_subclassed(WithOwn, __name__, "Target", got.append)
+    WithOwn.seen.clear()
+
+    class Other(WithOwn, tag=1):
+        pass
+
+    Target = type("Target", (WithOwn,), {"__module__": __name__}, tag=2)
+    assert WithOwn.seen == [("Other", 1), ("Target", 2)] and got == [Target]
+    assert WithOwn.__dict__["__init_subclass__"] is own
+
+
+def test_two_hooks_on_one_base_both_fire() -> None:
+    """The probe and a remedy both wait for torchdata's StatefulDataLoader on DataLoader."""
+    first: list[type] = []
+    second: list[type] = []
+    when_subclassed(Base, __name__, "Target", first.append)
+    when_subclassed(Base, __name__, "Target", second.append)
+    Target = type("Target", (Base,), {"__module__": __name__})
+    assert first == [Target] and second == [Target]
+    type("Target", (Base,), {"__module__": __name__})
+    assert first == [Target] and second == [Target]
