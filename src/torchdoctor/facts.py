@@ -72,6 +72,9 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     # Whether the dataset's reads draw random numbers in the workers (random augmentation), from
     # the workers' first batches; None when not checked.
     worker_random_draws: bool | None = None
+    # The same in the training process, for a loader without workers (num_workers=0): its fetches
+    # advanced the process's global random number generators; None when not checked.
+    dataset_random_draws: bool | None = None
 
 
 class DDPFacts(msgspec.Struct, omit_defaults=True):

@@ -65,6 +65,8 @@ def worker_collate(batch):
 
 third = DataLoader(SlowReads(), batch_size=4, num_workers=1, collate_fn=worker_collate)
 assert sum(len(y) for _, y in third) == 64
+fourth = DataLoader(SlowReads(), batch_size=16)  # the same random reads, in this process
+assert sum(len(y) for _, y in fourth) == 64
 print("ok")
 """
 
@@ -80,7 +82,7 @@ def test_single_process_facts(tmp_path):
     assert not [line for line in result.stderr.splitlines() if not line.startswith("torchdoctor:")]
     facts = facts_of(tmp_path / "run")
     site = f"{job}:"
-    train, side, third = facts["dataloaders"]
+    train, side, third, fourth = facts["dataloaders"]
     assert train["num_workers"] == 0 and train["batch_size"] == 8 and train["dataset_len"] == 256
     assert train["collate_fn"].endswith("counting_collate") and train["call_site"] == site + str(
         line_of("LINE_TRAIN")
@@ -103,6 +105,10 @@ def test_single_process_facts(tmp_path):
     # The third dataset draws random numbers in its workers (another worker count would hand its
     # batches other random streams); indexing a TensorDataset draws none.
     assert third["worker_random_draws"] is True and side["worker_random_draws"] is False
+    # The same in the training process, for loaders without workers: indexing a TensorDataset draws
+    # none, SlowReads does.
+    assert train["dataset_random_draws"] is False and "dataset_random_draws" not in side
+    assert fourth["dataset_random_draws"] is True and fourth["batches"] == 4
     (opt,) = facts["optimizers"]
     assert (opt["cls"], opt["foreach"], opt["num_param_tensors"]) == ("AdamW", False, 5)
     assert opt["call_site"] == site + str(line_of("LINE_OPT"))

@@ -293,6 +293,8 @@ def _dataloader(probe: Probe) -> None:
             collect.dataloader_facts(loader, _loader_site(probe, loader)), collate_code=code_of(loader.collate_fn)))
         if record is not None and record.collate_code is not None:
             _time_collate(probe, it, record)
+        if record is not None and record.rng_checked < workers.SAMPLE_RNG:
+            _check_draws(it, record)
 
     def iter_before(args: tuple[Any, ...]) -> Any:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
@@ -501,6 +503,34 @@ def _time_collate(probe: Probe, it: Any, record: LoaderRecord) -> None:
 
     timed_collate._torchdoctor_timed = True  # type: ignore[attr-defined]
     fetcher.collate_fn = unseen.hide(timed_collate, recursive=False)  # it calls the user's collate
+
+
+def _check_draws(it: Any, record: LoaderRecord) -> None:
+    """Whether an in-process loader's fetches (num_workers=0) draw random numbers (random
+    augmentation): the ``dataset_random_draws`` fact, from its first SAMPLE_RNG fetches, as the
+    workers' probe checks theirs. With workers the same draws come from the workers' own streams,
+    so ``fix``'s worker count changes the losses step by step by design (remedies/verdict.py).
+
+    The fetch is wrapped on this iterator's fetcher only, and unwrapped after the last check."""
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    fetch = getattr(fetcher, "fetch", None)
+    if getattr(it, "_num_workers", None) != 0 or fetch is None or "fetch" in getattr(fetcher, "__dict__", {"fetch": 0}):
+        return
+    fault_point("dataloader.draws")
+
+    def checked_fetch(index: Any) -> Any:
+        if record.rng_checked >= workers.SAMPLE_RNG:
+            fetcher.__dict__.pop("fetch", None)
+            return fetch(index)
+        before = workers.rng_states()
+        out = fetch(index)
+        after = workers.rng_states()
+        if before is not None and after is not None:
+            record.rng_checked += 1
+            record.rng_drawn += before != after
+        return out
+
+    fetcher.fetch = unseen.hide(checked_fetch, recursive=False)  # it calls the dataset's code
 
 
 def _optimizer(probe: Probe) -> None:

@@ -45,6 +45,9 @@ class LoaderRecord:
     ready_batches: int = 0  # batches already produced by workers when asked for
     ready_s: float = 0.0
     polled_batches: int = 0  # batches whose readiness could be read
+    # In-process fetches (num_workers=0) checked for random-number draws, and those that drew.
+    rng_checked: int = 0
+    rng_drawn: int = 0
     # The most recent workers' process ids (insertion order; at most MAX_WORKER_PIDS): non-persistent
     # workers are new processes every epoch, and their counter files are read at each summary.
     worker_pids: dict[int, None] = field(default_factory=dict)
@@ -62,6 +65,8 @@ class LoaderRecord:
                 inside(facts, workers.read(run_dir, set(self.worker_pids)))
         if self.drawn:
             facts.batches = self.drawn
+        if self.rng_checked:
+            facts.dataset_random_draws = self.rng_drawn > 0
         if self.batches:
             facts.next_ms_mean = round(1e3 * self.next_s / self.batches, 3)
             # Only the main process's collation is visible; workers collate out of sight.

@@ -148,12 +148,12 @@ def _patch_fetchers(probe: Any, stats: WorkerStats) -> None:
 
 def _timed_fetch(original: Any, stats: WorkerStats, run_dir: str) -> Any:
     def fetch(self: Any, index: Any) -> Any:
-        before = _rng_states() if stats.rng_checked < SAMPLE_RNG else None
+        before = rng_states() if stats.rng_checked < SAMPLE_RNG else None
         t0, c0 = perf_counter(), thread_time()
         out = original(self, index)  # StopIteration (iterable datasets) passes through uncounted
         t1 = perf_counter()
         if before is not None:
-            after = _rng_states()
+            after = rng_states()
             if after is not None:
                 stats.rng_checked += 1
                 stats.rng_drawn += after != before
@@ -168,7 +168,7 @@ def _timed_fetch(original: Any, stats: WorkerStats, run_dir: str) -> Any:
     return fetch
 
 
-def _rng_states() -> tuple | None:
+def rng_states() -> tuple | None:
     """The states of the worker's global random number generators, None when one cannot be read."""
     import random
     import sys

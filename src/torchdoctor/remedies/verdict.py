@@ -20,8 +20,8 @@ remedy earns its place (no torch).
   ``|delta| <= atol + rtol * |loss|`` at every step (when the baselines stay within it of each
   other; otherwise, as for ``safe``, inconclusive unless 1.5x further than they are apart). One exception: a remedy that changes the
   random stream the workers of a loader draw from (``WORKER_STREAMS``), where its dataset draws random
-  numbers in the workers (random augmentation, seen by the workers' probe): another worker count
-  hands each batch another worker's stream, and persistent workers carry their stream on into the
+  numbers as it loads (random augmentation, seen by the workers' probe, or by the training process's
+  for a loader without workers): another worker count hands each batch another worker's stream, and persistent workers carry their stream on into the
   next epoch where new workers are seeded afresh. The same images then get other crops and flips and
   the losses differ step by step by design. There the losses must agree on average: the mean of the
   per-step deltas (one a step, by batch means) within Student's t 99% bound of zero ("same on
@@ -275,7 +275,7 @@ def _random_streams(base: list[Arm], treated: list[Arm]) -> tuple[str, int | Non
     workers draw any, and the first step that can differ for that reason: 0 with another worker
     count; with persistent workers alone, the first epoch boundary after step 0 (None when the
     probe timed none: then nothing can differ for that reason). None when no such remedy applies."""
-    if not any(d.worker_random_draws for a in base for f in a.facts for d in f.dataloaders):
+    if not any(d.worker_random_draws or d.dataset_random_draws for a in base for f in a.facts for d in f.dataloaders):
         return None
     applied = {rid.split("=")[0] for a in treated for rid in a.applied}
     whys = [why for rid, why in WORKER_STREAMS.items() if rid in applied]
@@ -316,7 +316,7 @@ def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[fl
     # One delta a step, the mean over ranks and pairs: a seeded job's rounds repeat the same two loss
     # curves, so its pairs are copies, not independent samples.
     deltas = [statistics.fmean(by_step[i]) for i in sorted(by_step)]
-    why = f"the dataset draws random numbers in the DataLoader workers (augmentation), and {streams}"
+    why = f"the dataset draws random numbers as it loads (augmentation), and {streams}"
     if len(deltas) < MIN_MEAN_STEPS:
         return LossCheck("changed", f"losses differ from the baseline: {where}; {why}, but {len(deltas)} "
                          f"steps are too few to compare their mean (>= {MIN_MEAN_STEPS})", worst)
