@@ -1,8 +1,9 @@
 """torchdata's StatefulDataLoader (torchtitan's loader), reduced for tests that cannot install torchdata:
 a DataLoader subclass that never calls DataLoader.__init__ (it sets every attribute itself, as
 torchdata 0.11 does) and has its own __iter__ (an iterator kept and reset when persistent, a new one
-otherwise; the iterator state_dict() built first serves the first epoch), and a random sampler that
-draws its permutation when walked, as torchdata's does. Map-style datasets only."""
+otherwise; the iterator state_dict() built first serves the first epoch), a random sampler that
+draws its permutation when walked, and workers started with a worker loop of its own, imported by
+name, as torchdata's are. Map-style datasets only."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 SOURCE = '''
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, _utils
+from torch.utils.data._utils import worker as _torch_worker
 from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+from .worker import _worker_loop
 
 
 class _EagerRandomSampler(RandomSampler):  # torchdata's: the permutation is drawn when the sampler is walked
@@ -24,7 +28,13 @@ class _StatefulSingle(_SingleProcessDataLoaderIter):
 
 
 class _StatefulMulti(_MultiProcessingDataLoaderIter):
-    pass
+    def __init__(self, loader):  # torchdata starts its workers with its own loop, imported by name
+        saved = _torch_worker._worker_loop
+        _torch_worker._worker_loop = _worker_loop  # this module's, as it is when the workers start
+        try:
+            super().__init__(loader)
+        finally:
+            _torch_worker._worker_loop = saved
 
 
 class StatefulDataLoader(DataLoader):
@@ -77,6 +87,22 @@ class StatefulDataLoader(DataLoader):
 '''
 
 
+WORKER_SOURCE = '''
+from torch.utils.data._utils import worker as _torch_worker
+
+_TORCH_LOOP = _torch_worker._worker_loop
+
+
+def _worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, drop_last,
+                 base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed):
+    # torchdata's is a copy of torch's that also keeps the worker's state; here torch's own (not a
+    # wrapper of it that the probe may have put in its place).
+    loop = getattr(_TORCH_LOOP, "__wrapped__", _TORCH_LOOP)
+    return loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, drop_last,
+                base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed)
+'''
+
+
 def install(site_packages: Path) -> None:
     """The package torchdata.stateful_dataloader.stateful_dataloader under ``site_packages``."""
     package = site_packages / "torchdata" / "stateful_dataloader"
@@ -84,3 +110,4 @@ def install(site_packages: Path) -> None:
     (site_packages / "torchdata" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("from .stateful_dataloader import StatefulDataLoader\n")
     (package / "stateful_dataloader.py").write_text(SOURCE)
+    (package / "worker.py").write_text(WORKER_SOURCE)

@@ -734,6 +734,8 @@ def test_torchdata_s_stateful_loader_is_recorded(tmp_path, order):
     line = next(i for i, t in enumerate(STATEFUL_JOB.splitlines(), start=1) if "LINE_LOADER" in t)
     assert d["call_site"] == f"{job}:{line}" and d["persistent_workers"] is False
     assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (2, 24, 6)
+    # Its workers run torchdata's own loop: their counters too (they were missing: no random-draw check).
+    assert d["worker_batches"] == 24 and d["worker_random_draws"] is False
 
 
 WRAPPED_JOB = """

@@ -231,7 +231,9 @@ def _dataloader(probe: Probe) -> None:
     from torch.utils.data import dataloader as dl
 
     loader_cls, base_iter = dl.DataLoader, dl._BaseDataLoaderIter
-    _quiet_workers(probe)
+    from torch.utils.data._utils import worker
+
+    _quiet_workers(probe, worker)
     before, record = _site_recorder(probe, "dataloader.init")
 
     def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
@@ -321,6 +323,10 @@ def _dataloader(probe: Probe) -> None:
     def on_stateful(cls: type) -> None:
         _shim_once(cls, "__init__", before, after, "dataloader.init")
         own_iter(cls)
+        # Its workers run torchdata's own loop, which its module imported by name.
+        home = sys.modules.get(cls.__module__.rpartition(".")[0] + ".worker")
+        if home is not None:
+            _quiet_workers(probe, home, sys.modules.get(cls.__module__))
 
     imphook.when_imported("torchdata.stateful_dataloader.stateful_dataloader",
                           _guard("dataloader.torchdata", on_torchdata))
@@ -424,21 +430,21 @@ def _fastai_loader_sites(probe: Probe, module: Any) -> None:
         _shim_once(cls, "__init__", *_site_recorder(probe, "dataloader.fastai.init"), "dataloader.fastai.init")
 
 
-def _quiet_workers(probe: Probe) -> None:
+def _quiet_workers(probe: Probe, home: Any, *users: Any) -> None:
     """Silence the probe's hot hooks in forked DataLoader workers.
 
     A forked worker inherits the patched ``Tensor.item``/``numpy``/``tolist`` and the probe,
     with the same thread id: its collate's conversions would run through the probe and be
-    recorded as the training loop's. The worker entry point is wrapped so that a worker marks its
-    probe as not the training loop, and measures its own batches instead (probe/workers.py). A spawned worker unpickles the entry point
-    by reference (the wrapper keeps ``_worker_loop``'s module and name), i.e. its own
+    recorded as the training loop's. The worker entry point (``home._worker_loop``: torch's, or
+    torchdata's own for its StatefulDataLoader) is wrapped so that a worker marks its probe as not
+    the training loop, and measures its own batches instead (probe/workers.py). ``users`` are
+    modules that imported the name and start workers with it. A spawned worker unpickles the entry
+    point by reference (the wrapper keeps ``_worker_loop``'s module and name), i.e. its own
     interpreter's wrapper and probe. Feature-detected.
     """
     import functools
 
-    from torch.utils.data._utils import worker
-
-    loop = getattr(worker, "_worker_loop", None)
+    loop = getattr(home, "_worker_loop", None)
     if loop is None or getattr(loop, "_torchdoctor_quiet", False):
         return
 
@@ -452,7 +458,9 @@ def _quiet_workers(probe: Probe) -> None:
             workers.finish(probe)
 
     _worker_loop._torchdoctor_quiet = True  # type: ignore[attr-defined]
-    worker._worker_loop = _worker_loop
+    for module in (home, *users):
+        if getattr(module, "_worker_loop", None) is loop:
+            module._worker_loop = _worker_loop
 
 
 def batch_ready(it: Any) -> bool | None:
