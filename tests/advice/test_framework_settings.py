@@ -44,7 +44,8 @@ def test_a_library_function_that_takes_the_settings_gets_them_at_the_users_call(
     # prefetch_factor is no parameter of create_loader: the user's line is named, the snippet stays.
     fix = loader_fix([TIMM], "Load in workers{where}.", SNIPPET)
     assert fix.text == ("Load in workers (the DataLoader is built inside timm's create_loader(), which "
-                        "/job/train.py:805 calls: change it through timm's settings).")
+                        "/job/train.py:805 calls and which has no parameter for this: change it through timm's "
+                        "settings if it has one, or where timm builds it, at /venv/site-packages/timm/data/loader.py:467).")
     assert fix.snippet == SNIPPET
     # A sampler is the change itself (longer epochs): create_loader takes none, so the DataLoader form stays.
     epochs = "sampler = RandomSampler(ds)\nDataLoader(ds, sampler=sampler, num_workers=N)"
@@ -74,7 +75,7 @@ def test_a_library_function_that_passes_settings_on_gets_them_at_the_users_call(
     # would be another number at DataLoader(...), so the generic advice stays.
     fix = loader_fix([loader], "Use 2 workers{where}.", "DataLoader(..., num_workers=2, persistent_workers=True)")
     assert fix.snippet == "DataLoader(..., num_workers=2, persistent_workers=True)"
-    assert "change it through ignite's settings" in fix.text
+    assert fix.text.endswith("calls: change it through ignite's settings).")
     # The same function for the other object passes nothing on: the generic advice stays.
     fix = loader_fix([DataLoaderFacts(created_by="ignite", library_call="auto_model", library_caller="/job/main.py:1")],
                      "x{where}", "DataLoader(..., persistent_workers=True)")
@@ -86,8 +87,18 @@ def test_a_library_function_without_the_settings_is_named_with_the_users_line():
                           library_call_params=["self", "model"])
     fix = loader_fix([fit], "Pin memory{where}.", "DataLoader(..., pin_memory=True)")
     assert fix.text == ("Pin memory (the DataLoader is built inside lightning's Trainer.fit(), which /job/pl.py:40 "
-                        "calls: change it through lightning's settings).")
+                        "calls and which has no parameter for this: change it through lightning's settings if it has one).")
     assert fix.snippet == "DataLoader(..., pin_memory=True)"
+    # denoising-diffusion-pytorch's Trainer(...) builds its DataLoader with num_workers=cpu_count() and
+    # no other setting: its line is named (it said only "change it through its settings").
+    ddpm = DataLoaderFacts(created_by="denoising_diffusion_pytorch", library_call="Trainer.__init__",
+                           library_caller="/job/train.py:7",
+                           library_site="/venv/denoising_diffusion_pytorch/denoising_diffusion_pytorch.py:955",
+                           library_call_params=["self", "diffusion_model", "folder", "train_batch_size"])
+    fix = loader_fix([ddpm], "Keep the workers alive{where}.", "DataLoader(..., persistent_workers=True)")
+    assert fix.text.endswith("which has no parameter for this: change it through denoising_diffusion_pytorch's "
+                             "settings if it has one, or where denoising_diffusion_pytorch builds it, at "
+                             "/venv/denoising_diffusion_pytorch/denoising_diffusion_pytorch.py:955).")
 
 
 def test_unknown_origin_says_nothing_more():

@@ -20,9 +20,10 @@ class Loader:
         self.dataset = dataset
 
 
-def probe_with(dataset, user_line: str, loader: Loader, site: Site):
+def probe_with(dataset, user_line: str | Site, loader: Loader, site: Site):
+    first = Site(user=user_line) if isinstance(user_line, str) else user_line
     sites = weakref.WeakKeyDictionary({loader: site})
-    return SimpleNamespace(sites=sites, dataset_sites={id(dataset): (weakref.ref(dataset), user_line)})
+    return SimpleNamespace(sites=sites, dataset_sites={id(dataset): (weakref.ref(dataset), first)})
 
 
 def test_a_rebuilt_loader_takes_the_users_line():
@@ -30,6 +31,18 @@ def test_a_rebuilt_loader_takes_the_users_line():
     rebuilt = Loader(data)
     probe = probe_with(data, "/job/train.py:9", rebuilt, Site(library="accelerate"))
     assert _loader_site(probe, rebuilt).user == "/job/train.py:9"
+
+
+def test_a_library_s_loader_rebuilt_by_another_library_takes_the_first_library_s_line():
+    """denoising-diffusion-pytorch's Trainer builds DataLoader(..., num_workers=cpu_count()) and
+    accelerate's prepare() re-creates it: the advice named accelerate's line for ddpm's setting."""
+    data = Data()
+    rebuilt = Loader(data)
+    first = Site(library="denoising_diffusion_pytorch", library_site="/venv/ddpm.py:955")
+    probe = probe_with(data, first, rebuilt,
+                       Site(library="denoising_diffusion_pytorch", library_site="/venv/accelerate/data_loader.py:428"))
+    got = _loader_site(probe, rebuilt)
+    assert got.user is None and got.library_site == "/venv/ddpm.py:955"
 
 
 def test_the_trainers_loader_is_not_linked_to_another_loader_over_its_dataset():

@@ -417,7 +417,7 @@ def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():
     steps = [StepTiming(step=i, total_ms=60.0, dataloader_ms=10.0, dataloader_unready_ms=10.0,
                         epoch_starts=int(i % 10 == 9)) for i in range(40)]
     f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=True)], steps=steps,
-                  cpu=CpuFacts(affinity=[0, 1]))
+                  cpu=CpuFacts(affinity=list(range(8))))
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "cannot keep up on average" in got.title and got.remedy == "dataloader.workers"
     assert "persistent_workers=True" in got.fix.snippet
@@ -426,6 +426,21 @@ def test_dl1_keeps_the_cannot_keep_up_reading_when_waits_are_spread():
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "cannot keep up on average" in got.title and got.fix.text.startswith("Add DataLoader workers")
     assert "persistent_workers" not in got.fix.text + got.fix.snippet
+
+
+def test_dl1_advises_no_more_workers_than_the_host_allows():
+    """denoising-diffusion-pytorch's Trainer runs cpu_count() workers, 2 on 2 CPUs: DL-1 said "Add
+    DataLoader workers (up to CPUs // local ranks - 1)", which is 1, and fix would have set that."""
+    steps = [StepTiming(step=i, total_ms=60.0, dataloader_ms=10.0, dataloader_unready_ms=10.0,
+                        epoch_starts=int(i % 10 == 9)) for i in range(40)]
+    f = cpu_facts(dataloaders=[loader(num_workers=2, persistent_workers=False)], steps=steps,
+                  cpu=CpuFacts(affinity=[0, 1]))
+    got = only(run("DL-1", (None, f)), "DL-1")
+    assert "cannot keep up on average" in got.title and got.remedy is None
+    assert got.fix.text.startswith("Make each batch cheaper to produce")
+    assert "the 2 workers are already as many as advised, 1 (CPUs // local ranks - 1 = 2 // 1 - 1)" in got.fix.text
+    assert got.fix.text.endswith("keep them alive (persistent_workers=True).")
+    assert got.fix.snippet == "DataLoader(dataset, num_workers=2, persistent_workers=True)"
 
 
 def test_dl1_on_a_trace_without_steps_prices_the_whole_window(tmp_path):

@@ -222,7 +222,20 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
         if code is not None:
             return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built inside {d.created_by}'s "
                                     f"{d.library_call}(), which {_takes(kind, d)}: at {d.library_caller})"), code)
+        # (A function that passes settings on, but changes one on the way, keeps the generic text.)
+        if d.created_by and d.library_call and f"{kind}(" in snippet and _forwarding(kind, d) is None:
+            return Fix(text.replace("{where}", _no_parameter(kind, d)), snippet)
     return Fix(text.replace("{where}", where(kind, d)), snippet)
+
+
+def _no_parameter(kind: str, d: Created) -> str:
+    """Where a library function the user calls builds the `kind` without a parameter for the setting
+    (denoising-diffusion-pytorch's Trainer(...) makes its DataLoader with num_workers=cpu_count() and
+    nothing else): its own settings, if it has some elsewhere (a config, a CLI), or its line."""
+    lib, site = d.created_by, getattr(d, "library_site", None)
+    return (f" (the {NOUN[kind]} is built inside {lib}'s {d.library_call}(), which {d.library_caller} calls and "
+            f"which has no parameter for this: change it through {lib}'s settings if it has one"
+            + (f", or where {lib} builds it, at {site})" if site else ")"))
 
 
 def _forwarding(kind: str, d: Created) -> tuple[str, str | None, frozenset[str]] | None:

@@ -60,9 +60,10 @@ class Probe:
             weakref.WeakKeyDictionary()
         )
         self.sites: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()
-        # The user's DataLoader(...) line per dataset (by id): a loader a library re-creates from
-        # the user's one (accelerate's prepare, Lightning's sampler injection) keeps the dataset.
-        self.dataset_sites: dict[int, tuple[weakref.ref[Any], str]] = {}
+        # The site of the user's DataLoader(...) per dataset (by id), else of the first a library
+        # built: a loader a library re-creates from it (accelerate's prepare, Lightning's sampler
+        # injection) keeps the dataset.
+        self.dataset_sites: dict[int, tuple[weakref.ref[Any], Site]] = {}
         self.checkpoint_site: str | None = None  # where the first blocking save was called (DI-15)
         self.loaded_files: list[Any] = []  # facts.LoadedFile: loaded before step 0 ended (hooks.py)
         self.checkpoint_dirs: list[str] = []  # where it saved once a step had ended (hooks.py)

@@ -195,7 +195,12 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     entry = probe.dataset_sites.get(id(dataset)) if dataset is not None else None
     if entry is None or entry[0]() is not dataset:  # an id a freed dataset left behind
         return site
-    return replace(site, user=entry[1])
+    first = entry[1]
+    if first.user is not None:
+        return replace(site, user=first.user)
+    # A library's loader re-created by another library (denoising-diffusion-pytorch's Trainer builds
+    # DataLoader(..., num_workers=cpu_count()), accelerate's prepare() copies it): the first's line.
+    return replace(site, library_site=first.library_site)
 
 
 def _shim_once(cls: Any, name: str, before: Callable[..., Any], after: Callable[..., None], where: str) -> None:
@@ -238,16 +243,19 @@ def _dataloader(probe: Probe) -> None:
 
     def after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         record(site, args, result)
-        if result is not shims.FAILED and args and site is not None and site.user is not None:
+        # The first user's loader over a dataset, else the first a library builds: a library that
+        # re-creates it (accelerate's prepare) copies its settings, which live there.
+        if result is not shims.FAILED and args and site is not None and (site.user or site.library_site):
             dataset = getattr(args[0], "dataset", None)
             if dataset is None:
                 return
             sites = probe.dataset_sites
             for key in [k for k, (ref, _) in sites.items() if ref() is None]:
                 del sites[key]  # freed datasets: their ids may be reused
-            if len(sites) < _MAX_LOADERS and id(dataset) not in sites:
+            first = sites.get(id(dataset))
+            if len(sites) < _MAX_LOADERS and (first is None or (first[1].user is None and site.user)):
                 with contextlib.suppress(TypeError):  # a dataset without weak references: not linked
-                    sites[id(dataset)] = (weakref.ref(dataset), site.user)
+                    sites[id(dataset)] = (weakref.ref(dataset), site)
 
     def init_after(site: Site | None, args: tuple[Any, ...], result: Any) -> None:
         after(site, args, result)

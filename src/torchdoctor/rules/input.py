@@ -385,8 +385,16 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
                    # A CPU-only job has no device to move the work to: cut the per-sample overhead.
                    "index whole batches of in-memory data (a BatchSampler with batch_size=None, one tensor "
                    "index per batch instead of one __getitem__ and a collate per sample), ")
+        # Workers at (or past) the count this host allows already: more is no advice (ddpm's Trainer
+        # runs cpu_count() workers; DL-1 said "add workers (up to CPUs // local ranks - 1)" with 2 on 2 CPUs).
+        advised = advised_workers(v) if nw and v.f is not None and cpu_count(v) is not None else None
+        at_most = advised is not None and nw is not None and nw >= advised[0] and not epoch_bound
         fix_text = (f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster "
                     "storage format; then add workers." if nw == 0 else
+                    f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster storage "
+                    f"format; the {nw} workers are already as many as advised, {advised[0]} ({advised[1]})"
+                    + ("; keep them alive (persistent_workers=True)." if can_persist and not persistent else ".")
+                    if at_most and advised is not None else
                     "Make epochs longer (a sampler that spans several passes over the data) or the first "
                     "batch of an epoch cheaper{where}" + ("; the workers are already kept alive (persistent_workers="
                                                    "True), but they start on an epoch's first batches only "
@@ -405,6 +413,8 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         elif epoch_bound:
             snippet = ("sampler = RandomSampler(dataset, num_samples=passes * len(dataset))\n"
                        "DataLoader(dataset, sampler=sampler, num_workers=N, persistent_workers=True)")
+        elif at_most:
+            snippet = "" if persistent else f"DataLoader(dataset, num_workers={nw}, persistent_workers=True)"
         else:
             snippet = f"DataLoader(dataset, num_workers=N,{_pin(v)} persistent_workers=True)"
         evidence = _dl_evidence(v, wait)
@@ -422,7 +432,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
             fix=_loader_fix(v, fix_text, snippet),
             confidence="high" if v.r is not None and v.r.window.steps else "medium",
             confirm="" if known else "run under `torchdoctor run` to read the DataLoader settings",
-            remedy=None if nw == 0 or epoch_bound else "dataloader.workers",
+            remedy=None if nw == 0 or epoch_bound or at_most else "dataloader.workers",
             source="TBP DataLoader > 5% of step; TML INPUT_BOUND 10%/20%", budget="data.wait")
     return per_rank(inputs, one)
 
