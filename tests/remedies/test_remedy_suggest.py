@@ -93,6 +93,12 @@ def test_a_loader_the_trainer_builds_is_changed_through_training_arguments() -> 
     # Another library: no file of its to patch, its settings named.
     assert other.where == "inside lightning (change it through its settings)"
     assert other.text == "DataLoader(..., pin_memory=True)"
+    # Where the library builds it, when known (denoising-diffusion-pytorch's Trainer: no setting of its own).
+    ddpm = dict(entry("dataloader.persistent_workers", "persistent_workers", True, "denoising_diffusion_pytorch"),
+                library_site="/venv/ddpm.py:955")
+    (change,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": [ddpm]})
+    assert change.where == ("inside denoising_diffusion_pytorch (change it through its settings if it has one, "
+                            "or where it builds the DataLoader, at /venv/ddpm.py:955)")
 
 
 def test_a_loader_a_library_function_builds_is_changed_at_the_users_call_of_it(tmp_path: Path) -> None:

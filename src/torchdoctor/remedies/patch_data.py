@@ -151,7 +151,8 @@ def _patch_loader_class(torch: Any, rt: Runtime, cls: type,
         if "persistent_workers" in new:
             kept_alive[bound.arguments["self"]] = site
         for key, value in new.items():
-            rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library, entry_call=where.entry)
+            rt.did(by[key], target, site, {key: value}, {key: was[key]}, library=where.library, entry_call=where.entry,
+                   library_site=where.library_site)
         return (bound.args, bound.kwargs), plain
 
     def inherit(arguments: dict[str, Any]) -> None:

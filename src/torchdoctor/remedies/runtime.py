@@ -82,14 +82,18 @@ class Runtime:
         self.skipped.setdefault(rid, reason)
 
     def did(self, rid: str, target: str, site: str | None, set_: dict[str, Any], was: dict[str, Any],
-            library: str | None = None, entry_call: str | None = None) -> None:
+            library: str | None = None, entry_call: str | None = None, library_site: str | None = None) -> None:
         entry = {"id": rid, "target": target, "site": site, "set": set_, "was": was}
         if library and not site:
             entry["library"] = library  # an installed package made the call: its settings, not a diff
             if entry_call:
                 entry["entry"] = entry_call  # the library function the user's code called (NeuralNet.fit)
-        if entry not in self.applied and len(self.applied) < 200:
-            self.applied.append(entry)
+        if len(self.applied) >= 200 or any({k: v for k, v in e.items() if k != "library_site"} == entry
+                                            for e in self.applied):
+            return
+        if library and not site and library_site:
+            entry["library_site"] = library_site  # the library's own line: the first one is where it is built
+        self.applied.append(entry)
 
     def track(self, rid: str) -> None:
         """``rid`` says where its change took effect (``exercised_at``); its other sites are marked."""

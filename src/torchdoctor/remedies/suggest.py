@@ -185,7 +185,10 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             if code is not None:
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
-        where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings)"
+        # The first loader a library builds is where its settings are (a copy, accelerate's, comes later).
+        built = next((e["library_site"] for e in entries if e.get("library_site")), None)
+        where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings"
+                 + (f" if it has one, or where it builds the {remedy.target}, at {built})" if built else ")")
                  if all(libraries) else "unknown call site")
         return Change([rid], where, f"{remedy.target}(..., {args})", "python")
     return Change([rid], "start-up", remedy.snippet or remedy.changes, "python")
