@@ -87,6 +87,20 @@ def test_a_loaders_epoch_is_its_own_ranks_batches():
     assert loader._IterableDataset_len_called == 10  # what the check above would catch
 
 
+def test_a_loader_with_a_batch_sampler_has_its_batch_size():
+    """accelerate's prepare() builds every loader with batch_sampler=: its batch_size is None, and fix
+    printed no samples/s for denoising-diffusion-pytorch's Trainer."""
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    from torchdoctor.probe.collect import dataloader_facts
+
+    data = torch.zeros(10, 1)
+    loader = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), 4, drop_last=False))
+    assert loader.batch_size is None
+    assert dataloader_facts(loader, None).batch_size == 4
+    assert dataloader_facts(DataLoader(data, batch_size=None), None).batch_size is None  # samples one by one
+
+
 def test_the_models_device_kind_is_read_through_its_wrappers():
     # Read when the roots are found (end of step 0): a model inside main() is gone at exit.
     from torchdoctor.probe.collect import device_of_kind, model_device_kind

@@ -132,6 +132,15 @@ def origin_fields(site: Site) -> dict[str, Any]:
             "library_caller": site.caller, "library_call_params": list(site.entry_params[:MAX_PARAMS])}
 
 
+def _batch_size(loader: Any) -> int | None:
+    """The loader's batch size, or its batch sampler's: a loader built with batch_sampler= has
+    batch_size None (accelerate's prepare() hands every loader a BatchSamplerShard)."""
+    size = loader.batch_size
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
     num_workers = attempt(lambda: int(loader.num_workers))
     site = site or Site()
@@ -141,7 +150,7 @@ def dataloader_facts(loader: Any, site: Site | None) -> DataLoaderFacts:
         # torch keeps prefetch_factor=None when num_workers == 0; 2 is its default otherwise.
         prefetch_factor=attempt(lambda: loader.prefetch_factor),
         persistent_workers=attempt(lambda: bool(loader.persistent_workers)),
-        batch_size=attempt(lambda: loader.batch_size),
+        batch_size=attempt(lambda: _batch_size(loader)),
         collate_fn=attempt(lambda: qualname(loader.collate_fn)),
         library_site=site.library_site,
         **origin_fields(site),
