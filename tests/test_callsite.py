@@ -56,6 +56,21 @@ def test_a_library_function_that_builds_the_loader_is_named_with_its_parameters(
     assert editable_site(Site(user="/a.py:3"), "DataLoader", ["x"]) == ("DataLoader", "/a.py:3")
 
 
+def test_a_decorators_wrapper_is_not_the_library_call():
+    """Keras wraps Model.fit in filter_traceback.<locals>.error_handler(*args, **kwargs): the advice
+    named "keras's filter_traceback.<locals>.error_handler()" and its parameters, none."""
+    ns = build()
+    code_at(f"{LIB}/keras/src/utils/traceback_utils.py", "def filter_traceback(fn):\n"
+            "    def error_handler(*args, **kwargs):\n        return fn(*args, **kwargs)\n"
+            "    return error_handler\n", ns)
+    code_at(f"{LIB}/keras/src/trainer.py", "def fit(x=None, y=None, batch_size=None):\n    return DataLoader()\n"
+            "fit = filter_traceback(fit)\n", ns)
+    code_at("/home/me/job/mnist.py", "def main():\n    return fit(1, 2)\n", ns)
+    got = ns["main"]()
+    assert (got.library, got.entry, got.caller) == ("keras", "fit", "/home/me/job/mnist.py:2")
+    assert got.entry_params == ("x", "y", "batch_size")
+
+
 def test_a_notebook_cell_is_the_users_code():
     ns = build()
     code_at("<ipython-input-3-5f2a>", "def cell():\n    return DataLoader()\n", ns)

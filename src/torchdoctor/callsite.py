@@ -115,7 +115,8 @@ def creation_site(frame: FrameType | None, internal: Callable[[str], bool], limi
         # which the Trainer calls, built the loader. Its site is the nearest library frame.
         library = lib
         library_site = library_site or here
-        entry = f.f_code
+        if entry is None or not _passes_through(f.f_code):
+            entry = f.f_code
     return Site(library=library, library_site=library_site)
 
 
@@ -144,6 +145,8 @@ def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int
         if len(out) >= n:
             break
         if lib is not None:
+            if via and _passes_through(f.f_code):
+                continue  # a decorator's wrapper around the library function already named
             entry = _qualname(f.f_code)
             via = f"{lib}'s {entry}() at " if entry else f"{lib} at "  # the outermost one wins
         else:
@@ -151,6 +154,16 @@ def user_frames(frame: FrameType | None, internal: Callable[[str], bool], n: int
             out.append((via if out else "") + f"{f.f_code.co_filename}:{f.f_lineno}" + (f" ({func})" if func else ""))
             via = ""
     return out
+
+
+_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08  # inspect's code flags (inspect itself is not imported here)
+
+
+def _passes_through(code: CodeType) -> bool:
+    """A wrapper that takes only ``*args``/``**kwargs`` (a decorator's: Keras wraps ``Model.fit`` in
+    ``filter_traceback.<locals>.error_handler``): the function it wraps names the call, not it."""
+    return (code.co_argcount + code.co_kwonlyargcount == 0
+            and bool(code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)))
 
 
 def _qualname(code: CodeType | None) -> str | None:
