@@ -44,7 +44,7 @@ def test_a_library_function_that_takes_the_settings_gets_them_at_the_users_call(
     # prefetch_factor is no parameter of create_loader: the user's line is named, the snippet stays.
     fix = loader_fix([TIMM], "Load in workers{where}.", SNIPPET)
     assert fix.text == ("Load in workers (the DataLoader is built inside timm's create_loader(), which "
-                        "/job/train.py:805 calls and which has no parameter for this: change it through timm's "
+                        "/job/train.py:805 calls and which takes no such setting by name: change it through timm's "
                         "settings if it has one, or where timm builds it, at /venv/site-packages/timm/data/loader.py:467).")
     assert fix.snippet == SNIPPET
     # A sampler is the change itself (longer epochs): create_loader takes none, so the DataLoader form stays.
@@ -87,7 +87,7 @@ def test_a_library_function_without_the_settings_is_named_with_the_users_line():
                           library_call_params=["self", "model"])
     fix = loader_fix([fit], "Pin memory{where}.", "DataLoader(..., pin_memory=True)")
     assert fix.text == ("Pin memory (the DataLoader is built inside lightning's Trainer.fit(), which /job/pl.py:40 "
-                        "calls and which has no parameter for this: change it through lightning's settings if it has one).")
+                        "calls and which takes no such setting by name: change it through lightning's settings if it has one).")
     assert fix.snippet == "DataLoader(..., pin_memory=True)"
     # denoising-diffusion-pytorch's Trainer(...) builds its DataLoader with num_workers=cpu_count() and
     # no other setting: its line is named (it said only "change it through its settings").
@@ -96,7 +96,7 @@ def test_a_library_function_without_the_settings_is_named_with_the_users_line():
                            library_site="/venv/denoising_diffusion_pytorch/denoising_diffusion_pytorch.py:955",
                            library_call_params=["self", "diffusion_model", "folder", "train_batch_size"])
     fix = loader_fix([ddpm], "Keep the workers alive{where}.", "DataLoader(..., persistent_workers=True)")
-    assert fix.text.endswith("which has no parameter for this: change it through denoising_diffusion_pytorch's "
+    assert fix.text.endswith("which takes no such setting by name: change it through denoising_diffusion_pytorch's "
                              "settings if it has one, or where denoising_diffusion_pytorch builds it, at "
                              "/venv/denoising_diffusion_pytorch/denoising_diffusion_pytorch.py:955).")
 

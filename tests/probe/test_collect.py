@@ -100,6 +100,12 @@ def test_a_loader_with_a_batch_sampler_has_its_batch_size():
     assert dataloader_facts(loader, None).batch_size == 4
     assert dataloader_facts(DataLoader(data, batch_size=None), None).batch_size is None  # samples one by one
 
+    class Shard(BatchSampler):  # accelerate's BatchSamplerShard(split_batches=True): a share of each batch
+        split_batches, num_processes = True, 2
+
+    loader = DataLoader(data, batch_sampler=Shard(SequentialSampler(data), 4, drop_last=False))
+    assert dataloader_facts(loader, None).batch_size == 2
+
 
 def test_the_models_device_kind_is_read_through_its_wrappers():
     # Read when the roots are found (end of step 0): a model inside main() is gone at exit.

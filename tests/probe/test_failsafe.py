@@ -195,3 +195,38 @@ def test_a_warning_shown_once_stays_shown_once(tmp_path, train_job):
     wrapped = run_wrapped(tmp_path / "run", job, "10", "0")
     assert facts_of(tmp_path / "run")["profile_steps"] == [5, 8]  # the window ran between the warnings
     assert job_stderr(wrapped.stderr) == plain.stderr
+
+
+DROPPED_EARLY = """
+import gc
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+gc.disable()
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        try:
+            for _ in range(100):
+                yield torch.rand(2)  # a draw: the probe checks the first fetches for it
+        finally:
+            print("closed")
+
+
+it = iter(DataLoader(Stream(), batch_size=4))
+next(it)
+del it  # a sanity check's single batch: the stream closes here, as without the probe
+print("dropped")
+"""
+
+
+def test_an_iterator_dropped_early_is_freed_as_without_the_probe(tmp_path):
+    """The random-draw check wraps an in-process iterator's fetch for its first fetches: the wrapper
+    held its fetcher, a cycle that kept a dropped iterator (and its dataset's open stream) alive until
+    the next garbage collection ('dropped' before 'closed')."""
+    job = script(tmp_path, DROPPED_EARLY)
+    plain = run_plain(job)
+    assert plain.stdout == "closed\ndropped\n", plain.stderr
+    result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == plain.stdout, result.stderr

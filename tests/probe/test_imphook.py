@@ -54,5 +54,6 @@ def test_two_hooks_on_one_base_both_fire() -> None:
     when_subclassed(Base, __name__, "Target", second.append)
     Target = type("Target", (Base,), {"__module__": __name__})
     assert first == [Target] and second == [Target]
+    assert "__init_subclass__" not in Base.__dict__  # given back once both came
     type("Target", (Base,), {"__module__": __name__})
     assert first == [Target] and second == [Target]

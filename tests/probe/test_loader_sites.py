@@ -38,11 +38,24 @@ def test_a_library_s_loader_rebuilt_by_another_library_takes_the_first_library_s
     accelerate's prepare() re-creates it: the advice named accelerate's line for ddpm's setting."""
     data = Data()
     rebuilt = Loader(data)
-    first = Site(library="denoising_diffusion_pytorch", library_site="/venv/ddpm.py:955")
-    probe = probe_with(data, first, rebuilt,
-                       Site(library="denoising_diffusion_pytorch", library_site="/venv/accelerate/data_loader.py:428"))
-    got = _loader_site(probe, rebuilt)
-    assert got.user is None and got.library_site == "/venv/ddpm.py:955"
+    lib = "/venv/lib/python3.11/site-packages"
+    first = Site(library="denoising_diffusion_pytorch", library_site=f"{lib}/denoising_diffusion_pytorch/ddpm.py:955",
+                 caller="/job/train.py:7", entry="Trainer.__init__", entry_params=("self", "folder"))
+    probe = probe_with(data, first, rebuilt, Site(library="denoising_diffusion_pytorch", caller="/job/train.py:7",
+                                                  library_site=f"{lib}/accelerate/data_loader.py:428"))
+    assert _loader_site(probe, rebuilt) == first
+    # timm's create_loader(...), then the user's accelerator.prepare(loader): timm's call is where the
+    # settings are (create_loader(..., num_workers=N) at the user's line), not accelerate's prepare.
+    timm = Site(library="timm", library_site=f"{lib}/timm/data/loader.py:467", caller="/job/train.py:5",
+                entry="create_loader", entry_params=("dataset", "num_workers"))
+    probe = probe_with(data, timm, rebuilt, Site(library="accelerate", library_site=f"{lib}/accelerate/data_loader.py:428",
+                                                 caller="/job/train.py:9", entry="Accelerator.prepare"))
+    assert _loader_site(probe, rebuilt) == timm
+    # A second loader the same library's code builds over the dataset is its own.
+    own = Site(library="timm", library_site=f"{lib}/timm/data/loader.py:480", caller="/job/train.py:6",
+               entry="create_loader")
+    probe = probe_with(data, timm, rebuilt, own)
+    assert _loader_site(probe, rebuilt) == own
 
 
 def test_the_trainers_loader_is_not_linked_to_another_loader_over_its_dataset():

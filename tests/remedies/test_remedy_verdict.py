@@ -368,6 +368,10 @@ def test_random_augmentation_in_the_training_process_is_compared_on_average() ->
     plain = judge(augmented(np.random.default_rng(0), 0.0, draws=False, applied=("dataloader.workers=1",),
                             workers=0), spec, {})
     assert plain.loss.status == "changed"
+    # Persistent workers are no setting of a loader without workers: its draws change nothing there.
+    kept = judge(augmented(np.random.default_rng(0), 0.0, applied=("dataloader.persistent_workers",), workers=0,
+                           epoch=10), [Spec("dataloader.persistent_workers")], {})
+    assert kept.loss.status == "changed"
 
 
 def test_persistent_workers_with_random_augmentation_are_compared_on_average() -> None:

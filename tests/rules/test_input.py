@@ -438,7 +438,7 @@ def test_dl1_advises_no_more_workers_than_the_host_allows():
     got = only(run("DL-1", (None, f)), "DL-1")
     assert "cannot keep up on average" in got.title and got.remedy is None
     assert got.fix.text.startswith("Make each batch cheaper to produce")
-    assert "the 2 workers are already as many as advised, 1 (CPUs // local ranks - 1 = 2 // 1 - 1)" in got.fix.text
+    assert "2 workers are already at least the 1 advised (CPUs // local ranks - 1 = 2 // 1 - 1)" in got.fix.text
     assert got.fix.text.endswith("keep them alive (persistent_workers=True).")
     assert got.fix.snippet == "DataLoader(dataset, num_workers=2, persistent_workers=True)"
 

@@ -234,7 +234,7 @@ def _no_parameter(kind: str, d: Created) -> str:
     nothing else): its own settings, if it has some elsewhere (a config, a CLI), or its line."""
     lib, site = d.created_by, getattr(d, "library_site", None)
     return (f" (the {NOUN[kind]} is built inside {lib}'s {d.library_call}(), which {d.library_caller} calls and "
-            f"which has no parameter for this: change it through {lib}'s settings if it has one"
+            f"which takes no such setting by name: change it through {lib}'s settings if it has one"
             + (f", or where {lib} builds it, at {site})" if site else ")"))
 
 

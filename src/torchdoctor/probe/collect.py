@@ -137,7 +137,10 @@ def _batch_size(loader: Any) -> int | None:
     batch_size None (accelerate's prepare() hands every loader a BatchSamplerShard)."""
     size = loader.batch_size
     if size is None:
-        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        sampler = getattr(loader, "batch_sampler", None)
+        size = getattr(sampler, "batch_size", None)
+        if getattr(sampler, "split_batches", False) and isinstance(size, int):
+            size //= max(1, int(getattr(sampler, "num_processes", 1) or 1))  # accelerate's: a share each
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 

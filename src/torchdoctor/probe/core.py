@@ -119,7 +119,7 @@ class Probe:
         self.fwd_t0 = 0.0
         self.current_loader: summary.LoaderRecord | None = None
         self.worker_stats: workers.WorkerStats | None = None  # set in a DataLoader worker only
-        self.last_iter: Any = None  # the iterator of the last batch and its record (a cache)
+        self.last_iter: weakref.ref[Any] | None = None  # the iterator of the last batch and its record (a cache)
         self.last_iter_record: summary.LoaderRecord | None = None
         # Baselines taken at the first training activity.
         self.wall0 = 0.0

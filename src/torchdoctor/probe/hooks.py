@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from torchdoctor.callsite import Site
+from torchdoctor.callsite import Site, library_of
 from torchdoctor.facts import ZeroGradFacts
 from torchdoctor.probe import collect, imphook, shims, unseen, workers
 from torchdoctor.probe.clock import Phase, Source
@@ -198,9 +198,15 @@ def _loader_site(probe: Probe, loader: Any) -> Site | None:
     first = entry[1]
     if first.user is not None:
         return replace(site, user=first.user)
-    # A library's loader re-created by another library (denoising-diffusion-pytorch's Trainer builds
-    # DataLoader(..., num_workers=cpu_count()), accelerate's prepare() copies it): the first's line.
-    return replace(site, library_site=first.library_site)
+    # A library's loader re-created by another package's code (denoising-diffusion-pytorch's Trainer
+    # builds DataLoader(..., num_workers=cpu_count()) and accelerate's prepare() copies it; timm's
+    # create_loader and then the user's accelerator.prepare): the first one's origin, where its
+    # settings are. A second loader the same code builds is its own.
+    here, there = (library_of(s.library_site.rpartition(":")[0]) if s.library_site else None for s in (site, first))
+    if first is site or here == there or there is None:
+        return site
+    return replace(site, library=first.library, library_site=first.library_site, caller=first.caller,
+                   entry=first.entry, entry_params=first.entry_params)
 
 
 def _shim_once(cls: Any, name: str, before: Callable[..., Any], after: Callable[..., None], where: str) -> None:
@@ -253,7 +259,8 @@ def _dataloader(probe: Probe) -> None:
             for key in [k for k, (ref, _) in sites.items() if ref() is None]:
                 del sites[key]  # freed datasets: their ids may be reused
             first = sites.get(id(dataset))
-            if len(sites) < _MAX_LOADERS and (first is None or (first[1].user is None and site.user)):
+            if (first is None and len(sites) < _MAX_LOADERS) or (first is not None and first[1].user is None
+                                                                  and site.user):
                 with contextlib.suppress(TypeError):  # a dataset without weak references: not linked
                     sites[id(dataset)] = (weakref.ref(dataset), site)
 
@@ -303,8 +310,8 @@ def _dataloader(probe: Probe) -> None:
             collect.dataloader_facts(loader, _loader_site(probe, loader)), collate_code=code_of(loader.collate_fn)))
         if record is not None and record.collate_code is not None:
             _time_collate(probe, it, record)
-        if record is not None and record.rng_checked < workers.SAMPLE_RNG:
-            _check_draws(it, record)
+        if record is not None and record.rng_tries < workers.SAMPLE_RNG:
+            _check_draws(probe, it, record)
 
     def iter_before(args: tuple[Any, ...]) -> Any:
         probe.loader_setup += 1  # torch's own .item() on the loader's seed is not the job's sync
@@ -349,8 +356,11 @@ def _dataloader(probe: Probe) -> None:
             probe.activity(now)
             probe.boundary(Source.DATALOADER, now)
             it = args[0]
-            if it is not probe.last_iter:  # a weak-dict lookup only when the iterator changes
-                probe.last_iter, probe.last_iter_record = it, probe.loader_by_iter.get(it)
+            last = probe.last_iter
+            if last is None or last() is not it:  # a weak-dict lookup only when the iterator changes
+                # Held weakly: an iterator the job drops (a sanity check's one batch) is freed, and
+                # its dataset's stream closed, when the job lets go of it, not at our next batch.
+                probe.last_iter, probe.last_iter_record = weakref.ref(it), probe.loader_by_iter.get(it)
             probe.current_loader = probe.last_iter_record
             if (probe.current_loader is not None and probe.current_loader.facts.num_workers
                     and "dataloader.batch_ready" not in BROKEN):
@@ -521,25 +531,33 @@ def _time_collate(probe: Probe, it: Any, record: LoaderRecord) -> None:
     fetcher.collate_fn = unseen.hide(timed_collate, recursive=False)  # it calls the user's collate
 
 
-def _check_draws(it: Any, record: LoaderRecord) -> None:
+def _check_draws(probe: Probe, it: Any, record: LoaderRecord) -> None:
     """Whether an in-process loader's fetches (num_workers=0) draw random numbers (random
-    augmentation): the ``dataset_random_draws`` fact, from its first SAMPLE_RNG fetches, as the
-    workers' probe checks theirs. With workers the same draws come from the workers' own streams,
-    so ``fix``'s worker count changes the losses step by step by design (remedies/verdict.py).
+    augmentation): the ``dataset_random_draws`` fact, from its first SAMPLE_RNG fetches on the
+    training thread, as the workers' probe checks theirs. With workers the same draws come from the
+    workers' own streams, so ``fix``'s worker count changes the losses step by step by design
+    (remedies/verdict.py).
 
-    The fetch is wrapped on this iterator's fetcher only, and unwrapped after the last check."""
+    The fetch is wrapped on this iterator's fetcher only and unwrapped after SAMPLE_RNG tries; the
+    wrapper holds the fetcher weakly, so an iterator dropped early is freed as before (a generator
+    dataset's ``finally`` runs then, not at the next garbage collection). A fetch on another thread
+    (a prefetching wrapper's) is not checked: the training thread's own draws would read as its."""
     fetcher = getattr(it, "_dataset_fetcher", None)
-    fetch = getattr(fetcher, "fetch", None)
+    fetch = getattr(type(fetcher), "fetch", None)
     if getattr(it, "_num_workers", None) != 0 or fetch is None or "fetch" in getattr(fetcher, "__dict__", {"fetch": 0}):
         return
     fault_point("dataloader.draws")
+    ref = weakref.ref(fetcher)
 
     def checked_fetch(index: Any) -> Any:
-        if record.rng_checked >= workers.SAMPLE_RNG:
-            fetcher.__dict__.pop("fetch", None)
-            return fetch(index)
+        this = ref()
+        if record.rng_tries >= workers.SAMPLE_RNG or threading.get_ident() != probe.main_thread:
+            if record.rng_tries >= workers.SAMPLE_RNG and this is not None:
+                this.__dict__.pop("fetch", None)
+            return fetch(this, index)
+        record.rng_tries += 1
         before = workers.rng_states()
-        out = fetch(index)
+        out = fetch(this, index)
         after = workers.rng_states()
         if before is not None and after is not None:
             record.rng_checked += 1
@@ -608,11 +626,20 @@ def _optimizer(probe: Probe) -> None:
     imphook.when_imported("fastai.optimizer", _guard("optimizer.fastai", lambda m: _foreign_optimizer(
         probe, getattr(m, "Optimizer", None), "step", "optimizer.fastai", pre, post)))
     imphook.when_imported("keras.src.optimizers.base_optimizer", _guard("optimizer.keras", lambda m: _foreign_optimizer(
-        probe, getattr(m, "BaseOptimizer", None), "apply", "optimizer.keras", pre, post)))
+        probe, getattr(m, "BaseOptimizer", None) if _keras_on_torch() else None, "apply", "optimizer.keras", pre, post,
+        library="keras")))
+
+
+def _keras_on_torch() -> bool:
+    """Keras runs on torch (KERAS_BACKEND=torch): with TensorFlow or JAX its optimizer's apply runs
+    while a graph is traced, not once a step, and moves no torch tensor."""
+    config = sys.modules.get("keras.src.backend.config")
+    backend = getattr(config, "backend", None)
+    return callable(backend) and backend() == "torch"
 
 
 def _foreign_optimizer(probe: Probe, cls: Any, method: str, where: str, pre: Callable[..., None],
-                       post: Callable[..., None]) -> None:
+                       post: Callable[..., None], library: str | None = None) -> None:
     """An optimizer of a library's own, no torch.optim one: torch's step hooks never see it, so a
     job's steps ended at backward and its optimizer time, and the profiler's, counted as the training
     loop's own ('optimizer 0.0 ms'). ``cls.<method>`` gets the same hooks, and the annotation
@@ -621,7 +648,10 @@ def _foreign_optimizer(probe: Probe, cls: Any, method: str, where: str, pre: Cal
     - fastai's Optimizer.step (its default opt_func, Adam, is one): the "Is it a cat?" quick start.
     - Keras 3's optimizers on the torch backend, BaseOptimizer.apply (``model.fit`` calls it after
       ``loss.backward()``): keras.io's MNIST convnet, 13 ms of Adam a step counted as the loop's. A
-      wrapper with an apply of its own (LossScaleOptimizer) steps once, through its inner optimizer's."""
+      wrapper with an apply of its own (LossScaleOptimizer) steps once, through its inner optimizer's.
+
+    ``library`` prefixes the class in the facts and the annotation ("keras.Adam"): Keras names its
+    optimizers as torch.optim does, and torch.optim's advice (foreach=True) is not theirs."""
     if cls is None or not callable(getattr(cls, method, None)):
         return
     record_function = probe.torch.autograd.profiler.record_function
@@ -630,13 +660,18 @@ def _foreign_optimizer(probe: Probe, cls: Any, method: str, where: str, pre: Cal
         if where in BROKEN:
             return None
         opt = args[0]
-        annotation = record_function(f"Optimizer.step#{type(opt).__name__}.step")
+        name = f"{library}.{type(opt).__name__}" if library else type(opt).__name__
+        annotation = record_function(f"Optimizer.step#{name}.step")
         annotation.__enter__()
         try:
             pre(opt, (), {})
         except BaseException:
             annotation.__exit__(None, None, None)
             raise
+        if library:
+            for ref, facts in probe.optimizers:
+                if ref() is opt:
+                    facts.cls = name
         return opt, annotation
 
     def after(token: Any, args: tuple[Any, ...], result: Any) -> None:

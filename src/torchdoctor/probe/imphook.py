@@ -90,28 +90,38 @@ def when_imported(fullname: str, callback: Callback) -> None:
         sys.meta_path.insert(0, _finder)
 
 
+# base -> (what the base had in its own __dict__, [(module, name, callback), ...]): one hook per base.
+_waiting: dict[type, tuple[Any, list[tuple[str, str, Callable[[type], None]]]]] = {}
+
+
 def when_subclassed(base: type, module: str, name: str, callback: Callable[[type], None]) -> None:
     """Call ``callback(cls)`` once, when the class ``module.name`` is defined as a subclass of
     ``base`` (a module still running when the hook went in defines it later). ``base`` keeps its own
-    ``__init_subclass__``, or the one it inherits, for every subclass, and gets it back once the
-    class came. The callback must not raise."""
+    ``__init_subclass__``, or the one it inherits, for every subclass, and gets it back once every
+    class waited for came. The callback must not raise."""
+    if base in _waiting:
+        _waiting[base][1].append((module, name, callback))
+        return
     own = base.__dict__.get("__init_subclass__")
-    fired: list[type] = []
+    waiters = [(module, name, callback)]
 
     def __init_subclass__(cls: type, **kwargs: Any) -> None:
         if own is not None:
             own.__get__(None, cls)(**kwargs)
         else:
             super(base, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
-        if fired or cls.__module__ != module or cls.__qualname__ != name:
+        came = [w for w in waiters if w[0] == cls.__module__ and w[1] == cls.__qualname__]
+        if not came:
             return
-        fired.append(cls)
-        if base.__dict__.get("__init_subclass__") is hook:  # not if another hook went in after this one
+        waiters[:] = [w for w in waiters if w not in came]
+        if not waiters:
+            _waiting.pop(base, None)
             if own is None:
                 del base.__init_subclass__  # type: ignore[misc]
             else:
                 base.__init_subclass__ = own  # type: ignore[method-assign]
-        callback(cls)
+        for _, _, fn in came:
+            fn(cls)
 
-    hook = classmethod(__init_subclass__)
-    base.__init_subclass__ = hook  # type: ignore[assignment,method-assign]
+    _waiting[base] = (own, waiters)
+    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment,method-assign]

@@ -45,7 +45,8 @@ class LoaderRecord:
     ready_batches: int = 0  # batches already produced by workers when asked for
     ready_s: float = 0.0
     polled_batches: int = 0  # batches whose readiness could be read
-    # In-process fetches (num_workers=0) checked for random-number draws, and those that drew.
+    # In-process fetches (num_workers=0) tried, checked for random-number draws, and those that drew.
+    rng_tries: int = 0
     rng_checked: int = 0
     rng_drawn: int = 0
     # The most recent workers' process ids (insertion order; at most MAX_WORKER_PIDS): non-persistent

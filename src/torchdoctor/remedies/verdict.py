@@ -275,10 +275,15 @@ def _random_streams(base: list[Arm], treated: list[Arm]) -> tuple[str, int | Non
     workers draw any, and the first step that can differ for that reason: 0 with another worker
     count; with persistent workers alone, the first epoch boundary after step 0 (None when the
     probe timed none: then nothing can differ for that reason). None when no such remedy applies."""
-    if not any(d.worker_random_draws or d.dataset_random_draws for a in base for f in a.facts for d in f.dataloaders):
+    loaders = [d for a in base for f in a.facts for d in f.dataloaders]
+    in_workers = any(d.worker_random_draws for d in loaders)
+    # A loader without workers that draws changes streams only when it gets workers: persistent
+    # workers are no setting of a loader without them.
+    in_process = any(d.dataset_random_draws and not d.num_workers for d in loaders)
+    if not (in_workers or in_process):
         return None
     applied = {rid.split("=")[0] for a in treated for rid in a.applied}
-    whys = [why for rid, why in WORKER_STREAMS.items() if rid in applied]
+    whys = [why for rid, why in WORKER_STREAMS.items() if rid in applied and (in_workers or rid == "dataloader.workers")]
     if not whys:
         return None
     since = 0 if "dataloader.workers" in applied else _first_epoch_boundary(base)

@@ -392,7 +392,7 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         fix_text = (f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster "
                     "storage format; then add workers." if nw == 0 else
                     f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster storage "
-                    f"format; the {nw} workers are already as many as advised, {advised[0]} ({advised[1]})"
+                    f"format; {nw} workers are already at least the {advised[0]} advised ({advised[1]})"
                     + ("; keep them alive (persistent_workers=True)." if can_persist and not persistent else ".")
                     if at_most and advised is not None else
                     "Make epochs longer (a sampler that spans several passes over the data) or the first "
