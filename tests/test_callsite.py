@@ -86,6 +86,21 @@ def test_frozen_standard_library_frames_are_transparent():
     assert got.caller is not None and not got.caller.startswith("<frozen")  # the walk went past it
 
 
+def test_a_console_script_is_no_line_of_the_users():
+    """`yolo train ...` runs pip's stub <venv>/bin/yolo, which calls ultralytics.cfg.entrypoint(): the
+    loader was 'built inside ultralytics's entrypoint(), which <venv>/bin/yolo:8 calls'."""
+    import os
+    import sysconfig
+
+    ns = build()
+    stub = os.path.join(sysconfig.get_paths()["scripts"], "yolo")
+    code_at(f"{LIB}/ultralytics/cfg/__init__.py", "def entrypoint():\n    return DataLoader()\n", ns)
+    code_at(stub, "def main():\n    return entrypoint()\n", ns)
+    got = ns["main"]()  # (this test's own frame plays the interpreter's: the caller beyond the stub)
+    assert (got.user, got.library, got.entry) == (None, "ultralytics", "entrypoint")
+    assert got.library_site == f"{LIB}/ultralytics/cfg/__init__.py:2" and not got.caller.startswith(stub)
+
+
 def test_library_of():
     assert library_of(f"{LIB}/transformers/trainer.py") == "transformers"
     assert library_of("/usr/lib/python3/dist-packages/six.py") == "six"

@@ -40,6 +40,26 @@ def _stdlib_dirs() -> tuple[str, ...]:
 _STDLIB = _stdlib_dirs()
 
 
+def _script_dirs() -> tuple[str, ...]:
+    """Where this environment's console scripts are (``<venv>/bin``): pip's stub for ``yolo`` or
+    ``lightning`` only calls a package's entry point."""
+    try:
+        d = sysconfig.get_paths()["scripts"]
+    except (KeyError, OSError):
+        return ()
+    return tuple(sorted({os.path.realpath(d), d.rstrip(os.sep)}))
+
+
+_SCRIPTS = _script_dirs()
+
+
+def is_console_script(path: str) -> bool:
+    """A console script's stub (``yolo train ...`` runs ``<venv>/bin/yolo``, which calls
+    ``ultralytics.cfg.entrypoint()``): no line of the user's, so a loader built under it is the
+    package's, not "built inside entrypoint(), which <venv>/bin/yolo:8 calls"."""
+    return bool(_SCRIPTS) and os.path.dirname(path) in _SCRIPTS
+
+
 @dataclass(frozen=True)
 class Site:
     """Where a constructor was called from.
@@ -129,7 +149,7 @@ def _outer_frames(frame: FrameType | None, internal: Callable[[str], bool],
         name = frame.f_code.co_filename
         # `<torchdoctor ...>`: our own shims' code objects. Other `<...>` names (an IPython cell,
         # `python -c`) are the user's code, with no file a diff could edit.
-        if not (internal(name) or name.startswith("<torchdoctor") or is_stdlib(name)):
+        if not (internal(name) or name.startswith("<torchdoctor") or is_stdlib(name) or is_console_script(name)):
             yield frame, library_of(name)
         frame = frame.f_back
 

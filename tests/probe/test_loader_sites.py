@@ -75,3 +75,16 @@ def test_an_id_a_freed_dataset_left_behind_links_nothing():
     gc.collect()
     probe.dataset_sites[id(other)] = probe.dataset_sites.pop(key)  # as if `other` had got its id
     assert _loader_site(probe, rebuilt).user is None
+
+
+def test_a_call_with_no_line_of_the_users_is_named_by_the_library_s_line():
+    """`yolo train` (a console script): the checkpoint save had no site at all once the stub stopped
+    reading as the user's line; it is the library's own line."""
+    from torchdoctor.probe.hooks import _user_call_site
+
+    assert _user_call_site(Site(user="/job/train.py:9")) == "/job/train.py:9"
+    assert _user_call_site(Site(library="timm", caller="/job/train.py:5", entry="create_loader")) == (
+        "timm's create_loader() at /job/train.py:5")
+    assert _user_call_site(Site(library="ultralytics", library_site="/venv/ultralytics/engine/trainer.py:712")) == (
+        "ultralytics's /venv/ultralytics/engine/trainer.py:712")
+    assert _user_call_site(Site()) is None

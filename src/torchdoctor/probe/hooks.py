@@ -1157,6 +1157,8 @@ def _user_call_site(site: Site) -> str | None:
         return site.user
     if site.library and site.caller:
         return f"{site.library}'s {site.entry or 'code'}() at {site.caller}"
+    if site.library and site.library_site:  # no line of the user's at all (`yolo train`, a console script)
+        return f"{site.library}'s {site.library_site}"
     return None
 
 
