@@ -28,7 +28,7 @@ def test_another_library_is_named_with_its_line():
     fix = loader_fix([DataLoaderFacts(created_by="lightning", library_site="/venv/site-packages/lightning/x.py:9")],
                      "Pin memory{where}.", "DataLoader(..., pin_memory=True)")
     assert fix.text == ("Pin memory (the DataLoader is built by lightning, at /venv/site-packages/lightning/x.py:9: "
-                        "change it through lightning's settings).")
+                        "change it through lightning's settings if it has one, or there).")
 
 
 TIMM = DataLoaderFacts(created_by="timm", library_site="/venv/site-packages/timm/data/loader.py:467",

@@ -94,7 +94,10 @@ def where(kind: str, d: Created | None) -> str:
                 f"calls: change it through {lib}'s settings)")
     if lib:
         at = getattr(d, "library_site", None)
-        return f" (the {NOUN[kind]} is built by {lib}{f', at {at}' if at else ''}: change it through {lib}'s settings)"
+        # No line of the user's at all (`python -m open_clip_train.main`, `yolo train`): the package's
+        # options may not have it (open_clip_train has --workers, nothing for persistent workers).
+        return (f" (the {NOUN[kind]} is built by {lib}{f', at {at}' if at else ''}: change it through {lib}'s "
+                f"settings if it has one{', or there' if at else ''})")
     return ""
 
 
