@@ -86,19 +86,35 @@ def test_frozen_standard_library_frames_are_transparent():
     assert got.caller is not None and not got.caller.startswith("<frozen")  # the walk went past it
 
 
-def test_a_console_script_is_no_line_of_the_users():
-    """`yolo train ...` runs pip's stub <venv>/bin/yolo, which calls ultralytics.cfg.entrypoint(): the
-    loader was 'built inside ultralytics's entrypoint(), which <venv>/bin/yolo:8 calls'."""
-    import os
-    import sysconfig
+STUB = """import re
+import sys
+from ultralytics.cfg import entrypoint
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(entrypoint())
+"""
 
+
+def test_a_console_script_is_no_line_of_the_users(tmp_path, monkeypatch):
+    """`yolo train ...` runs pip's stub <venv>/bin/yolo, which calls ultralytics.cfg.entrypoint(): the
+    loader was 'built inside ultralytics's entrypoint(), which <venv>/bin/yolo:8 calls'. A script of
+    the user's own in the same directory (a Docker image's /usr/local/bin) stays the user's."""
+    import torchdoctor.callsite as callsite
+
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    monkeypatch.setattr(callsite, "_SCRIPTS", (str(scripts),))
+    stub, own = scripts / "yolo", scripts / "train.py"
+    stub.write_text(STUB)
+    own.write_text("import torch\n\ndef main():\n    return entrypoint()\n" + "# the user's training code\n" * 30)
     ns = build()
-    stub = os.path.join(sysconfig.get_paths()["scripts"], "yolo")
     code_at(f"{LIB}/ultralytics/cfg/__init__.py", "def entrypoint():\n    return DataLoader()\n", ns)
-    code_at(stub, "def main():\n    return entrypoint()\n", ns)
+    code_at(str(stub), "def main():\n    return entrypoint()\n", ns)
     got = ns["main"]()  # (this test's own frame plays the interpreter's: the caller beyond the stub)
     assert (got.user, got.library, got.entry) == (None, "ultralytics", "entrypoint")
-    assert got.library_site == f"{LIB}/ultralytics/cfg/__init__.py:2" and not got.caller.startswith(stub)
+    assert got.library_site == f"{LIB}/ultralytics/cfg/__init__.py:2" and not got.caller.startswith(str(stub))
+    code_at(str(own), "def main():\n    return entrypoint()\n", ns)
+    assert ns["main"]().caller == f"{own}:2"
 
 
 def test_library_of():

@@ -13,6 +13,7 @@ goes through that library's own settings instead of a patch to an installed file
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -41,23 +42,35 @@ _STDLIB = _stdlib_dirs()
 
 
 def _script_dirs() -> tuple[str, ...]:
-    """Where this environment's console scripts are (``<venv>/bin``): pip's stub for ``yolo`` or
-    ``lightning`` only calls a package's entry point."""
-    try:
-        d = sysconfig.get_paths()["scripts"]
-    except (KeyError, OSError):
-        return ()
-    return tuple(sorted({os.path.realpath(d), d.rstrip(os.sep)}))
+    """Where console scripts are installed (``<venv>/bin``, ``~/.local/bin`` for ``pip --user``)."""
+    dirs = set()
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            d = (sysconfig.get_paths(scheme) if scheme else sysconfig.get_paths())["scripts"]
+        except (KeyError, OSError, ValueError):
+            continue
+        dirs.update({os.path.realpath(d), d.rstrip(os.sep)})
+    return tuple(sorted(dirs))
 
 
 _SCRIPTS = _script_dirs()
 
 
+@functools.lru_cache(maxsize=64)
 def is_console_script(path: str) -> bool:
-    """A console script's stub (``yolo train ...`` runs ``<venv>/bin/yolo``, which calls
-    ``ultralytics.cfg.entrypoint()``): no line of the user's, so a loader built under it is the
-    package's, not "built inside entrypoint(), which <venv>/bin/yolo:8 calls"."""
-    return bool(_SCRIPTS) and os.path.dirname(path) in _SCRIPTS
+    """pip's (or uv's) stub for a package's console script: ``yolo train ...`` runs ``<venv>/bin/yolo``,
+    which only calls ``ultralytics.cfg.entrypoint()``. No line of the user's, so a loader built under it
+    is the package's, not "built inside entrypoint(), which <venv>/bin/yolo:8 calls". Told by place and
+    by look (a few lines that import the entry point and ``sys.exit(...)`` it): a user's own script
+    copied into ``/usr/local/bin`` (a Docker image's scripts directory) stays the user's."""
+    if not _SCRIPTS or os.path.realpath(os.path.dirname(path)) not in _SCRIPTS and os.path.dirname(path) not in _SCRIPTS:
+        return False
+    try:
+        with open(path, "rb") as f:
+            text = f.read(2049)
+    except OSError:
+        return False
+    return len(text) <= 2048 and b"sys.exit(" in text and b"__main__" in text and text.count(b"\n") <= 20
 
 
 @dataclass(frozen=True)

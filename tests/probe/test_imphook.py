@@ -57,3 +57,26 @@ def test_two_hooks_on_one_base_both_fire() -> None:
     assert "__init_subclass__" not in Base.__dict__  # given back once both came
     type("Target", (Base,), {"__module__": __name__})
     assert first == [Target] and second == [Target]
+
+
+def test_a_hook_put_in_after_ours_stays_and_a_later_wait_still_fires() -> None:
+    class Own:
+        pass
+
+    got: list[type] = []
+    when_subclassed(Own, __name__, "X", got.append)
+    ours = Own.__dict__["__init_subclass__"]
+    seen: list[str] = []
+
+    def theirs(cls, **kwargs):  # another library's hook, put in after ours, that calls ours
+        seen.append(cls.__name__)
+        ours.__get__(None, cls)(**kwargs)
+
+    Own.__init_subclass__ = classmethod(theirs)
+    X = type("X", (Own,), {"__module__": __name__})
+    type("Y", (Own,), {"__module__": __name__})
+    assert got == [X] and seen == ["X", "Y"]  # theirs was not taken out when ours was done
+    later: list[type] = []
+    when_subclassed(Own, __name__, "Z", later.append)  # ours is no longer the base's: a fresh one
+    Z = type("Z", (Own,), {"__module__": __name__})
+    assert later == [Z] and seen == ["X", "Y", "Z"]

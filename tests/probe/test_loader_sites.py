@@ -88,3 +88,33 @@ def test_a_call_with_no_line_of_the_users_is_named_by_the_library_s_line():
     assert _user_call_site(Site(library="ultralytics", library_site="/venv/ultralytics/engine/trainer.py:712")) == (
         "ultralytics's /venv/ultralytics/engine/trainer.py:712")
     assert _user_call_site(Site()) is None
+
+
+def test_the_draw_check_wraps_only_a_plain_fetch_method_and_lets_go_of_it():
+    import threading
+
+    from torchdoctor.facts import DataLoaderFacts
+    from torchdoctor.probe.hooks import _check_draws
+    from torchdoctor.probe.summary import LoaderRecord
+
+    probe, record = SimpleNamespace(main_thread=threading.get_ident()), LoaderRecord(DataLoaderFacts())
+
+    class Static:  # called unbound with the fetcher it would raise TypeError into the job's next(it)
+        @staticmethod
+        def fetch(index):
+            return index
+
+    it = SimpleNamespace(_num_workers=0, _dataset_fetcher=Static())
+    _check_draws(probe, it, record)
+    assert "fetch" not in vars(it._dataset_fetcher) and it._dataset_fetcher.fetch(3) == 3
+
+    class Plain:  # torch's fetchers
+        def fetch(self, index):
+            return [index]
+
+    it = SimpleNamespace(_num_workers=0, _dataset_fetcher=Plain())
+    _check_draws(probe, it, record)
+    assert "fetch" in vars(it._dataset_fetcher)
+    assert [it._dataset_fetcher.fetch(i) for i in range(6)] == [[i] for i in range(6)]
+    assert (record.rng_tries, record.rng_checked, record.rng_drawn) == (4, 4, 0)
+    assert "fetch" not in vars(it._dataset_fetcher)  # unwrapped after its last check

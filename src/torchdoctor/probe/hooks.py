@@ -45,6 +45,7 @@ import inspect
 import os
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -543,16 +544,23 @@ def _check_draws(probe: Probe, it: Any, record: LoaderRecord) -> None:
     dataset's ``finally`` runs then, not at the next garbage collection). A fetch on another thread
     (a prefetching wrapper's) is not checked: the training thread's own draws would read as its."""
     fetcher = getattr(it, "_dataset_fetcher", None)
-    fetch = getattr(type(fetcher), "fetch", None)
-    if getattr(it, "_num_workers", None) != 0 or fetch is None or "fetch" in getattr(fetcher, "__dict__", {"fetch": 0}):
+    # A plain method of the fetcher's class (torch's fetchers): called unbound with the fetcher.
+    fetch = inspect.getattr_static(type(fetcher), "fetch", None)
+    if (getattr(it, "_num_workers", None) != 0 or not isinstance(fetch, types.FunctionType)
+            or "fetch" in getattr(fetcher, "__dict__", {"fetch": 0})):
         return
     fault_point("dataloader.draws")
-    ref = weakref.ref(fetcher)
+    try:
+        ref = weakref.ref(fetcher)
+    except TypeError:  # a fetcher without weak references: not checked
+        return
 
     def checked_fetch(index: Any) -> Any:
         this = ref()
+        if this is None:  # only through a copy of this attribute that outlived its fetcher
+            raise ReferenceError("the DataLoader fetcher this fetch belonged to is gone")
         if record.rng_tries >= workers.SAMPLE_RNG or threading.get_ident() != probe.main_thread:
-            if record.rng_tries >= workers.SAMPLE_RNG and this is not None:
+            if record.rng_tries >= workers.SAMPLE_RNG:
                 this.__dict__.pop("fetch", None)
             return fetch(this, index)
         record.rng_tries += 1

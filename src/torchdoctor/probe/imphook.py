@@ -90,17 +90,19 @@ def when_imported(fullname: str, callback: Callback) -> None:
         sys.meta_path.insert(0, _finder)
 
 
-# base -> (what the base had in its own __dict__, [(module, name, callback), ...]): one hook per base.
-_waiting: dict[type, tuple[Any, list[tuple[str, str, Callable[[type], None]]]]] = {}
+# base -> (the hook we installed, what the base had in its own __dict__, [(module, name, callback)]).
+_waiting: dict[type, tuple[Any, Any, list[tuple[str, str, Callable[[type], None]]]]] = {}
 
 
 def when_subclassed(base: type, module: str, name: str, callback: Callable[[type], None]) -> None:
     """Call ``callback(cls)`` once, when the class ``module.name`` is defined as a subclass of
     ``base`` (a module still running when the hook went in defines it later). ``base`` keeps its own
     ``__init_subclass__``, or the one it inherits, for every subclass, and gets it back once every
-    class waited for came. The callback must not raise."""
-    if base in _waiting:
-        _waiting[base][1].append((module, name, callback))
+    class waited for came, unless someone else put theirs in place meanwhile. The callback must not
+    raise."""
+    entry = _waiting.get(base)
+    if entry is not None and base.__dict__.get("__init_subclass__") is entry[0]:
+        entry[2].append((module, name, callback))
         return
     own = base.__dict__.get("__init_subclass__")
     waiters = [(module, name, callback)]
@@ -114,8 +116,9 @@ def when_subclassed(base: type, module: str, name: str, callback: Callable[[type
         if not came:
             return
         waiters[:] = [w for w in waiters if w not in came]
-        if not waiters:
-            _waiting.pop(base, None)
+        if not waiters and base.__dict__.get("__init_subclass__") is hook:
+            if _waiting.get(base, (None,))[0] is hook:
+                del _waiting[base]
             if own is None:
                 del base.__init_subclass__  # type: ignore[misc]
             else:
@@ -123,5 +126,6 @@ def when_subclassed(base: type, module: str, name: str, callback: Callable[[type
         for _, _, fn in came:
             fn(cls)
 
-    _waiting[base] = (own, waiters)
-    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment,method-assign]
+    hook = classmethod(__init_subclass__)
+    _waiting[base] = (hook, own, waiters)
+    base.__init_subclass__ = hook  # type: ignore[assignment,method-assign]
