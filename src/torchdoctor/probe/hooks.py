@@ -324,19 +324,9 @@ def _dataloader(probe: Probe) -> None:
     # (ultralytics' InfiniteDataLoader: one iterator for every epoch, built inside a generator).
     _shim_once(loader_cls, "_get_iterator", iter_before, iter_after, "dataloader.iter")
 
-    def on_torchdata(module: Any) -> None:
-        """torchdata's StatefulDataLoader (torchtitan's) subclasses DataLoader but never calls its
-        __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen.
-        A job that imports it before torch: its module is the one importing torch, so it is still
-        half-built here and the class comes later, when it subclasses DataLoader."""
-        cls = getattr(module, "StatefulDataLoader", None)
-        if cls is not None:
-            on_stateful(cls)
-        else:
-            imphook.when_subclassed(loader_cls, module.__name__, "StatefulDataLoader",
-                                    _guard("dataloader.torchdata", on_stateful))
-
     def on_stateful(cls: type) -> None:
+        """torchdata's StatefulDataLoader (torchtitan's) subclasses DataLoader but never calls its
+        __init__ (it sets every attribute itself), so neither its site nor its own __iter__ was seen."""
         _shim_once(cls, "__init__", before, after, "dataloader.init")
         own_iter(cls)
         # Its workers run torchdata's own loop, which its module imported by name.
@@ -344,8 +334,8 @@ def _dataloader(probe: Probe) -> None:
         if home is not None:
             _quiet_workers(probe, home, sys.modules.get(cls.__module__))
 
-    imphook.when_imported("torchdata.stateful_dataloader.stateful_dataloader",
-                          _guard("dataloader.torchdata", on_torchdata))
+    imphook.when_class("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader", loader_cls,
+                       _guard("dataloader.torchdata", on_stateful))
 
     def next_before(args: tuple[Any, ...]) -> tuple[float, bool | None] | None:
         if "dataloader.next" in BROKEN or threading.get_ident() != probe.main_thread:
@@ -663,6 +653,7 @@ def _foreign_optimizer(probe: Probe, cls: Any, method: str, where: str, pre: Cal
     if cls is None or not callable(getattr(cls, method, None)):
         return
     record_function = probe.torch.autograd.profiler.record_function
+    named: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers whose facts carry the library's name
 
     def before(args: tuple[Any, ...]) -> Any:
         if where in BROKEN:
@@ -676,7 +667,8 @@ def _foreign_optimizer(probe: Probe, cls: Any, method: str, where: str, pre: Cal
         except BaseException:
             annotation.__exit__(None, None, None)
             raise
-        if library:
+        if library and opt not in named:  # pre() recorded its facts at its first step
+            named.add(opt)
             for ref, facts in probe.optimizers:
                 if ref() is opt:
                     facts.cls = name

@@ -6,7 +6,7 @@ own ``__init__`` has run, from inside the importing statement. The finder remove
 the last pending hook fired, so later imports are not slowed down.
 
 A module that is still running when its hook is asked for (it imported torch, whose hook asks) is
-handed over half-built; ``when_subclassed`` then waits for the class it defines.
+handed over half-built; ``when_class`` then waits for the class it defines (``when_subclassed``).
 """
 
 from __future__ import annotations
@@ -129,3 +129,21 @@ def when_subclassed(base: type, module: str, name: str, callback: Callable[[type
     hook = classmethod(__init_subclass__)
     _waiting[base] = (hook, own, waiters)
     base.__init_subclass__ = hook  # type: ignore[assignment,method-assign]
+
+
+def when_class(fullname: str, name: str, base: type, callback: Callable[[type], None]) -> None:
+    """Call ``callback(cls)`` once the class ``fullname.name``, a subclass of ``base``, exists: when
+    its module has been imported, or, for a module still running then (it imported torch, whose hook
+    asked: torchdata's StatefulDataLoader imported before torch), when it defines the class. The
+    callback must not raise."""
+    def imported(module: ModuleType) -> None:
+        try:
+            cls = getattr(module, name, None)
+            if cls is None:
+                when_subclassed(base, module.__name__, name, callback)
+        except Exception:  # a module or base we cannot read or hook: nothing to wait for
+            return
+        if cls is not None:
+            callback(cls)
+
+    when_imported(fullname, imported)

@@ -112,19 +112,10 @@ def install(torch: Any, rt: Runtime) -> None:
         except Exception as exc:
             rt.broken(IDS, exc)
 
-    def stateful_module(module: Any) -> None:
-        try:
-            cls = getattr(module, "StatefulDataLoader", None)
-            if cls is None:  # imported before torch: its module, which imports torch, is half-built
-                when_subclassed(dataloader.DataLoader, module.__name__, "StatefulDataLoader", stateful)
-            else:
-                stateful(cls)
-        except Exception as exc:
-            rt.broken(IDS, exc)
+    from torchdoctor.probe.imphook import when_class
 
-    from torchdoctor.probe.imphook import when_imported, when_subclassed
-
-    when_imported("torchdata.stateful_dataloader.stateful_dataloader", stateful_module)
+    when_class("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader", dataloader.DataLoader,
+               stateful)
 
 
 def _patch_loader_class(torch: Any, rt: Runtime, cls: type,

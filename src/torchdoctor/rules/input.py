@@ -389,10 +389,9 @@ def input_bound(inputs: RuleInputs) -> list[Finding]:
         # runs cpu_count() workers; DL-1 said "add workers (up to CPUs // local ranks - 1)" with 2 on 2 CPUs).
         advised = advised_workers(v) if nw and v.f is not None and cpu_count(v) is not None else None
         at_most = advised is not None and nw is not None and nw >= advised[0] and not epoch_bound
-        fix_text = (f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster "
-                    "storage format; then add workers." if nw == 0 else
-                    f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster storage "
-                    f"format; {nw} workers are already at least the {advised[0]} advised ({advised[1]})"
+        cheaper_batch = f"Make each batch cheaper to produce: {cheaper}pre-decode the data set, use a faster storage format"
+        fix_text = (f"{cheaper_batch}; then add workers." if nw == 0 else
+                    f"{cheaper_batch}; {nw} workers are already at least the {advised[0]} advised ({advised[1]})"
                     + ("; keep them alive (persistent_workers=True)." if can_persist and not persistent else ".")
                     if at_most and advised is not None else
                     "Make epochs longer (a sampler that spans several passes over the data) or the first "
