@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from torchdoctor.facts import DataLoaderFacts, OptimizerFacts, RankFacts, StepTiming, evaluation_only, trains
-from torchdoctor.session import report_from_run_dir
+from torchdoctor.session import analyze_paths, report_from_run_dir
 
 
 def training(pid: int) -> RankFacts:
@@ -56,3 +56,52 @@ def test_a_job_that_only_evaluates_is_still_diagnosed(tmp_path):
     report = report_from_run_dir(manifest(tmp_path, evaluating(10)))
     assert [r.facts.pid for r in report.ranks] == [10]
     assert not any("only evaluated" in w.message for w in report.warnings)
+
+
+def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0):
+    """A CPU-only run directory: ProfilerSteps 5-7 of `window_ms` in the trace, the probe's steps
+    0-39 outside them at `steady_ms` (step 0 a slow start-up)."""
+    from kineto_builder import TraceBuilder
+
+    b = TraceBuilder(device_name=None)
+    ts = 0.0
+    for n, ms in zip(range(5, 8), window_ms, strict=True):
+        b.step(n, ts, ms * 1e3)
+        b.dataloader(ts + 10, ms * 1e3 * 0.08)
+        b.op("aten::convolution", ts + ms * 1e3 * 0.1, ms * 1e3 * 0.8)
+        ts += ms * 1e3 + 1
+    (tmp_path / "traces").mkdir()
+    b.write(tmp_path / "traces" / "rank0.json.gz")
+    steps = [StepTiming(step=i, total_ms=3 * steady_ms if i == 0 else steady_ms, dataloader_ms=0.08 * steady_ms,
+                        forward_ms=0.3 * steady_ms, backward_ms=0.5 * steady_ms, optimizer_ms=0.1 * steady_ms)
+             for i in range(40) if not 5 <= i < 8]
+    facts = RankFacts(rank=0, pid=7, hostname="h", step_source="optimizer", steps=steps, profile_steps=[5, 8],
+                      optimizers=[OptimizerFacts(cls="SGD")], trace_file="traces/rank0.json.gz", last_step=39,
+                      dataloaders=[DataLoaderFacts(num_workers=0, call_site="train.py:10")])
+    return report_from_run_dir(manifest(tmp_path, facts))
+
+
+def test_a_window_that_caught_the_jobs_warm_up_is_said_with_the_steady_step(tmp_path):
+    """mmengine's ResNet-50 example on 2 CPUs: its steps 5-7 (the default window) took 412 ms at the
+    median while its 124 steady steps took 245.9 ms; the report's "step ms" and the ms figures read
+    from the trace were 1.68x the job's."""
+    report = cpu_run(tmp_path, [412.0, 437.5, 269.1])
+    (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
+    assert said.startswith("rank 0: the profiled steps 5–7 took 412.0 ms a step (median), 1.65x the job's "
+                           "steady 250.0 ms (the probe's median over 36 steps outside the window)")
+    # The middle of the 32 steady steps after the window (8-39): step 24; the window's 3 steps long.
+    assert "`torchdoctor run --profile-steps 24:27`" in said
+
+
+def test_a_window_as_fast_as_the_job_or_a_trace_alone_says_nothing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    steady = cpu_run(tmp_path / "a", [273.1, 262.7, 298.4])  # profiled at steps 40-42 of the same job
+    assert not [w for w in steady.warnings if "profiled steps" in w.message]
+    # Just under the factor: 1.24x.
+    close = cpu_run(tmp_path / "b", [310.0, 310.0, 310.0])
+    assert not [w for w in close.warnings if "profiled steps" in w.message]
+    # The slow window's trace without the probe's steps: nothing to compare it with.
+    cpu_run(tmp_path, [412.0, 437.5, 269.1])
+    alone = analyze_paths([str(tmp_path / "traces" / "rank0.json.gz")])
+    assert alone.ranks and not [w for w in alone.warnings if "profiled steps" in w.message]

@@ -164,3 +164,37 @@ def test_fixs_permanent_change_for_a_skorch_loader_is_the_nets_parameters():
     (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
     assert change.text == "NeuralNetClassifier(..., iterator_train__num_workers=0, iterator_valid__num_workers=0)"
     assert change.where == "skorch builds the DataLoader: its NeuralNetClassifier(...) parameters"
+
+
+MMENGINE = DataLoaderFacts(created_by="mmengine", library_site="/venv/site-packages/mmengine/runner/runner.py:1476",
+                           library_call="Runner.train", library_caller="/job/train.py:94", library_call_params=["self"])
+
+
+def test_mmengine_builds_its_loaders_from_the_runners_dataloader_dicts():
+    """mmengine's examples/distributed_training.py (OpenMMLab's trainers run on the same Runner): the
+    loader is DataLoader(..., **train_dataloader) in Runner.build_dataloader, so its settings go in
+    that dict; the advice said "Runner.train() ... takes no such setting by name"."""
+    fix = loader_fix([MMENGINE], "Keep the workers alive{where}.", "DataLoader(dataset, num_workers=N, persistent_workers=True)")
+    assert fix.text == ("Keep the workers alive (the DataLoader is built by mmengine's Runner from its train_dataloader "
+                        "dict: set it in the config or the Runner(...) call; Runner.train() at /job/train.py:94).")
+    assert fix.snippet == ("train_dataloader = dict(..., num_workers=N, persistent_workers=True)  "
+                           "# the config's train_dataloader, or Runner(..., train_dataloader=dict(...))")
+    # The snippet's other lines stay; batch_size only locates the call.
+    two = loader_fix([MMENGINE], "x{where}", "torch.set_num_threads(1)\nDataLoader(dataset, batch_size=..., num_workers=1)")
+    assert two.snippet.startswith("torch.set_num_threads(1)\ntrain_dataloader = dict(..., num_workers=1)  #")
+    # mmengine builds a sampler from a dict of its own (sampler=dict(type='DefaultSampler')): not passed on as
+    # it is, so a snippet that sets one keeps the generic text.
+    sampler = loader_fix([MMENGINE], "x{where}", "DataLoader(ds, sampler=RandomSampler(ds), num_workers=N)")
+    assert "train_dataloader" not in sampler.snippet and "takes no such setting by name" in sampler.text
+
+
+def test_fixs_permanent_change_for_an_mmengine_loader_is_its_train_dataloader_dict():
+    from torchdoctor.remedies.suggest import changes_for
+
+    entries = [{"id": "dataloader.workers", "target": "DataLoader", "site": None, "set": {"num_workers": 1},
+                "was": {"num_workers": 0}, "library": "mmengine", "entry": "Runner.train",
+                "library_site": "/venv/site-packages/mmengine/runner/runner.py:1476"}]
+    (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
+    assert change.text == ("train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
+                           "Runner(..., train_dataloader=dict(...))")
+    assert change.where == "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"

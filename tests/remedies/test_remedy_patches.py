@@ -96,6 +96,30 @@ def test_dataloader_workers_persistent_prefetch(runtime: Runtime) -> None:
     loader._iterator._shutdown_workers()
 
 
+def seeded_by_count(worker_id: int, num_workers: int, rank: int, seed: int) -> None:
+    """mmengine.dataset.utils.worker_init_fn's seed: the count its Runner passed in, bound by partial."""
+    torch.manual_seed(num_workers * rank + worker_id + seed)
+
+
+def test_a_worker_init_fn_bound_to_the_worker_count_is_told_the_new_count(runtime: Runtime) -> None:
+    """mmengine's Runner builds DataLoader(..., worker_init_fn=partial(worker_init_fn, num_workers=
+    cfg.get('num_workers'), rank=0, seed=...)); with num_workers set under it, every worker raised
+    TypeError (None * 0) and `fix` rejected the remedy as "the job failed"."""
+    import functools
+
+    want(runtime, "dataloader.workers=1")
+    patch_data.install(torch, runtime)
+    init = functools.partial(seeded_by_count, num_workers=None, rank=0, seed=7)
+    loader = DataLoader(Squares(), batch_size=8, worker_init_fn=init)
+    assert loader.num_workers == 1 and loader.worker_init_fn.keywords == {"num_workers": 1, "rank": 0, "seed": 7}
+    assert len(batches(loader)) == 8  # the worker seeded itself and ran
+    # The seeding is the library's, not a setting of the remedy's: the permanent change stays num_workers.
+    assert [(e["id"], e["set"]) for e in runtime.applied] == [("dataloader.workers", {"num_workers": 1})]
+    # A partial naming another count than the loader's own is the job's choice: left as it is.
+    other = functools.partial(seeded_by_count, num_workers=4, rank=0, seed=7)
+    assert DataLoader(Squares(), batch_size=8, worker_init_fn=other).worker_init_fn is other
+
+
 def test_persistent_workers_keep_the_jobs_random_stream(runtime: Runtime) -> None:
     """pytorch/examples super_resolution (shuffle=True, the global generator): with the workers kept
     alive, epoch 2 came in another order and `fix` rejected the remedy for changing the losses."""

@@ -87,6 +87,18 @@ def test_ho3_loss_item_every_step_from_facts():
     assert gpu.severity == "warning" and cpu.severity == "info"
     # Without an accelerator the probe leaves out a library's conversions outside the autograd graph.
     assert "a lower bound" in cpu.evidence[0].text and "lower bound" not in gpu.evidence[0].text
+    assert "(e.g. loss.item() every step)" in gpu.title and "Log every N steps" in gpu.fix.text
+
+
+def test_ho3_a_librarys_sync_every_step_is_named_as_the_librarys():
+    """mmengine's ResNet-50 example: the one sync a step is mmengine's RuntimeInfoHook logging the loss
+    through MessageHub.update_scalar (.item() at message_hub.py:346) at every iteration; "log every N
+    steps" in the job's code was advice for code the job does not have."""
+    site = "/venv/lib/python3.11/site-packages/mmengine/logging/message_hub.py:346"
+    got = only(run("HO-3", (None, gpu_facts(host_syncs_per_step=1.0, host_sync_sites={site: 128, "train.py:9": 3}))),
+               "HO-3")
+    assert got.title.startswith("1 host sync(s) per step (in mmengine's code, mmengine/logging/message_hub.py:346)")
+    assert got.fix.text.startswith("The sync is mmengine's, not the job's") and not got.fix.snippet
 
 
 def test_ho3_collate_fn_conversions():

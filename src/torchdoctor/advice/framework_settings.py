@@ -58,6 +58,16 @@ FORWARDS: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {
 PREFIXED: dict[tuple[str, str], tuple[str, ...]] = {
     ("skorch", "DataLoader"): ("iterator_train__", "iterator_valid__"),
 }
+# Libraries that build the object from a dict of its constructor's keyword arguments in their own
+# configuration: mmengine's Runner (OpenMMLab's mmdet, mmseg, mmpretrain ... train on it) builds each
+# loader in build_dataloader as DataLoader(dataset=..., sampler=..., batch_sampler=..., collate_fn=...,
+# worker_init_fn=..., **cfg) from its train_dataloader / val_dataloader / test_dataloader dict (the
+# Runner(...) arguments, or those keys of the config file), after building those five from the dict's
+# own entries (mmengine 0.10.7, runner.py). The training loader is the one the advice is about.
+CONFIG_DICTS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
+    ("mmengine", "DataLoader"): ("train_dataloader", frozenset(
+        {"dataset", "sampler", "batch_sampler", "collate_fn", "worker_init_fn"})),
+}
 OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
@@ -169,6 +179,28 @@ def prefixed_snippet(snippet: str, kind: str, library: str, owner: str | None) -
     return snippet[:start] + f"{owner or OWNER.get(library, library)}(..., " + ", ".join(args) + ")" + snippet[end:]
 
 
+def config_dict_snippet(snippet: str, kind: str, library: str) -> str | None:
+    """The snippet with its `kind(...)` call as the library's configuration dict (CONFIG_DICTS:
+    `train_dataloader = dict(..., num_workers=2, persistent_workers=True)`); None when the library
+    has no such dict or the call sets nothing it passes on as it is (a sampler the library builds
+    from a dict of its own)."""
+    entry = CONFIG_DICTS.get((library, kind))
+    start = snippet.find(f"{kind}(")
+    if entry is None or start < 0:
+        return None
+    key, built = entry
+    inner, end = _call_args(snippet, start + len(kind))
+    args = [a for a in _top_level(inner) if a.partition("=")[2]]
+    names = {a.partition("=")[0].strip() for a in args}
+    settings = [a for a in args if a.partition("=")[0].strip() not in _NOT_SETTINGS]
+    if not settings or names & built - {"dataset"}:
+        return None
+    rest = snippet[end:]
+    rest = rest[rest.index("\n"):] if "\n" in rest else ""  # a trailing "# or ..." named another form
+    return (snippet[:start] + f"{key} = dict(..., " + ", ".join(settings) + ")"
+            + f"  # the config's {key}, or Runner(..., {key}=dict(...))" + rest)
+
+
 def _top_level(args: str) -> list[str]:
     """`args` split at the commas outside brackets: `n=min(4, os.cpu_count()), pin=True` is two."""
     out, depth, cur = [], 0, []
@@ -220,6 +252,14 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
                                     f"{params} parameters: set them where the "
                                     f"{owner or OWNER.get(d.created_by, d.created_by)} is created)"),
                        code)
+    if d is not None and not d.call_site and d.created_by and (d.created_by, kind) in CONFIG_DICTS:
+        code = config_dict_snippet(snippet, kind, d.created_by)
+        if code is not None:
+            key = CONFIG_DICTS[(d.created_by, kind)][0]
+            called = f"; {d.library_call}() at {d.library_caller}" if d.library_call and d.library_caller else ""
+            return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by {d.created_by}'s "
+                                    f"{call_owner(d.library_call) or 'Runner'} from its {key} dict: set it in the "
+                                    f"config or the Runner(...) call{called})"), code)
     if d is not None and not d.call_site and d.library_caller:
         code = entry_snippet(snippet, kind, d)
         if code is not None:

@@ -9,6 +9,7 @@ refused with torch's message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import weakref
 from typing import Any
@@ -93,6 +94,27 @@ def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], di
     return new, by
 
 
+def worker_init_told(arguments: dict[str, Any], new: dict[str, Any]) -> Any:
+    """The loader's worker_init_fn told the remedy's worker count, when the library that builds the
+    loader baked its own count into it; else None.
+
+    mmengine's Runner.build_dataloader passes worker_init_fn=partial(worker_init_fn, num_workers=
+    cfg.get('num_workers'), rank=..., seed=...) and each worker seeds itself with num_workers * rank
+    + worker_id + seed (mmcv's and mmdet's older build_dataloader do the same): with num_workers
+    changed under it, the partial still said None and every worker raised TypeError (mmengine's
+    examples/distributed_training.py under `fix`: "the job failed with the remedies"). Told the new
+    count, it seeds as the job does once its configuration says that count. A partial that names
+    another count than the loader's own is the job's choice and is left alone."""
+    if "num_workers" not in new:
+        return None
+    fn = arguments.get("worker_init_fn")
+    if not isinstance(fn, functools.partial) or "num_workers" not in fn.keywords:
+        return None
+    if (fn.keywords["num_workers"] or 0) != (arguments.get("num_workers") or 0):  # None: the library's default, 0
+        return None
+    return functools.partial(fn.func, *fn.args, **{**fn.keywords, "num_workers": new["num_workers"]})
+
+
 def install(torch: Any, rt: Runtime) -> None:
     if not any(rt.active(i) for i in IDS):
         return
@@ -135,7 +157,10 @@ def _patch_loader_class(torch: Any, rt: Runtime, cls: type,
             return None
         plain = (bound.args, bound.kwargs)
         was = {k: bound.arguments.get(k) for k in new}
+        seeding = worker_init_told(bound.arguments, new)
         bound.arguments.update(new)
+        if seeding is not None:  # not a setting of the remedy's: the library's own seeding, kept true
+            bound.arguments["worker_init_fn"] = seeding
         where = runtime.creation_site(type(bound.arguments["self"]).__name__)
         target, site = editable_site(where, "DataLoader", new)
         last.update(new=new, by=by, site=site, self=weakref.ref(bound.arguments["self"]))

@@ -11,7 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..advice.framework_settings import PREFIXED, call_owner, prefixed_snippet, trainer_snippet
+from ..advice.framework_settings import (
+    CONFIG_DICTS,
+    PREFIXED,
+    call_owner,
+    config_dict_snippet,
+    prefixed_snippet,
+    trainer_snippet,
+)
 from .catalogue import BY_ID
 
 
@@ -185,6 +192,12 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             if code is not None:
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
+        if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CONFIG_DICTS:
+            code = config_dict_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
+            if code is not None:  # mmengine's Runner: DataLoader(..., **train_dataloader)
+                key = CONFIG_DICTS[(lib, remedy.target)][0]
+                return Change([rid], f"{lib} builds the {remedy.target}: its {key} dict (the config, or Runner(...))",
+                              code, "python")
         # The first loader a library builds is where its settings are (a copy, accelerate's, comes later).
         built = next((e["library_site"] for e in entries if e.get("library_site")), None)
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings"

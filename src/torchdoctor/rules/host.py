@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from ..callsite import library_of
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
@@ -198,6 +199,22 @@ def _sync_finding(v: View, sid: str, ms: float, sites: list[SyncSite], title: st
                    budget=budget)
 
 
+def library_sync(sites: list[tuple[str, int]]) -> tuple[str, str] | None:
+    """(package, "its/file.py:LINE") when the most frequent sync site the probe counted lies in an
+    installed package (mmengine's MessageHub.update_scalars reads every logged loss with .item() at
+    every iteration, whatever the LoggerHook's interval); None for the job's own code."""
+    if not sites:
+        return None
+    site = sites[0][0]
+    lib = library_of(site)
+    if lib is None:
+        return None
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in site:
+            site = site.rsplit(marker, 1)[1]
+    return lib, site
+
+
 @rule("HO-3", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy", "data.wait"))
 def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
     """Implicit host-device syncs in the hot loop: .item(), .cpu(), .tolist(), .numpy(), nonzero...
@@ -244,9 +261,17 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
     def _facts_syncs(v: View, per_step: float) -> Finding:
         sites = sorted(v.f.host_sync_sites.items(), key=lambda kv: -kv[1]) if v.f else []
         on_dev = v.accel
+        lib = library_sync(sites)
+        fix = Fix("Log every N steps, or accumulate on the device and read once.",
+                  "running += loss.detach()\nif step % 50 == 0:\n    print((running / 50).item()); running.zero_()")
+        if lib is not None:
+            fix = Fix(f"The sync is {lib[0]}'s, not the job's: {lib[0]} reads a tensor's value at {lib[1]} at "
+                      f"every step, and the job's own code has none to change. Only {lib[0]} reading it less "
+                      "often removes it (a setting of its own, where it has one).")
         return finding(
             v, "HO-3", "host",
-            f"{per_step:.0f} host sync(s) per step (e.g. loss.item() every step)"
+            f"{per_step:.0f} host sync(s) per step "
+            + (f"(in {lib[0]}'s code, {lib[1]})" if lib is not None else "(e.g. loss.item() every step)")
             + ("" if on_dev else ": free on the CPU, but each drains the queue on an accelerator."),
             0.0, sev="warning" if on_dev and per_step >= 1 else "info",
             evidence=[Evidence(f"{per_step:.1f} syncs per step counted by the probe"
@@ -257,8 +282,7 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
                                   "bound."),
                                {"per_step": per_step},
                                [{"site": s, "count": n} for s, n in sites[:5]])],
-            fix=Fix("Log every N steps, or accumulate on the device and read once.",
-                    "running += loss.detach()\nif step % 50 == 0:\n    print((running / 50).item()); running.zero_()"),
+            fix=fix,
             confidence="medium" if on_dev else "high",
             confirm="the profiler window (`torchdoctor run` on the accelerator) measures the idle time" if on_dev else "",
             source="TTG avoid unnecessary synchronizations")
