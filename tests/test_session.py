@@ -58,9 +58,9 @@ def test_a_job_that_only_evaluates_is_still_diagnosed(tmp_path):
     assert not any("only evaluated" in w.message for w in report.warnings)
 
 
-def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0):
+def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up: float = 1.0):
     """A CPU-only run directory: ProfilerSteps 5-7 of `window_ms` in the trace, the probe's steps
-    0-39 outside them at `steady_ms` (step 0 a slow start-up)."""
+    0-39 outside them at `steady_ms` (step 0 a slow start-up, steps 1-4 `warm_up` x steady)."""
     from kineto_builder import TraceBuilder
 
     b = TraceBuilder(device_name=None)
@@ -72,7 +72,8 @@ def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0):
         ts += ms * 1e3 + 1
     (tmp_path / "traces").mkdir()
     b.write(tmp_path / "traces" / "rank0.json.gz")
-    steps = [StepTiming(step=i, total_ms=3 * steady_ms if i == 0 else steady_ms, dataloader_ms=0.08 * steady_ms,
+    steps = [StepTiming(step=i, total_ms=steady_ms * (3 if i == 0 else warm_up if i < 5 else 1),
+                        dataloader_ms=0.08 * steady_ms,
                         forward_ms=0.3 * steady_ms, backward_ms=0.5 * steady_ms, optimizer_ms=0.1 * steady_ms)
              for i in range(40) if not 5 <= i < 8]
     facts = RankFacts(rank=0, pid=7, hostname="h", step_source="optimizer", steps=steps, profile_steps=[5, 8],
@@ -83,14 +84,25 @@ def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0):
 
 def test_a_window_that_caught_the_jobs_warm_up_is_said_with_the_steady_step(tmp_path):
     """mmengine's ResNet-50 example on 2 CPUs: its steps 5-7 (the default window) took 412 ms at the
-    median while its 124 steady steps took 245.9 ms; the report's "step ms" and the ms figures read
-    from the trace were 1.68x the job's."""
-    report = cpu_run(tmp_path, [412.0, 437.5, 269.1])
+    median while its 124 steady steps took 245.9 ms, and its steps 2-4 325 ms; the report's "step ms"
+    and the ms figures read from the trace were 1.68x the job's."""
+    report = cpu_run(tmp_path, [412.0, 437.5, 269.1], warm_up=1.3)
     (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
     assert said.startswith("rank 0: the profiled steps 5–7 took 412.0 ms a step (median), 1.65x the job's "
-                           "steady 250.0 ms (the probe's median over 36 steps outside the window)")
+                           "steady 250.0 ms (the probe's median over 36 steps outside the window): the job was "
+                           "still warming up (the steps just before it took 325.0 ms), and the profiler adds its own cost.")
     # The middle of the 32 steady steps after the window (8-39): step 24; the window's 3 steps long.
-    assert "`torchdoctor run --profile-steps 24:27`" in said
+    assert said.endswith("`torchdoctor run --profile-steps 24:27` profiles steps from the middle of the run.")
+
+
+def test_a_window_slowed_by_the_profiler_itself_gets_no_later_window(tmp_path):
+    """torchrl's getting-started DQN: 2.1 ms steps, 4.6 ms profiled (many small ops); where the steps
+    just before the window ran as the steady ones, a later window would be as slow."""
+    report = cpu_run(tmp_path, [5.0, 4.6, 4.4], steady_ms=2.1)
+    (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
+    assert "2.19x the job's steady 2.1 ms" in said
+    assert "that is the profiler's own cost on this job's steps (the steps just before it took 2.1 ms)" in said
+    assert "--profile-steps" not in said
 
 
 def test_a_window_as_fast_as_the_job_or_a_trace_alone_says_nothing(tmp_path):

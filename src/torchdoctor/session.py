@@ -20,6 +20,7 @@ import re
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -409,13 +410,23 @@ SLOW_WINDOW_FACTOR = 1.25
 SLOW_WINDOW_MIN_STEPS = 8
 
 
-def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> tuple[float, float, int, int | None] | None:
-    """(window step ms, steady step ms, steady steps, a later start to profile) of a live rank
-    whose profiled steps ran SLOW_WINDOW_FACTOR x the probe's steady step or more; else None.
+class SlowWindow(NamedTuple):
+    """A live rank's profiled steps against the probe's steady ones (``slow_window``)."""
 
-    Window step: the median ProfilerStep of the analysed window (the per-rank table's "step ms");
-    steady step: the median of the probe's steady steps (``rules._common.probe_steps``: no leading
-    warm-up, no regular long steps of work between steps), which the probe times outside the window.
+    window_ms: float  # median ProfilerStep of the analysed window (the per-rank table's "step ms")
+    steady_ms: float  # median of the probe's steady steps, timed outside the window
+    steady_steps: int
+    before_ms: float | None  # median of the probe's (up to 3) steps just before the window
+    later_start: int | None  # a step from the middle of the steady steps after the window
+
+
+def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow | None:
+    """The window of a live rank whose profiled steps ran SLOW_WINDOW_FACTOR x the probe's steady
+    step or more; else None.
+
+    Steady steps: ``rules._common.probe_steps`` (no leading warm-up, no regular long steps of work
+    between steps). The steps just before the window tell a job still warming up (they are slow
+    too) from the profiler's own cost (they are not).
     """
     res, f = ri.view, ri.facts
     if res is None or f is None or not res.window.steps or not res.metrics.step_ms_median:
@@ -427,35 +438,44 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> tuple[float,
     window_ms = float(res.metrics.step_ms_median)
     if steady_ms <= 0 or window_ms < SLOW_WINDOW_FACTOR * steady_ms:
         return None
+    first = res.window.steps[0]
+    before = [s.total_ms for s in f.steps if first - 3 <= s.step < first and s.step > 0]
     later = [s.step for s in timed if s.step > res.window.steps[-1]]
-    start = later[len(later) // 2] if len(later) >= SLOW_WINDOW_MIN_STEPS else None
-    return window_ms, steady_ms, len(timed), start
+    return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None,
+                      later[len(later) // 2] if len(later) >= SLOW_WINDOW_MIN_STEPS else None)
 
 
 def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
                        warnings: list[ErrorEntry]) -> None:
     """Ranks whose profiled steps ran much slower than the job's steady steps (``slow_window``):
     the trace's shares, and the ms per step read from them, describe that stretch, not the job's
-    usual step, so say so with the numbers and a later window to profile."""
+    usual step, so say so with the numbers, and where the job was still warming up, a later window."""
     if probes is None or len(probes) != len(ranks):
         probes = [None] * len(ranks)
     slow = [(ri, s) for ri, p in zip(ranks, probes, strict=True) if (s := slow_window(ri, p))]
     if not slow:
         return
-    ri, (window_ms, steady_ms, n, start) = max(slow, key=lambda x: x[1][0] / x[1][1])
+    ri, w = max(slow, key=lambda x: x[1].window_ms / x[1].steady_ms)
     steps = ri.view.window.steps
     names = ", ".join(str(r.rank) for r, _ in slow[:8]) + (" …" if len(slow) > 8 else "")
     which = f"rank {names}" if len(slow) > 1 else f"rank {ri.rank}"
-    again = (f" `torchdoctor run --profile-steps {start}:{start + len(steps)}` profiles steps from the middle of the "
-             "run." if start is not None else " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows "
-             "the steady ones.")
+    warming = w.before_ms is not None and w.before_ms >= SLOW_WINDOW_FACTOR * w.steady_ms
+    if warming:
+        why = (f"the job was still warming up (the steps just before it took {w.before_ms:.1f} ms)"
+               + (", and the profiler adds its own cost" if w.window_ms > SLOW_WINDOW_FACTOR * w.before_ms else ""))
+        again = (f" `torchdoctor run --profile-steps {w.later_start}:{w.later_start + len(steps)}` profiles steps from "
+                 "the middle of the run." if w.later_start is not None else
+                 " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows steady ones.")
+    else:
+        before = f" (the steps just before it took {w.before_ms:.1f} ms)" if w.before_ms is not None else ""
+        why = f"that is the profiler's own cost on this job's steps{before}, which a later window would pay too"
+        again = ""
     warnings.append(ErrorEntry("torchdoctor", (
-        f"{which}: the profiled steps {steps[0]}–{steps[-1]} took {window_ms:.1f} ms a step (median"
-        f"{' of rank ' + str(ri.rank) if len(slow) > 1 else ''}), {window_ms / steady_ms:.2f}x the job's steady "
-        f"{steady_ms:.1f} ms (the probe's median over {n} steps outside the window): the window caught a slower "
-        "stretch of the job (its warm-up, or the profiler's own cost). The trace's shares, and the ms per step "
-        "read from them, describe those steps; the shares the probe measures over every step do not."
-        + again)))
+        f"{which}: the profiled steps {steps[0]}–{steps[-1]} took {w.window_ms:.1f} ms a step (median"
+        f"{' of rank ' + str(ri.rank) if len(slow) > 1 else ''}), {w.window_ms / w.steady_ms:.2f}x the job's steady "
+        f"{w.steady_ms:.1f} ms (the probe's median over {w.steady_steps} steps outside the window): {why}. The "
+        "trace's shares, and the ms per step read from them, describe those steps; the shares the probe measures "
+        "over every step do not." + again)))
 
 
 def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:

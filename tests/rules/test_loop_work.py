@@ -37,6 +37,10 @@ def test_an_environment_step_in_every_update_is_priced_against_the_job():
     assert got.job_s == pytest.approx(400 * 4.1 / 1e3, rel=1e-3) and got.job_pct == pytest.approx(48.2, abs=0.1)
     assert got.severity == "critical" and got.per == "job" and got.recoverable_pct == 0
     assert "AsyncVectorEnv" in got.fix.snippet and "py-spy" in got.fix.snippet
+    f.env_libraries = ["torchrl", "gymnasium"]
+    got = only(run("HO-17", (None, f)), "HO-17")
+    assert "ParallelEnv(n, make_env)" in got.fix.snippet and "AsyncVectorEnv" not in got.fix.text + got.fix.snippet
+    f.env_libraries = ["gymnasium"]
     # Without an environment library (fastai's vision quick start before its optimizer was seen): no
     # environments in the advice.
     f.env_libraries = []

@@ -23,8 +23,11 @@ HO-16 prices, is no emergency however much of each update is Python).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from ..advice.environments import parallel_envs
 from ..metrics.between import rest_ms
 from ._common import View, finding, fmt_ms, per_rank, severity
 from .engine import RuleInputs, rule
@@ -38,7 +41,7 @@ INFO_PCT, WARN_PCT, CRIT_PCT = 10.0, 20.0, 40.0
 MIN_STEPS = 8
 
 
-def _fix(envs: bool) -> Fix:
+def _fix(envs: Sequence[str]) -> Fix:
     """Profile, then take the work off the per-step path; environment steps and replay sampling only
     where the job imported an RL environment library (a fastai vision job was told to use
     AsyncVectorEnv)."""
@@ -47,10 +50,9 @@ def _fix(envs: bool) -> Fix:
     snippet = "py-spy record -o loop.svg -- python train.py   # or: python -m cProfile -s cumtime train.py"
     tail = "; a loss computed outside the model lands here too, and is compute, not overhead."
     if envs:
-        return Fix(f"{profile}step environments as a vector (gymnasium.vector.AsyncVectorEnv runs them in other "
-                   "processes), sample replay batches as whole tensors instead of Python lists, compute metrics on "
-                   f"tensors and log every N steps{tail}",
-                   f"{snippet}\nenvs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])")
+        how, code = parallel_envs(envs)
+        return Fix(f"{profile}{how}, sample replay batches as whole tensors instead of Python lists, compute metrics "
+                   f"on tensors and log every N steps{tail}", f"{snippet}\n{code}")
     return Fix(f"{profile}compute metrics on tensors and log every N steps, run per-step callbacks less often, and move "
                f"per-batch Python (host-side transforms of a batch) into the DataLoader's workers{tail}", snippet)
 
@@ -94,7 +96,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
                 {"loop_ms": round(mid, 3), "step_ms": round(step, 3), "model_ms": round(model, 3),
                  "loop_pct": round(pct, 1), "inference_ms": round(inference, 3), "steps": len(steps),
                  "job_s": round(job_s, 3), "job_pct": round(job_pct, 1)})],
-            fix=_fix(bool(v.f.env_libraries)),
+            fix=_fix(v.f.env_libraries),
             confidence="medium",
             confirm="py-spy or cProfile over the same run names the functions that take this time",
             source="probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "

@@ -26,7 +26,9 @@ Severity by the job share, on the default ladder (5% warning, 20% critical).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
+from ..advice.environments import parallel_envs
 from ..metrics.between import ONE_OFF_FACTOR, Between, inference_in_every_step
 from ._common import View, finding, fmt_ms, per_rank, severity, views
 from .engine import RuleInputs, rule
@@ -85,7 +87,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
                   "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])] + _in_window(v, b),
             fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None,
-                 bool(v.f and v.f.env_libraries)), confidence="high" if b.every else "medium",
+                 v.f.env_libraries if v.f else []), confidence="high" if b.every else "medium",
             confirm=f"`torchdoctor run --profile-steps {first}:{first + 1}` traces one of these steps",
             source="probe: every step's wall time and phases; the default ladder on the job's share")
         f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
@@ -114,7 +116,7 @@ def _every_step(v: View, b: Between, all_views: list[View]) -> Finding:
              "rest_ms": 0.0, "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1),
              "inference_site": site})],
         fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None,
-                 bool(v.f and v.f.env_libraries)),
+                 v.f.env_libraries if v.f else []),
         confidence="high", confirm="the trace's forward phase holds both forwards: the one without autograd "
                                    "has no backward after it",
         source="probe: every step's forwards without autograd; the default ladder on the job's share")
@@ -180,11 +182,11 @@ _SB3_ON_POLICY = re.compile(r"(?:stable_baselines3|sb3_contrib)'s (?:PPO|A2C|TRP
 
 
 def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None,
-         envs: bool = False) -> Fix:
+         envs: Sequence[str] = ()) -> Fix:
     """What to do, by what the work is made of; through the trainer's settings where one evaluates.
     ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers);
     ``inference_mode``: the forwards already run under torch.inference_mode() (not advised again);
-    ``envs``: the job imported an RL environment library (stepping environments is then likely
+    ``envs``: the RL environment libraries the job imported (stepping environments is then likely
     part of the Python outside the model; a fastai vision job was told to use AsyncVectorEnv)."""
     where = f" (called at {site})" if site else ""
     if b.inference_ms >= b.rest_ms and b.inference_ms >= b.data_ms:
@@ -211,11 +213,10 @@ def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bo
                       "val_batches = list(val_loader)   # once, before training\n"
                       "val_loader = DataLoader(val_set, batch_size=..., num_workers=2, persistent_workers=True)")
     elif envs:
+        how, code = parallel_envs(envs)
         return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
-                   "profiler window on one of them) and move the work off the loop: step environments in parallel "
-                   "(gymnasium.vector.AsyncVectorEnv, envpool), compute metrics on the device and read them once, "
-                   "log less often.",
-                   "envs = gymnasium.vector.AsyncVectorEnv([make_env for _ in range(n)])   # one process per env")
+                   f"profiler window on one of them) and move the work off the loop: {how}, compute metrics on the "
+                   "device and read them once, log less often.", code)
     else:
         return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
                    "profiler window on one of them) and move the work off the loop: compute metrics on the device "
