@@ -198,3 +198,32 @@ def test_fixs_permanent_change_for_an_mmengine_loader_is_its_train_dataloader_di
     assert change.text == ("train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
                            "Runner(..., train_dataloader=dict(...))")
     assert change.where == "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"
+
+
+SPEECHBRAIN = DataLoaderFacts(created_by="speechbrain", library_site="/venv/site-packages/speechbrain/dataio/dataloader.py:182",
+                              library_call="Brain.fit", library_caller="/job/train.py:37",
+                              library_call_params=["self", "epoch_counter", "train_set", "valid_set", "progressbar",
+                                                   "train_loader_kwargs", "valid_loader_kwargs"])
+
+
+def test_speechbrain_s_fit_passes_its_train_loader_kwargs_on_to_the_loader():
+    """speechbrain's Brain.fit(..., train_loader_kwargs={...}) builds SaveableDataLoader(dataset,
+    **train_loader_kwargs); the advice said fit() "takes no such setting by name"."""
+    fix = loader_fix([SPEECHBRAIN], "Load in workers{where}.", "DataLoader(dataset, batch_size=..., num_workers=1)")
+    assert fix.text == ("Load in workers (the DataLoader is built inside speechbrain's Brain.fit(), which passes its "
+                        "train_loader_kwargs on to it: at /job/train.py:37).")
+    assert fix.snippet == 'fit(..., train_loader_kwargs={"num_workers": 1})'
+    # speechbrain sets the sampler itself for shuffle=True: a snippet with one keeps the generic text.
+    sampler = loader_fix([SPEECHBRAIN], "x{where}", "DataLoader(ds, sampler=RandomSampler(ds), num_workers=N)")
+    assert "train_loader_kwargs" not in sampler.snippet
+
+
+def test_fixs_permanent_change_for_a_speechbrain_loader_is_fit_s_train_loader_kwargs():
+    from torchdoctor.remedies.suggest import changes_for
+
+    entries = [{"id": "dataloader.persistent_workers", "target": "DataLoader", "site": None,
+                "set": {"persistent_workers": True}, "was": {"persistent_workers": False}, "library": "speechbrain",
+                "entry": "Brain.fit"}]
+    (change,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": entries})
+    assert change.text == 'fit(..., train_loader_kwargs={"persistent_workers": True})'
+    assert change.where == "speechbrain's Brain.fit() passes it on to the DataLoader"

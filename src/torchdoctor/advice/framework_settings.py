@@ -44,11 +44,15 @@ NOUN = {"DataLoader": "DataLoader", "DDP": "DistributedDataParallel wrapper"}
 # sync_bn=False, **kwargs) builds DistributedDataParallel(model, **kwargs), and auto_dataloader(dataset,
 # **kwargs) DataLoader(dataset, **kwargs) after dividing batch_size and num_workers by the processes
 # per node (ignite 0.5.5); Ray Train's prepare_model(model, ..., parallel_strategy_kwargs=None) builds
-# DistributedDataParallel(model, **parallel_strategy_kwargs) (ray 2.60).
+# DistributedDataParallel(model, **parallel_strategy_kwargs) (ray 2.60); speechbrain's Brain.fit(
+# epoch_counter, train_set, ..., train_loader_kwargs={}) builds its loader in make_dataloader as
+# SaveableDataLoader(dataset, **train_loader_kwargs), setting only collate_fn and a sampler for
+# shuffle=True on the way (speechbrain 1.1, core.py and dataio/dataloader.py).
 FORWARDS: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {
     ("ignite", "auto_model"): ("DDP", None, frozenset()),
     ("ignite", "auto_dataloader"): ("DataLoader", None, frozenset({"batch_size", "num_workers"})),
     ("ray", "prepare_model"): ("DDP", "parallel_strategy_kwargs", frozenset()),
+    ("speechbrain", "fit"): ("DataLoader", "train_loader_kwargs", frozenset({"sampler", "collate_fn"})),
 }
 # Libraries that build the object from prefixed parameters of their own, set where the user creates
 # the library's object: skorch's NeuralNet builds its DataLoaders in get_iterator from

@@ -9,13 +9,16 @@ import ast
 import difflib
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from ..advice.framework_settings import (
     CONFIG_DICTS,
+    FORWARDS,
     PREFIXED,
     call_owner,
     config_dict_snippet,
+    entry_snippet,
     prefixed_snippet,
     trainer_snippet,
 )
@@ -145,6 +148,12 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
     return out + flags + notes
 
 
+def _passes_on(kind: str, library: str | None, entry: str | None) -> bool:
+    """The library function (qualified or not) is a FORWARDS entry that hands settings to ``kind``."""
+    forward = FORWARDS.get((library or "", (entry or "").rpartition(".")[2]))
+    return forward is not None and forward[0] == kind
+
+
 # Why a remedy's change at a call site that never exercised it is not suggested there.
 IDLE_WHY = {
     "dataloader.persistent_workers": "not iterated a second time in the measured runs, so persistent workers "
@@ -198,6 +207,15 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
                 key = CONFIG_DICTS[(lib, remedy.target)][0]
                 return Change([rid], f"{lib} builds the {remedy.target}: its {key} dict (the config, or Runner(...))",
                               code, "python")
+        entries_of = {(e.get("library"), e.get("entry")) for e in entries}
+        if kind and len(entries_of) == 1 and _passes_on(kind, *(made := next(iter(entries_of)))):
+            # A library function that passes its keyword arguments (or a dict of them) on to the
+            # constructor: speechbrain's Brain.fit(..., train_loader_kwargs={...}).
+            called = SimpleNamespace(created_by=made[0], library_call=made[1], library_caller=None,
+                                     call_site=None, library_call_params=[])
+            code = entry_snippet(f"{kind}(..., {args})", kind, called)
+            if code is not None:
+                return Change([rid], f"{made[0]}'s {made[1]}() passes it on to the {remedy.target}", code, "python")
         # The first loader a library builds is where its settings are (a copy, accelerate's, comes later).
         built = next((e["library_site"] for e in entries if e.get("library_site")), None)
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings"
