@@ -272,6 +272,10 @@ class CpuFacts(msgspec.Struct, omit_defaults=True):
     # CPU time of the main process and of the DataLoader workers, percent of one core over the run.
     main_process_cpu_pct: float | None = None
     dataloader_workers_cpu_pct: float | None = None
+    # CPU time of the process's other live child processes (not its DataLoader workers, nor the
+    # probe's own): a data-augmentation pool outside torch's DataLoader (nnU-Net's batchgenerators
+    # augmenters), a multiprocessing Pool; percent of one core over the run.
+    child_processes_cpu_pct: float | None = None
     numa_nodes: int | None = None
     # Busy time of the CPUs in the affinity mask over the same interval, by every process on the
     # machine (this job included), percent of one core: with the job's own share it tells how

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from probe.livejob import facts_of, load_run, run_wrapped, script
+from probe.livejob import TRAIN, facts_of, load_run, run_wrapped, script
 
 JOB = """
 import time
@@ -893,3 +893,51 @@ def test_a_loader_that_keeps_one_iterator_for_every_epoch_is_recorded(tmp_path):
     (d,) = facts["dataloaders"]
     assert (d["num_workers"], d["batches"], len(d["worker_pids"])) == (1, 24, 1)
     assert facts["host_syncs_per_step"] == 0
+
+
+AUGMENTER_PROCESS = """
+import multiprocessing as mp
+import time
+import torch
+
+
+def augment(stop):  # stands for nnU-Net's batchgenerators augmenter: a process of the job's own
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+if __name__ == "__main__":
+    stop = mp.get_context("fork").Event()
+    child = mp.get_context("fork").Process(target=augment, args=(stop,))
+    child.start()
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 1.5:
+        loss = model(torch.randn(32, 16)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.01)
+    stop.set()
+    child.join()
+    print("ok")
+"""
+
+
+def test_the_jobs_own_child_processes_are_counted_as_the_jobs(tmp_path):
+    """nnU-Net's augmenter processes are no DataLoader workers: their CPU time read as "other
+    processes (steal included)" in HO-14. A child process of the job's own is counted as the job's
+    (child_processes_cpu_pct), and the probe's own child (the trace's post-processing) is not."""
+    busy = script(tmp_path, AUGMENTER_PROCESS, "augment.py")
+    result = run_wrapped(tmp_path / "busy", busy, options=("--profile-steps", "off"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    cpu = facts_of(tmp_path / "busy")["cpu"]
+    # The child spins for the whole run beside a loop that mostly sleeps: most of a core.
+    assert cpu["child_processes_cpu_pct"] > 40 and "dataloader_workers_cpu_pct" not in cpu, cpu
+    # A job without children of its own, with a profiler window: the post-processing child is the probe's.
+    plain = script(tmp_path, TRAIN, "train.py")
+    result = run_wrapped(tmp_path / "plain", plain, "12")
+    assert result.returncode == 0, result.stderr
+    facts = facts_of(tmp_path / "plain")
+    assert facts["profile_steps"] == [5, 8] and "child_processes_cpu_pct" not in facts["cpu"], facts["cpu"]

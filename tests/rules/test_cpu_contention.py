@@ -88,6 +88,22 @@ def test_another_process_holding_the_cores_is_said_but_not_claimed():
     assert "other processes" in got.title and "dedicated cores" in got.fix.text
 
 
+def test_the_jobs_own_child_processes_are_the_jobs_not_other_processes():
+    """nnU-Net's 2d training on 2 CPUs: its batchgenerators augmenter runs 2 processes of its own (not
+    DataLoader workers); the training thread waited 29.9 ms a step and HO-14 said "other processes
+    (steal included) hold the CPUs: run it on dedicated cores, or measure it when the machine is quiet"."""
+    f = rank(0, delay=30.0, main=150.0, busy=200.0, threads=2)
+    f.cpu.child_processes_cpu_pct = 45.0
+    got = only(run("HO-14", (None, f)), "HO-14")
+    assert "the job's other child processes hold the 2 CPU(s)" in got.title
+    assert "nnUNet_n_proc_DA" in got.fix.text and "dedicated cores" not in got.fix.text
+    split = got.evidence[0].values["delay_split_ms"]
+    # Busy 200 = main 150 + children 45 + 5 by others: the delay is apportioned 45 : 5.
+    assert split["the job's other child processes"] == pytest.approx(30.0 * 45 / 50, abs=1e-3)
+    assert split["other processes (steal included)"] == pytest.approx(30.0 * 5 / 50, abs=1e-3)
+    assert got.recoverable_ms == 0.0  # said, not claimed: fewer of them may starve the steps
+
+
 def test_silent_below_the_scheduler_jitter_and_without_counters():
     assert run("HO-14", (None, rank(0, delay=1.0, workers=100.0))) == []
     f = rank(0, workers=100.0)

@@ -34,6 +34,10 @@ from torchdoctor.probe import output
 _STRIP_ENV = ("TORCHDOCTOR_RUN_DIR", "TORCHDOCTOR_REMEDIES", "TORCHDOCTOR_PROBE_FAULT")
 
 
+# Process ids of the detached children this process started (their CPU time is the probe's).
+STARTED: list[int] = []
+
+
 def paths(run_dir: str, rank: int | str) -> tuple[str, str, str, str]:
     """(raw JSON, gzipped trace, pending marker, analysis) of one rank's window (`rank`: the rank,
     or the slot name output.claim_trace_slot gave)."""
@@ -57,6 +61,7 @@ def start(run_dir: str, rank: int | str) -> bool:
                 env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                 start_new_session=True,  # the job's signals (Ctrl-C to its group) do not reach it
             )
+        STARTED.append(child.pid)  # the probe's own work: not the job's child processes (summary.cpu_facts)
         lowest_priority(child.pid)
         _write_atomic(pending, str(child.pid).encode())
         child.returncode = 0  # never waited for here; keep Popen's destructor quiet

@@ -19,7 +19,7 @@ import msgspec
 from torchdoctor.callsite import Site
 from torchdoctor.facts import CompileFacts, CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.hardware import topology
-from torchdoctor.probe import collect, sysinfo, workers
+from torchdoctor.probe import collect, postprocess, sysinfo, workers
 from torchdoctor.probe.errors import ERRORS
 
 if TYPE_CHECKING:
@@ -120,10 +120,15 @@ def cpu_facts(probe: Probe) -> CpuFacts:
     torch = probe.torch
     wall = perf_counter() - probe.wall0 if probe.active else 0.0
     pids = sorted({pid for rec in probe.loaders for pid in rec.worker_pids})
+    reaped = sysinfo.reaped_children_cpu_s() - probe.children_cpu0
     workers = None
     if pids:
-        reaped = sysinfo.reaped_children_cpu_s() - probe.children_cpu0
         workers = sysinfo.percent(reaped + sysinfo.live_child_cpu_s(pids), wall)
+    # The job's other child processes (not the probe's own): those alive now, and, without DataLoader
+    # workers to count them with, those already reaped (nnU-Net ends its augmenters before exit).
+    others = [pid for pid in sysinfo.child_pids() if pid not in set(pids) and pid not in postprocess.STARTED]
+    own = sysinfo.live_child_cpu_s(others) + (0.0 if pids else reaped)
+    children = sysinfo.percent(own, wall) if own > 0.005 * wall else None  # a few `hostname` calls are nothing
     lws = os.environ.get("LOCAL_WORLD_SIZE")
     mask = sysinfo.affinity()
     busy_now = sysinfo.cpus_busy_s(mask)
@@ -138,6 +143,7 @@ def cpu_facts(probe: Probe) -> CpuFacts:
         local_world_size=int(lws) if lws and lws.isdigit() else None,
         main_process_cpu_pct=sysinfo.percent(sysinfo.own_cpu_s() - probe.cpu0, wall),
         dataloader_workers_cpu_pct=workers,
+        child_processes_cpu_pct=children,
         numa_nodes=sysinfo.numa_nodes(),
         affinity_cpus_busy_pct=busy,
     )

@@ -59,6 +59,17 @@ def live_child_cpu_s(pids: list[int]) -> float:
     return total
 
 
+def child_pids() -> list[int]:
+    """This process's live child processes: the children of each of its threads (a child belongs
+    to the thread that started it), from /proc/self/task/*/children; [] where the kernel has no
+    such file."""
+    pids: set[int] = set()
+    for path in glob.glob("/proc/self/task/*/children"):
+        with contextlib.suppress(OSError, ValueError), open(path, encoding="ascii") as f:
+            pids.update(int(p) for p in f.read().split())
+    return sorted(pids)
+
+
 def affinity() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))

@@ -349,12 +349,13 @@ def host_peers(f: RankFacts, all_views: list[View]) -> list[RankFacts]:
 def foreign_cpu_pct(f: RankFacts, all_views: list[View]) -> float | None:
     """CPU time other processes (and the hypervisor's steal) took on the CPUs ``f`` runs on, percent
     of one core over the run: those CPUs' busy time less what the job's ranks there and their
-    DataLoader workers used (the probe's counters). None without the busy time."""
+    DataLoader workers and other child processes used (the probe's counters). None without the
+    busy time."""
     busy = f.cpu.affinity_cpus_busy_pct
     if busy is None:
         return None
     job = sum((p.cpu.main_process_cpu_pct or 0.0) + (p.cpu.dataloader_workers_cpu_pct or 0.0)
-              for p in host_peers(f, all_views))
+              + (p.cpu.child_processes_cpu_pct or 0.0) for p in host_peers(f, all_views))
     return max(0.0, busy - job)
 
 

@@ -10,6 +10,8 @@ core):
                 CPU time minus the training thread's
   other ranks   the main processes of the other ranks on the same host whose CPUs overlap
   workers       the DataLoader workers of those ranks and of this one
+  children      their other child processes (a data-augmentation pool outside torch's DataLoader,
+                such as nnU-Net's batchgenerators augmenters; a multiprocessing Pool)
   others        everything else that kept those CPUs busy (other processes, the hypervisor's
                 steal): the CPUs' busy time minus the job's
 
@@ -32,10 +34,11 @@ class Holders:
     other_ranks: float
     workers: float
     others: float
+    children: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.own_threads + self.other_ranks + self.workers + self.others
+        return self.own_threads + self.other_ranks + self.workers + self.others + self.children
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,8 @@ def holders(v: View, all_views: list[View], thread_pct: float) -> Holders | None
     ranks = sum(p.cpu.main_process_cpu_pct or 0.0 for p in peers if p is not f) if oversubscribed else 0.0
     workers = sum(p.cpu.dataloader_workers_cpu_pct or 0.0 for p in peers)
     others = foreign_cpu_pct(f, all_views) or 0.0
-    return Holders(own, ranks, workers, others)
+    children = sum(p.cpu.child_processes_cpu_pct or 0.0 for p in peers)
+    return Holders(own, ranks, workers, others, children)
 
 
 def run_delay(v: View, all_views: list[View]) -> RunDelay | None:

@@ -69,7 +69,8 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
             return None
         delay, step, thread_pct, h = rd.delay_ms, rd.step_ms, rd.thread_pct, rd.holders
         parts = {"DataLoader workers": h.workers, "this process's other threads": h.own_threads,
-                 "other ranks on this host": h.other_ranks, "other processes (steal included)": h.others}
+                 "other ranks on this host": h.other_ranks, "the job's other child processes": h.children,
+                 "other processes (steal included)": h.others}
         split = {k: rd.part(x) for k, x in parts.items()}
         gain = split["DataLoader workers"]
         cpus = len(v.f.cpu.affinity) or v.f.cpu.logical_cpus or 0
@@ -120,6 +121,11 @@ def cpu_contention(inputs: RuleInputs) -> list[Finding]:
                "other ranks on this host": Fix(
                    "More busy processes than CPUs: give each rank its own cores (fewer ranks per host, or a "
                    "larger affinity mask).", "torchrun --nproc-per-node N ...   # N <= CPUs", "shell"),
+               "the job's other child processes": Fix(
+                   "The job's own child processes besides DataLoader workers (a data-augmentation pool such as "
+                   "nnU-Net's, set by nnUNet_n_proc_DA; a multiprocessing Pool) take the CPUs the training thread "
+                   "needs: run fewer of them, or at a lower priority, as long as they keep up with the steps.",
+                   "export nnUNet_n_proc_DA=N   # nnU-Net; elsewhere the pool's own process count", "shell"),
                }.get(lead, Fix("Other processes (or the hypervisor: steal) take the CPUs this job runs on: run it "
                                "on dedicated cores, or measure it when the machine is quiet.",
                                "taskset -c CPUS torchrun ...", "shell"))
