@@ -58,14 +58,14 @@ def test_a_job_that_only_evaluates_is_still_diagnosed(tmp_path):
     assert not any("only evaluated" in w.message for w in report.warnings)
 
 
-def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up: float = 1.0):
+def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up: float = 1.0, first: int = 5):
     """A CPU-only run directory: ProfilerSteps 5-7 of `window_ms` in the trace, the probe's steps
     0-39 outside them at `steady_ms` (step 0 a slow start-up, steps 1-4 `warm_up` x steady)."""
     from kineto_builder import TraceBuilder
 
     b = TraceBuilder(device_name=None)
     ts = 0.0
-    for n, ms in zip(range(5, 8), window_ms, strict=True):
+    for n, ms in zip(range(first, first + 3), window_ms, strict=True):
         b.step(n, ts, ms * 1e3)
         b.dataloader(ts + 10, ms * 1e3 * 0.08)
         b.op("aten::convolution", ts + ms * 1e3 * 0.1, ms * 1e3 * 0.8)
@@ -75,8 +75,8 @@ def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up:
     steps = [StepTiming(step=i, total_ms=steady_ms * (3 if i == 0 else warm_up if i < 5 else 1),
                         dataloader_ms=0.08 * steady_ms,
                         forward_ms=0.3 * steady_ms, backward_ms=0.5 * steady_ms, optimizer_ms=0.1 * steady_ms)
-             for i in range(40) if not 5 <= i < 8]
-    facts = RankFacts(rank=0, pid=7, hostname="h", step_source="optimizer", steps=steps, profile_steps=[5, 8],
+             for i in range(40) if not first <= i < first + 3]
+    facts = RankFacts(rank=0, pid=7, hostname="h", step_source="optimizer", steps=steps, profile_steps=[first, first + 3],
                       optimizers=[OptimizerFacts(cls="SGD")], trace_file="traces/rank0.json.gz", last_step=39,
                       dataloaders=[DataLoaderFacts(num_workers=0, call_site="train.py:10")])
     return report_from_run_dir(manifest(tmp_path, facts))
@@ -117,3 +117,13 @@ def test_a_window_as_fast_as_the_job_or_a_trace_alone_says_nothing(tmp_path):
     cpu_run(tmp_path, [412.0, 437.5, 269.1])
     alone = analyze_paths([str(tmp_path / "traces" / "rank0.json.gz")])
     assert alone.ranks and not [w for w in alone.warnings if "profiled steps" in w.message]
+
+
+def test_a_slow_window_with_no_step_timed_before_it_is_not_blamed_on_the_profiler(tmp_path):
+    """Profiled from step 1 (`--profile-steps 1:4`): only step 0, which is left out, came before it,
+    so warm-up and the profiler's cost cannot be told apart; a later window is offered."""
+    report = cpu_run(tmp_path, [412.0, 437.5, 269.1], first=1)
+    (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
+    assert said.startswith("rank 0: the profiled steps 1–3 took 412.0 ms a step")
+    assert "the job's warm-up, or the profiler's own cost (no step just before it was timed)" in said
+    assert "`torchdoctor run --profile-steps 22:25`" in said

@@ -272,9 +272,12 @@ class CpuFacts(msgspec.Struct, omit_defaults=True):
     # CPU time of the main process and of the DataLoader workers, percent of one core over the run.
     main_process_cpu_pct: float | None = None
     dataloader_workers_cpu_pct: float | None = None
-    # CPU time of the process's other live child processes (not its DataLoader workers, nor the
-    # probe's own): a data-augmentation pool outside torch's DataLoader (nnU-Net's batchgenerators
-    # augmenters), a multiprocessing Pool; percent of one core over the run.
+    # CPU time of the process's other child processes since its first training activity (not its
+    # DataLoader workers, the probe's own, nor probed processes such as ranks it started): a
+    # data-augmentation pool outside torch's DataLoader (nnU-Net's batchgenerators augmenters), a
+    # multiprocessing Pool; those alive at the summary, plus the reaped ones when no DataLoader
+    # worker or probed child shares RUSAGE_CHILDREN with them (a `subprocess` call counts there
+    # too). Percent of one core over the run (probe/summary.py).
     child_processes_cpu_pct: float | None = None
     numa_nodes: int | None = None
     # Busy time of the CPUs in the affinity mask over the same interval, by every process on the

@@ -403,7 +403,7 @@ def nonfinite_loss_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -
 
 # The profiled steps' median this many times the probe's steady step or more: the window caught a
 # slower stretch of the job. mmengine's ResNet-50 example on 2 CPUs: steps 5-7 at 412 ms against
-# 245 ms over 118 steady steps (1.68x, its warm-up); profiled at steps 40-42, 273 ms against their
+# 245.9 ms over 124 steady steps (1.68x, its warm-up); profiled at steps 40-42, 273 ms against their
 # neighbours' 275-330 ms. Run-to-run noise on this machine is 10-20%.
 SLOW_WINDOW_FACTOR = 1.25
 # Steady steps outside the window the probe must have timed for the comparison to mean anything.
@@ -416,8 +416,9 @@ class SlowWindow(NamedTuple):
     window_ms: float  # median ProfilerStep of the analysed window (the per-rank table's "step ms")
     steady_ms: float  # median of the probe's steady steps, timed outside the window
     steady_steps: int
-    before_ms: float | None  # median of the probe's (up to 3) steps just before the window
+    before_ms: float | None  # median of the probe's (up to 3) steps just before the window, step 0 left out
     later_start: int | None  # a step from the middle of the steady steps after the window
+    profiled: tuple[int, int]  # the steps the probe profiled, [first, end)
 
 
 def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow | None:
@@ -438,11 +439,16 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow |
     window_ms = float(res.metrics.step_ms_median)
     if steady_ms <= 0 or window_ms < SLOW_WINDOW_FACTOR * steady_ms:
         return None
-    first = res.window.steps[0]
+    # The probe's own numbers: the analysed window may have left the trace's first steps out as warm-up.
+    first, end = (f.profile_steps[0], f.profile_steps[1]) if len(f.profile_steps) == 2 else (
+        res.window.steps[0], res.window.steps[-1] + 1)
     before = [s.total_ms for s in f.steps if first - 3 <= s.step < first and s.step > 0]
-    later = [s.step for s in timed if s.step > res.window.steps[-1]]
-    return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None,
-                      later[len(later) // 2] if len(later) >= SLOW_WINDOW_MIN_STEPS else None)
+    later = [s.step for s in timed if s.step >= end]
+    start = later[len(later) // 2] if len(later) >= SLOW_WINDOW_MIN_STEPS else None
+    if start is not None and start + (end - first) > later[-1] + 1:
+        start = None
+    return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None, start,
+                      (first, end))
 
 
 def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
@@ -456,23 +462,29 @@ def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
     if not slow:
         return
     ri, w = max(slow, key=lambda x: x[1].window_ms / x[1].steady_ms)
-    steps = ri.view.window.steps
-    names = ", ".join(str(r.rank) for r, _ in slow[:8]) + (" …" if len(slow) > 8 else "")
-    which = f"rank {names}" if len(slow) > 1 else f"rank {ri.rank}"
-    warming = w.before_ms is not None and w.before_ms >= SLOW_WINDOW_FACTOR * w.steady_ms
-    if warming:
+
+    def label(r: RankInputs) -> str:
+        return str(r.rank if r.rank is not None else r.facts.rank if r.facts is not None else "?")
+
+    names = ", ".join(label(r) for r, _ in slow[:8]) + (" …" if len(slow) > 8 else "")
+    which = f"ranks {names}" if len(slow) > 1 else f"rank {label(ri)}"
+    first, end = w.profiled
+    later = (f" `torchdoctor run --profile-steps {w.later_start}:{w.later_start + end - first}` profiles steps from "
+             "the middle of the run." if w.later_start is not None else
+             " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows steadier ones.")
+    if w.before_ms is None:  # nothing timed just before the window: warm-up or the profiler, unknown
+        why, again = "the job's warm-up, or the profiler's own cost (no step just before it was timed)", later
+    elif w.before_ms >= SLOW_WINDOW_FACTOR * w.steady_ms:
         why = (f"the job was still warming up (the steps just before it took {w.before_ms:.1f} ms)"
                + (", and the profiler adds its own cost" if w.window_ms > SLOW_WINDOW_FACTOR * w.before_ms else ""))
-        again = (f" `torchdoctor run --profile-steps {w.later_start}:{w.later_start + len(steps)}` profiles steps from "
-                 "the middle of the run." if w.later_start is not None else
-                 " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows steady ones.")
+        again = later
     else:
-        before = f" (the steps just before it took {w.before_ms:.1f} ms)" if w.before_ms is not None else ""
-        why = f"that is the profiler's own cost on this job's steps{before}, which a later window would pay too"
+        why = (f"that is the profiler's own cost on this job's steps (the steps just before it took "
+               f"{w.before_ms:.1f} ms), which a later window would pay too")
         again = ""
     warnings.append(ErrorEntry("torchdoctor", (
-        f"{which}: the profiled steps {steps[0]}–{steps[-1]} took {w.window_ms:.1f} ms a step (median"
-        f"{' of rank ' + str(ri.rank) if len(slow) > 1 else ''}), {w.window_ms / w.steady_ms:.2f}x the job's steady "
+        f"{which}: the profiled steps {first}–{end - 1} took {w.window_ms:.1f} ms a step (median"
+        f"{' of rank ' + label(ri) if len(slow) > 1 else ''}), {w.window_ms / w.steady_ms:.2f}x the job's steady "
         f"{w.steady_ms:.1f} ms (the probe's median over {w.steady_steps} steps outside the window): {why}. The "
         "trace's shares, and the ms per step read from them, describe those steps; the shares the probe measures "
         "over every step do not." + again)))

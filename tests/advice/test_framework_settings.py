@@ -196,7 +196,8 @@ def test_fixs_permanent_change_for_an_mmengine_loader_is_its_train_dataloader_di
                 "library_site": "/venv/site-packages/mmengine/runner/runner.py:1476"}]
     (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
     assert change.text == ("train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
-                           "Runner(..., train_dataloader=dict(...))")
+                           "Runner(..., train_dataloader=dict(...))\n"
+                           "# and val_dataloader: fix changed every loader mmengine built, its validation loader's too")
     assert change.where == "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"
 
 
@@ -225,5 +226,7 @@ def test_fixs_permanent_change_for_a_speechbrain_loader_is_fit_s_train_loader_kw
                 "set": {"persistent_workers": True}, "was": {"persistent_workers": False}, "library": "speechbrain",
                 "entry": "Brain.fit"}]
     (change,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": entries})
-    assert change.text == 'fit(..., train_loader_kwargs={"persistent_workers": True})'
+    assert change.text == ('fit(..., train_loader_kwargs={"persistent_workers": True})\n'
+                           "# and valid_loader_kwargs: fix changed every loader speechbrain built, its validation "
+                           "loader's too")
     assert change.where == "speechbrain's Brain.fit() passes it on to the DataLoader"

@@ -40,7 +40,6 @@ def test_an_environment_step_in_every_update_is_priced_against_the_job():
     f.env_libraries = ["torchrl", "gymnasium"]
     got = only(run("HO-17", (None, f)), "HO-17")
     assert "ParallelEnv(n, make_env)" in got.fix.snippet and "AsyncVectorEnv" not in got.fix.text + got.fix.snippet
-    f.env_libraries = ["gymnasium"]
     # Without an environment library (fastai's vision quick start before its optimizer was seen): no
     # environments in the advice.
     f.env_libraries = []

@@ -125,6 +125,10 @@ class Probe:
         self.wall0 = 0.0
         self.cpu0 = 0.0
         self.children_cpu0 = 0.0
+        # Each live child's CPU seconds at the first training activity (a pool started before it has
+        # spent some already), and the children seen to be probed processes themselves (ranks).
+        self.child_cpu0: dict[int, float] = {}
+        self.probed_children: set[int] = set()
         self.cpus_busy0: float | None = None
         self.identity: tuple[int, int, str | None] | None = None  # rank, world size, backend
         self.trace_file: str | None = None
@@ -177,6 +181,7 @@ class Probe:
             self.wall0 = now
             self.cpu0 = sysinfo.own_cpu_s()
             self.children_cpu0 = sysinfo.reaped_children_cpu_s()
+            self.child_cpu0 = sysinfo.live_child_cpu(sysinfo.child_pids())
             self.cpus_busy0 = sysinfo.cpus_busy_s(sysinfo.affinity())
             self.last_flush = now
             self._open_progress()
@@ -608,6 +613,10 @@ def _watch_uncaught(probe: Probe) -> None:
 def _child_ended(run_dir: str, pid: int, returncode: int | None) -> None:
     try:
         output.record_exit(run_dir, pid, returncode)
+        if _probe is not None and os.path.exists(output.status_path(run_dir, pid)):
+            # A probed child (a rank its parent started): its CPU time is its own report's, and once
+            # reaped it is in RUSAGE_CHILDREN, which then says nothing of the job's other children.
+            _probe.probed_children.add(pid)
     except Exception as exc:
         ERRORS.record("exit status", exc)
 

@@ -19,7 +19,7 @@ import msgspec
 from torchdoctor.callsite import Site
 from torchdoctor.facts import CompileFacts, CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
 from torchdoctor.hardware import topology
-from torchdoctor.probe import collect, postprocess, sysinfo, workers
+from torchdoctor.probe import collect, output, postprocess, sysinfo, workers
 from torchdoctor.probe.errors import ERRORS
 
 if TYPE_CHECKING:
@@ -115,6 +115,25 @@ def code_of(fn: Any) -> CodeType | None:
     return code
 
 
+def _child_processes_cpu_s(probe: Probe, workers: set[int], reaped_s: float) -> float:
+    """CPU seconds since the first training activity of the job's child processes that are neither
+    its DataLoader workers (``workers``), nor the probe's own post-processing, nor probed processes
+    themselves (a rank its parent started: that rank reports its own CPU time): those alive now, and,
+    when no DataLoader worker or probed child was ever there to share it, those already reaped
+    (nnU-Net ends its augmenters before exit; ``RUSAGE_CHILDREN`` cannot tell children apart)."""
+    live = sysinfo.child_pids()
+    run_dir = probe.config.run_dir
+    if run_dir:
+        probe.probed_children.update(pid for pid in live if os.path.exists(output.status_path(run_dir, pid)))
+    mine = [pid for pid in live if pid not in workers and pid not in postprocess.STARTED
+            and pid not in probe.probed_children]
+    now = sysinfo.live_child_cpu(mine)
+    total = sum(max(0.0, cpu - probe.child_cpu0.get(pid, 0.0)) for pid, cpu in now.items())
+    if not workers and not probe.probed_children:
+        total += max(0.0, reaped_s)
+    return total
+
+
 def cpu_facts(probe: Probe) -> CpuFacts:
     """CPUs, threads, and CPU use (percent of one core) since the first training activity."""
     torch = probe.torch
@@ -124,11 +143,8 @@ def cpu_facts(probe: Probe) -> CpuFacts:
     workers = None
     if pids:
         workers = sysinfo.percent(reaped + sysinfo.live_child_cpu_s(pids), wall)
-    # The job's other child processes (not the probe's own): those alive now, and, without DataLoader
-    # workers to count them with, those already reaped (nnU-Net ends its augmenters before exit).
-    others = [pid for pid in sysinfo.child_pids() if pid not in set(pids) and pid not in postprocess.STARTED]
-    own = sysinfo.live_child_cpu_s(others) + (0.0 if pids else reaped)
-    children = sysinfo.percent(own, wall) if own > 0.005 * wall else None  # a few `hostname` calls are nothing
+    own = collect.attempt(lambda: _child_processes_cpu_s(probe, set(pids), reaped)) or 0.0
+    children = sysinfo.percent(own, wall) if own > 0.005 * wall else None  # a `hostname` call is nothing
     lws = os.environ.get("LOCAL_WORLD_SIZE")
     mask = sysinfo.affinity()
     busy_now = sysinfo.cpus_busy_s(mask)

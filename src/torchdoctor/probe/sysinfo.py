@@ -41,10 +41,10 @@ def peak_rss_mib() -> float | None:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1) if peak > 0 else None
 
 
-def live_child_cpu_s(pids: list[int]) -> float:
-    """CPU seconds of those ``pids`` that are still our children (not yet reaped)."""
+def live_child_cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (since each started) of those ``pids`` that are still our children (not yet reaped)."""
     me = os.getpid()
-    total = 0.0
+    out: dict[int, float] = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
@@ -55,8 +55,13 @@ def live_child_cpu_s(pids: list[int]) -> float:
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) < 13 or int(fields[1]) != me:  # field 4: ppid (pid reused by someone else)
             continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14, 15: utime, stime
-    return total
+        out[pid] = (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14, 15: utime, stime
+    return out
+
+
+def live_child_cpu_s(pids: list[int]) -> float:
+    """CPU seconds of those ``pids`` that are still our children (not yet reaped)."""
+    return sum(live_child_cpu(pids).values())
 
 
 def child_pids() -> list[int]:

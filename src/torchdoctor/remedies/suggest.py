@@ -14,7 +14,6 @@ from typing import Any
 
 from ..advice.framework_settings import (
     CONFIG_DICTS,
-    FORWARDS,
     PREFIXED,
     call_owner,
     config_dict_snippet,
@@ -148,10 +147,10 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
     return out + flags + notes
 
 
-def _passes_on(kind: str, library: str | None, entry: str | None) -> bool:
-    """The library function (qualified or not) is a FORWARDS entry that hands settings to ``kind``."""
-    forward = FORWARDS.get((library or "", (entry or "").rpartition(".")[2]))
-    return forward is not None and forward[0] == kind
+def _also(library: str | None, also: dict[str, str]) -> str:
+    """A comment line naming the validation loader's settings, where the library has them apart."""
+    key = also.get(library or "")
+    return (f"\n# and {key}: fix changed every loader {library} built, its validation loader's too" if key else "")
 
 
 # Why a remedy's change at a call site that never exercised it is not suggested there.
@@ -201,21 +200,24 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             if code is not None:
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
+        # fix changed every loader the library built; the snippet names the training loader's settings.
+        also = {"mmengine": "val_dataloader", "speechbrain": "valid_loader_kwargs"}
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CONFIG_DICTS:
             code = config_dict_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
             if code is not None:  # mmengine's Runner: DataLoader(..., **train_dataloader)
                 key = CONFIG_DICTS[(lib, remedy.target)][0]
                 return Change([rid], f"{lib} builds the {remedy.target}: its {key} dict (the config, or Runner(...))",
-                              code, "python")
-        entries_of = {(e.get("library"), e.get("entry")) for e in entries}
-        if kind and len(entries_of) == 1 and _passes_on(kind, *(made := next(iter(entries_of)))):
+                              code + _also(lib, also), "python")
+        made = {(e.get("library"), e.get("entry")) for e in entries}
+        if kind and len(made) == 1 and (lib_call := next(iter(made)))[1]:
             # A library function that passes its keyword arguments (or a dict of them) on to the
-            # constructor: speechbrain's Brain.fit(..., train_loader_kwargs={...}).
-            called = SimpleNamespace(created_by=made[0], library_call=made[1], library_caller=None,
+            # constructor: speechbrain's Brain.fit(..., train_loader_kwargs={...}) (FORWARDS).
+            called = SimpleNamespace(created_by=lib_call[0], library_call=lib_call[1], library_caller=None,
                                      call_site=None, library_call_params=[])
             code = entry_snippet(f"{kind}(..., {args})", kind, called)
             if code is not None:
-                return Change([rid], f"{made[0]}'s {made[1]}() passes it on to the {remedy.target}", code, "python")
+                return Change([rid], f"{lib_call[0]}'s {lib_call[1]}() passes it on to the {remedy.target}",
+                              code + _also(lib_call[0], also), "python")
         # The first loader a library builds is where its settings are (a copy, accelerate's, comes later).
         built = next((e["library_site"] for e in entries if e.get("library_site")), None)
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings"

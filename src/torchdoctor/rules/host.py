@@ -199,16 +199,28 @@ def _sync_finding(v: View, sid: str, ms: float, sites: list[SyncSite], title: st
                    budget=budget)
 
 
+# Share of the counted syncs that must lie in one installed package for HO-3 to call them its own.
+LIBRARY_SYNC_SHARE = 0.9
+
+
 def library_sync(sites: list[tuple[str, int]]) -> tuple[str, str] | None:
-    """(package, "its/file.py:LINE") when the most frequent sync site the probe counted lies in an
-    installed package (mmengine's MessageHub.update_scalars reads every logged loss with .item() at
-    every iteration, whatever the LoggerHook's interval); None for the job's own code."""
-    if not sites:
+    """(package, "its/file.py:LINE") when LIBRARY_SYNC_SHARE or more of the syncs the probe counted
+    lie in one installed package (mmengine's RuntimeInfoHook logs the loss through
+    MessageHub.update_scalar, .item() at message_hub.py:346, at every iteration); None when the job's
+    own lines hold a larger share. The probe records the innermost frame outside torch, so a site in a
+    package is that package's code, called from the job's loop or from the package's own."""
+    total = sum(n for _, n in sites)
+    if not total:
         return None
-    site = sites[0][0]
-    lib = library_of(site)
-    if lib is None:
+    by_lib: dict[str, int] = {}
+    for site, n in sites:
+        lib = library_of(site.rpartition(":")[0] or site)
+        if lib is not None:
+            by_lib[lib] = by_lib.get(lib, 0) + n
+    lib = max(by_lib, key=lambda k: by_lib[k], default=None)
+    if lib is None or by_lib[lib] < LIBRARY_SYNC_SHARE * total:
         return None
+    site = next(s for s, _ in sites if library_of(s.rpartition(":")[0] or s) == lib)
     for marker in ("site-packages/", "dist-packages/"):
         if marker in site:
             site = site.rsplit(marker, 1)[1]
@@ -265,9 +277,10 @@ def implicit_syncs(inputs: RuleInputs) -> list[Finding]:
         fix = Fix("Log every N steps, or accumulate on the device and read once.",
                   "running += loss.detach()\nif step % 50 == 0:\n    print((running / 50).item()); running.zero_()")
         if lib is not None:
-            fix = Fix(f"The sync is {lib[0]}'s, not the job's: {lib[0]} reads a tensor's value at {lib[1]} at "
-                      f"every step, and the job's own code has none to change. Only {lib[0]} reading it less "
-                      "often removes it (a setting of its own, where it has one).")
+            fix = Fix(f"The sync is inside {lib[0]} ({lib[1]}), not in the job's own lines: the job calls {lib[0]} "
+                      f"in its loop (a metric, a logger), or {lib[0]} runs the loop and reads the value itself. "
+                      f"Call it less often where the job calls it; where {lib[0]} runs the loop, only a setting of "
+                      "its own that reads less often removes it.")
         return finding(
             v, "HO-3", "host",
             f"{per_step:.0f} host sync(s) per step "
