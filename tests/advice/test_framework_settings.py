@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from torchdoctor.advice.framework_settings import framework_fix, loader_fix, trainer_snippet
 from torchdoctor.facts import DataLoaderFacts, DDPFacts
 
@@ -188,19 +190,6 @@ def test_mmengine_builds_its_loaders_from_the_runners_dataloader_dicts():
     assert "train_dataloader" not in sampler.snippet and "takes no such setting by name" in sampler.text
 
 
-def test_fixs_permanent_change_for_an_mmengine_loader_is_its_train_dataloader_dict():
-    from torchdoctor.remedies.suggest import changes_for
-
-    entries = [{"id": "dataloader.workers", "target": "DataLoader", "site": None, "set": {"num_workers": 1},
-                "was": {"num_workers": 0}, "library": "mmengine", "entry": "Runner.train",
-                "library_site": "/venv/site-packages/mmengine/runner/runner.py:1476"}]
-    (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
-    assert change.text == ("train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
-                           "Runner(..., train_dataloader=dict(...))\n"
-                           "# and val_dataloader: fix changed every loader mmengine built, its validation loader's too")
-    assert change.where == "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"
-
-
 SPEECHBRAIN = DataLoaderFacts(created_by="speechbrain", library_site="/venv/site-packages/speechbrain/dataio/dataloader.py:182",
                               library_call="Brain.fit", library_caller="/job/train.py:37",
                               library_call_params=["self", "epoch_counter", "train_set", "valid_set", "progressbar",
@@ -219,14 +208,24 @@ def test_speechbrain_s_fit_passes_its_train_loader_kwargs_on_to_the_loader():
     assert "train_loader_kwargs" not in sampler.snippet
 
 
-def test_fixs_permanent_change_for_a_speechbrain_loader_is_fit_s_train_loader_kwargs():
+@pytest.mark.parametrize(("rid", "setting", "library", "entry", "text", "where"), [
+    ("dataloader.workers", {"num_workers": 1}, "mmengine", "Runner.train",
+     "train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
+     "Runner(..., train_dataloader=dict(...))\n"
+     "# and val_dataloader: fix changed every loader mmengine built, its validation loader's too",
+     "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"),
+    ("dataloader.persistent_workers", {"persistent_workers": True}, "speechbrain", "Brain.fit",
+     'fit(..., train_loader_kwargs={"persistent_workers": True})\n'
+     "# and valid_loader_kwargs: fix changed every loader speechbrain built, its validation loader's too",
+     "speechbrain's Brain.fit() passes it on to the DataLoader"),
+])
+def test_fixs_permanent_change_for_a_library_loader_is_in_the_librarys_own_settings(rid, setting, library, entry,
+                                                                                      text, where):
+    """mmengine's Runner builds DataLoader(..., **train_dataloader); speechbrain's fit passes its
+    train_loader_kwargs on: the permanent change says so, and names the validation loader's settings."""
     from torchdoctor.remedies.suggest import changes_for
 
-    entries = [{"id": "dataloader.persistent_workers", "target": "DataLoader", "site": None,
-                "set": {"persistent_workers": True}, "was": {"persistent_workers": False}, "library": "speechbrain",
-                "entry": "Brain.fit"}]
-    (change,) = changes_for(["dataloader.persistent_workers"], {"dataloader.persistent_workers": entries})
-    assert change.text == ('fit(..., train_loader_kwargs={"persistent_workers": True})\n'
-                           "# and valid_loader_kwargs: fix changed every loader speechbrain built, its validation "
-                           "loader's too")
-    assert change.where == "speechbrain's Brain.fit() passes it on to the DataLoader"
+    entries = [{"id": rid, "target": "DataLoader", "site": None, "set": setting, "was": {}, "library": library,
+                "entry": entry, "library_site": f"/venv/site-packages/{library}/x.py:1"}]
+    (change,) = changes_for([rid], {rid: entries})
+    assert (change.text, change.where) == (text, where)

@@ -895,8 +895,10 @@ def test_a_loader_that_keeps_one_iterator_for_every_epoch_is_recorded(tmp_path):
     assert facts["host_syncs_per_step"] == 0
 
 
-AUGMENTER_PROCESS = """
+CHILD_PROCESS_JOB = """
 import multiprocessing as mp
+import subprocess
+import sys
 import time
 import torch
 
@@ -907,11 +909,17 @@ def augment(stop):  # stands for nnU-Net's batchgenerators augmenter: a process 
 
 
 if __name__ == "__main__":
-    stop = mp.get_context("fork").Event()
-    child = mp.get_context("fork").Process(target=augment, args=(stop,))
-    child.start()
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(32, 16)).square().mean().backward()
+    opt.step()  # the first training activity: the child below starts after it
+    if sys.argv[1] == "reaped":  # joined before the job ends: its time is in RUSAGE_CHILDREN
+        stop = mp.get_context("fork").Event()
+        child = mp.get_context("fork").Process(target=augment, args=(stop,))
+        child.start()
+    else:  # never waited for: alive when the job ends, read from /proc
+        spin = "import time\\nt = time.time()\\nwhile time.time() - t < 3.5: pass"
+        subprocess.Popen([sys.executable, "-c", spin])
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 1.5:
         loss = model(torch.randn(32, 16)).square().mean()
@@ -919,33 +927,10 @@ if __name__ == "__main__":
         loss.backward()
         opt.step()
         time.sleep(0.01)
-    stop.set()
-    child.join()
+    if sys.argv[1] == "reaped":
+        stop.set()
+        child.join()
     print("ok")
-"""
-
-
-SPINNER_STILL_RUNNING = """
-import subprocess
-import sys
-import time
-import torch
-
-spin = "import time\\nt = time.time()\\nwhile time.time() - t < 3.5: pass"
-model = torch.nn.Linear(16, 4)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loss = model(torch.randn(32, 16)).square().mean()
-loss.backward()
-opt.step()  # the first training activity: the child below starts after it
-child = subprocess.Popen([sys.executable, "-c", spin])  # never waited for: alive when the job ends
-t0 = time.perf_counter()
-while time.perf_counter() - t0 < 1.5:
-    loss = model(torch.randn(32, 16)).square().mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    time.sleep(0.01)
-print("ok")
 """
 
 
@@ -953,17 +938,13 @@ def test_the_jobs_own_child_processes_are_counted_as_the_jobs(tmp_path):
     """nnU-Net's augmenter processes are no DataLoader workers: their CPU time read as "other
     processes (steal included)" in HO-14. A child process of the job's own is counted as the job's
     (child_processes_cpu_pct), and the probe's own child (the trace's post-processing) is not."""
-    busy = script(tmp_path, AUGMENTER_PROCESS, "augment.py")
-    result = run_wrapped(tmp_path / "busy", busy, options=("--profile-steps", "off"))
-    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
-    cpu = facts_of(tmp_path / "busy")["cpu"]
-    # The child spins for the whole run beside a loop that mostly sleeps: most of a core.
-    assert cpu["child_processes_cpu_pct"] > 25 and "dataloader_workers_cpu_pct" not in cpu, cpu
-    # A child still running when the job ends: read live from /proc (the path above read reaped time).
-    alive = script(tmp_path, SPINNER_STILL_RUNNING, "spinner.py")
-    result = run_wrapped(tmp_path / "alive", alive, options=("--profile-steps", "off"))
-    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
-    assert facts_of(tmp_path / "alive")["cpu"]["child_processes_cpu_pct"] > 25
+    job = script(tmp_path, CHILD_PROCESS_JOB, "augment.py")
+    for how in ("reaped", "alive"):
+        result = run_wrapped(tmp_path / how, job, how, options=("--profile-steps", "off"))
+        assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+        cpu = facts_of(tmp_path / how)["cpu"]
+        # The child spins for the whole run beside a loop that mostly sleeps: most of a core.
+        assert cpu["child_processes_cpu_pct"] > 25 and "dataloader_workers_cpu_pct" not in cpu, (how, cpu)
     # A job without children of its own, with a profiler window: the post-processing child is the probe's.
     plain = script(tmp_path, TRAIN, "train.py")
     result = run_wrapped(tmp_path / "plain", plain, "12")
