@@ -212,11 +212,11 @@ def test_speechbrain_s_fit_passes_its_train_loader_kwargs_on_to_the_loader():
     ("dataloader.workers", {"num_workers": 1}, "mmengine", "Runner.train",
      "train_dataloader = dict(..., num_workers=1)  # the config's train_dataloader, or "
      "Runner(..., train_dataloader=dict(...))\n"
-     "# and val_dataloader: fix changed every loader mmengine built, its validation loader's too",
+     "# and val_dataloader, if the job validates: fix changed every loader mmengine built",
      "mmengine builds the DataLoader: its train_dataloader dict (the config, or Runner(...))"),
     ("dataloader.persistent_workers", {"persistent_workers": True}, "speechbrain", "Brain.fit",
      'fit(..., train_loader_kwargs={"persistent_workers": True})\n'
-     "# and valid_loader_kwargs: fix changed every loader speechbrain built, its validation loader's too",
+     "# and valid_loader_kwargs, if the job validates: fix changed every loader speechbrain built",
      "speechbrain's Brain.fit() passes it on to the DataLoader"),
 ])
 def test_fixs_permanent_change_for_a_library_loader_is_in_the_librarys_own_settings(rid, setting, library, entry,

@@ -78,3 +78,8 @@ def test_hogwild_children_keep_their_own_windows_and_the_evaluating_parent_is_le
     values = ho13["evidence"][0]["values"]
     assert values["local_world_size"] == 2 and values["advised_threads"] == max(1, cpus // 2)
     assert f"{cpus} intra-op threads x 2 local rank(s)" in ho13["title"]
+    # The parent's children are probed processes with reports of their own: not its child processes.
+    children = {r["facts"]["pid"] for r in ranks}
+    parent = [e["facts"] for e in json.loads((run_dir / "run.json").read_text())["ranks"]
+              if e["facts"]["pid"] not in children]
+    assert parent and all("child_processes_cpu_pct" not in f["cpu"] for f in parent), parent

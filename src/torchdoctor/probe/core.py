@@ -490,6 +490,7 @@ class Probe:
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker, usually) starts with an empty, inactive probe."""
         self.pid = os.getpid()
+        self.child_cpu0, self.probed_children = {}, set()  # its own children, none yet
         self.schedstat.close()  # the inherited descriptor reads the parent's thread
         self.schedstat = sysinfo.ThreadSchedstat()
         self.clock = StepClock(skip=lambda step: self.window_active, sched=self.schedstat.read,

@@ -130,7 +130,10 @@ def _child_processes_cpu_s(probe: Probe, workers: set[int], reaped_s: float) -> 
     now = sysinfo.live_child_cpu(mine)
     total = sum(max(0.0, cpu - probe.child_cpu0.get(pid, 0.0)) for pid, cpu in now.items())
     if not workers and not probe.probed_children:
-        total += max(0.0, reaped_s)
+        # A child alive at the first training activity and reaped since brought its whole lifetime
+        # into RUSAGE_CHILDREN: its CPU time before that activity is taken back out.
+        before = sum(cpu for pid, cpu in probe.child_cpu0.items() if pid not in live)
+        total += max(0.0, reaped_s - before)
     return total
 
 
@@ -143,7 +146,11 @@ def cpu_facts(probe: Probe) -> CpuFacts:
     workers = None
     if pids:
         workers = sysinfo.percent(reaped + sysinfo.live_child_cpu_s(pids), wall)
-    own = collect.attempt(lambda: _child_processes_cpu_s(probe, set(pids), reaped)) or 0.0
+    try:
+        own = _child_processes_cpu_s(probe, set(pids), reaped)
+    except Exception as exc:  # /proc unreadable in an odd way: no figure, and said once
+        ERRORS.record("child processes", exc)
+        own = 0.0
     children = sysinfo.percent(own, wall) if own > 0.005 * wall else None  # a `hostname` call is nothing
     lws = os.environ.get("LOCAL_WORLD_SIZE")
     mask = sysinfo.affinity()

@@ -150,7 +150,7 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
 def _also(library: str | None, also: dict[str, str]) -> str:
     """A comment line naming the validation loader's settings, where the library has them apart."""
     key = also.get(library or "")
-    return (f"\n# and {key}: fix changed every loader {library} built, its validation loader's too" if key else "")
+    return (f"\n# and {key}, if the job validates: fix changed every loader {library} built" if key else "")
 
 
 # Why a remedy's change at a call site that never exercised it is not suggested there.

@@ -206,9 +206,10 @@ LIBRARY_SYNC_SHARE = 0.9
 def library_sync(sites: list[tuple[str, int]]) -> tuple[str, str] | None:
     """(package, "its/file.py:LINE") when LIBRARY_SYNC_SHARE or more of the syncs the probe counted
     lie in one installed package (mmengine's RuntimeInfoHook logs the loss through
-    MessageHub.update_scalar, .item() at message_hub.py:346, at every iteration); None when the job's
-    own lines hold a larger share. The probe records the innermost frame outside torch, so a site in a
-    package is that package's code, called from the job's loop or from the package's own."""
+    MessageHub.update_scalar, .item() at message_hub.py:346, at every iteration); else None (the
+    job's own lines hold more than the rest, or several packages share the syncs: the generic text
+    then, whose evidence lists the sites). The probe records the innermost frame outside torch, so a
+    site in a package is that package's code, called from the job's loop or from the package's own."""
     total = sum(n for _, n in sites)
     if not total:
         return None
