@@ -206,6 +206,32 @@ def test_broken_user_sitecustomize_reports_as_usual(tmp_path):
     assert "Error in sitecustomize" in plain.stderr and plain.stderr == wrapped.stderr
 
 
+def test_a_child_process_reading_that_fails_leaves_the_step_clock_running(tmp_path, monkeypatch):
+    """The first training activity also reads the job's child processes (probe/sysinfo.py): that
+    reading runs inside the training hooks, so a failure there is a probe error said once, and the
+    clock starts and closes steps as without it."""
+    import torch
+
+    from torchdoctor.probe import sysinfo
+    from torchdoctor.probe.config import ProbeConfig
+    from torchdoctor.probe.core import Probe
+    from torchdoctor.probe.errors import ERRORS
+
+    def broken() -> list[int]:
+        raise RuntimeError("no /proc here")
+
+    monkeypatch.setattr(sysinfo, "child_pids", broken)
+    probe = Probe(torch, ProbeConfig(run_dir=str(tmp_path), profile=None))  # not installed: torch untouched
+    try:
+        probe.activity(1.0)
+        probe.boundary(Source.OPTIMIZER, 2.0)
+        assert [s.step for s in probe.clock.steps] == [0] and probe.clock.running
+        assert probe.progress is not None  # the rest of the first activity ran (its progress line)
+        assert any(m.startswith("child processes: RuntimeError") for m in ERRORS.messages)
+    finally:
+        ERRORS.reset()
+
+
 def test_a_failing_boundary_still_closes_the_step(tmp_path):
     import torch
 

@@ -181,7 +181,10 @@ class Probe:
             self.wall0 = now
             self.cpu0 = sysinfo.own_cpu_s()
             self.children_cpu0 = sysinfo.reaped_children_cpu_s()
-            self.child_cpu0 = sysinfo.live_child_cpu(sysinfo.child_pids())
+            try:  # on the training thread, inside the hooks: a failure here must not stop the step clock
+                self.child_cpu0 = sysinfo.live_child_cpu(sysinfo.child_pids())
+            except Exception as exc:
+                ERRORS.record("child processes", exc)
             self.cpus_busy0 = sysinfo.cpus_busy_s(sysinfo.affinity())
             self.last_flush = now
             self._open_progress()
