@@ -118,6 +118,15 @@ def library_of(path: str) -> str | None:
     return None
 
 
+def package_relative(path: str) -> str:
+    """An installed package's file from its package on (``mmengine/logging/message_hub.py:346``);
+    any other path as it is."""
+    path = path.replace("\\", "/")
+    for root in ("/site-packages/", "/dist-packages/"):
+        path = path.rpartition(root)[2]
+    return path
+
+
 def is_stdlib(path: str) -> bool:
     """The standard library's file, or a frozen module of it (`<frozen runpy>` on 3.11+)."""
     if path.startswith("<frozen "):

@@ -72,6 +72,9 @@ CONFIG_DICTS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("mmengine", "DataLoader"): ("train_dataloader", frozenset(
         {"dataset", "sampler", "batch_sampler", "collate_fn", "worker_init_fn"})),
 }
+# Where those libraries take the validation loader's settings apart from the training loader's (the
+# advice names the training loader's; `fix` changed every loader they built).
+VALIDATION_SETTINGS = {"mmengine": "val_dataloader", "speechbrain": "valid_loader_kwargs"}
 OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.

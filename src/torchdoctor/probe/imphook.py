@@ -90,8 +90,8 @@ def when_imported(fullname: str, callback: Callback) -> None:
         sys.meta_path.insert(0, _finder)
 
 
-# base -> (the hook we installed, what the base had in its own __dict__, [(module, name, callback)]).
-_waiting: dict[type, tuple[Any, Any, list[tuple[str, str, Callable[[type], None]]]]] = {}
+# base -> (the hook we installed, [(module, name, callback)]).
+_waiting: dict[type, tuple[Any, list[tuple[str, str, Callable[[type], None]]]]] = {}
 
 
 def when_subclassed(base: type, module: str, name: str, callback: Callable[[type], None]) -> None:
@@ -102,7 +102,7 @@ def when_subclassed(base: type, module: str, name: str, callback: Callable[[type
     raise."""
     entry = _waiting.get(base)
     if entry is not None and base.__dict__.get("__init_subclass__") is entry[0]:
-        entry[2].append((module, name, callback))
+        entry[1].append((module, name, callback))
         return
     own = base.__dict__.get("__init_subclass__")
     waiters = [(module, name, callback)]
@@ -127,7 +127,7 @@ def when_subclassed(base: type, module: str, name: str, callback: Callable[[type
             fn(cls)
 
     hook = classmethod(__init_subclass__)
-    _waiting[base] = (hook, own, waiters)
+    _waiting[base] = (hook, waiters)
     base.__init_subclass__ = hook  # type: ignore[assignment,method-assign]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..advice.framework_settings import (
     CONFIG_DICTS,
     PREFIXED,
+    VALIDATION_SETTINGS,
     call_owner,
     config_dict_snippet,
     entry_snippet,
@@ -147,9 +148,9 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
     return out + flags + notes
 
 
-def _also(library: str | None, also: dict[str, str]) -> str:
+def _also(library: str | None) -> str:
     """A comment line naming the validation loader's settings, where the library has them apart."""
-    key = also.get(library or "")
+    key = VALIDATION_SETTINGS.get(library or "")
     return (f"\n# and {key}, if the job validates: fix changed every loader {library} built" if key else "")
 
 
@@ -200,14 +201,12 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             if code is not None:
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
-        # fix changed every loader the library built; the snippet names the training loader's settings.
-        also = {"mmengine": "val_dataloader", "speechbrain": "valid_loader_kwargs"}
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CONFIG_DICTS:
             code = config_dict_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
             if code is not None:  # mmengine's Runner: DataLoader(..., **train_dataloader)
                 key = CONFIG_DICTS[(lib, remedy.target)][0]
                 return Change([rid], f"{lib} builds the {remedy.target}: its {key} dict (the config, or Runner(...))",
-                              code + _also(lib, also), "python")
+                              code + _also(lib), "python")
         made = {(e.get("library"), e.get("entry")) for e in entries}
         if kind and len(made) == 1 and (lib_call := next(iter(made)))[1]:
             # A library function that passes its keyword arguments (or a dict of them) on to the
@@ -217,7 +216,7 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             code = entry_snippet(f"{kind}(..., {args})", kind, called)
             if code is not None:
                 return Change([rid], f"{lib_call[0]}'s {lib_call[1]}() passes it on to the {remedy.target}",
-                              code + _also(lib_call[0], also), "python")
+                              code + _also(lib_call[0]), "python")
         # The first loader a library builds is where its settings are (a copy, accelerate's, comes later).
         built = next((e["library_site"] for e in entries if e.get("library_site")), None)
         where = (f"inside {', '.join(sorted(x for x in libraries if x))} (change it through its settings"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..callsite import library_of
+from ..callsite import library_of, package_relative
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
@@ -214,18 +214,16 @@ def library_sync(sites: list[tuple[str, int]]) -> tuple[str, str] | None:
     if not total:
         return None
     by_lib: dict[str, int] = {}
+    first: dict[str, str] = {}  # each package's most frequent site (``sites`` come most frequent first)
     for site, n in sites:
         lib = library_of(site.rpartition(":")[0] or site)
         if lib is not None:
             by_lib[lib] = by_lib.get(lib, 0) + n
+            first.setdefault(lib, site)
     lib = max(by_lib, key=lambda k: by_lib[k], default=None)
     if lib is None or by_lib[lib] < LIBRARY_SYNC_SHARE * total:
         return None
-    site = next(s for s, _ in sites if library_of(s.rpartition(":")[0] or s) == lib)
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in site:
-            site = site.rsplit(marker, 1)[1]
-    return lib, site
+    return lib, package_relative(first[lib])
 
 
 @rule("HO-3", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy", "data.wait"))
@@ -697,9 +695,7 @@ def zero_grad_fix(fills: list) -> Fix:
     lib = next((z for z in fills if z.called_by), None)
     if lib is None:
         return Fix("Set gradients to None (the default since PyTorch 2.0).", snippet)
-    where = (lib.library_site or "").replace("\\", "/")
-    for root in ("/site-packages/", "/dist-packages/"):  # the package's own path is enough
-        where = where.rpartition(root)[2]
+    where = package_relative(lib.library_site or "")  # the package's own path is enough
     said = f"{lib.called_by} passes set_to_none=False to {lib.optimizer}.zero_grad (at {where})"
     if lib.entry and lib.entry.endswith(".zero_grad") and lib.caller:
         # The user's own zero_grad() call reached the library's (a wrapping optimizer's): the
