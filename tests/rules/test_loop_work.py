@@ -47,6 +47,23 @@ def test_an_environment_step_in_every_update_is_priced_against_the_job():
     assert "nvironment" not in got.fix.text + got.fix.snippet and "DataLoader's workers" in got.fix.text
 
 
+def test_two_evaluations_are_no_part_of_the_loops_own_work_over_the_job():
+    # pyro's VAE example over 4 epochs on 2 CPUs: 6.1 ms of pyro's ELBO in each 15.7 ms step, and two
+    # epoch-end evaluations (1.4 s and 0.3 s) that read as "2.8 s of the loop's own work, 58% of the
+    # job" when summed with the steps.
+    timings = []
+    for i in range(188):
+        extra = {47: 1388.0, 141: 290.0}.get(i, 0.0)
+        timings.append(StepTiming(step=i, total_ms=15.7 + extra, dataloader_ms=1.0, forward_ms=2.1,
+                                  backward_ms=4.6, optimizer_ms=1.9, other_ms=6.1 + extra))
+    got = only(run("HO-17", (None, facts(timings))), "HO-17")
+    values = got.evidence[0].values
+    assert values["steps"] == 186 and values["loop_ms"] == pytest.approx(6.1)
+    assert got.job_s == pytest.approx(186 * 6.1 / 1e3, rel=1e-3)
+    assert got.job_pct == pytest.approx(100 * 186 * 6.1 / (188 * 15.7 + 1678.0), abs=0.1)
+    assert got.severity == "warning"
+
+
 def test_updates_that_are_a_small_part_of_the_job_are_info():
     # CleanRL's ppo.py: 40% of each update step outside the model, but a 280 ms rollout every 16
     # steps (HO-16's, left out of the steady steps) is most of the job.
