@@ -372,8 +372,10 @@ class StepTiming(msgspec.Struct, omit_defaults=True):
     # Part of forward_ms: the model's forwards run without autograd (torch.no_grad or
     # inference_mode) on the training thread, as an evaluation or an RL rollout between updates.
     inference_ms: float = 0.0
-    # Part of inference_ms: those of modules whose forward had not run with autograd (a DQN target
-    # network, a frozen distillation teacher, an EMA copy): in every step, the training step's own.
+    # Part of inference_ms: the training step's own: those of modules whose forward had not run with
+    # autograd (a DQN target network, a frozen distillation teacher, an EMA copy), and those on an
+    # input that a forward with autograd takes later in the same step (OpenCLIP's --accum-freq and
+    # other gradient caching: every micro-batch's features first without autograd, then again with).
     frozen_inference_ms: float = 0.0
 
 

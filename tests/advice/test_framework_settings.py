@@ -229,3 +229,28 @@ def test_fixs_permanent_change_for_a_library_loader_is_in_the_librarys_own_setti
                 "entry": entry, "library_site": f"/venv/site-packages/{library}/x.py:1"}]
     (change,) = changes_for([rid], {rid: entries})
     assert (change.text, change.where) == (text, where)
+
+
+OPEN_CLIP = DataLoaderFacts(created_by="open_clip_train",
+                            library_site="/venv/site-packages/open_clip_train/data.py:512")
+
+
+def test_open_clip_s_loader_is_set_from_its_command_line():
+    """`python -m open_clip_train.main --workers 0` builds DataLoader(..., num_workers=args.workers,
+    pin_memory=True): no line of the user's, and --workers is the only loader option it has."""
+    fix = loader_fix([OPEN_CLIP], "Load in workers{where}: set num_workers=1, then tune.",
+                     "DataLoader(dataset, batch_size=..., num_workers=1, persistent_workers=True)")
+    assert fix.text == ("Load in workers (the DataLoader is built by open_clip_train from its command line: --workers): "
+                        "set --workers 1, then tune.")
+    assert fix.snippet == ("python -m open_clip_train.main ... --workers 1  "
+                           "# persistent_workers: no open_clip_train option")
+    # A setting it has no option for keeps the generic text.
+    pin = loader_fix([OPEN_CLIP], "Pin{where}.", "DataLoader(..., pin_memory=True)")
+    assert pin.snippet == "DataLoader(..., pin_memory=True)" and "settings if it has one" in pin.text
+    from torchdoctor.remedies.suggest import changes_for
+
+    entries = [{"id": "dataloader.workers", "target": "DataLoader", "site": None, "set": {"num_workers": 1}, "was": {},
+                "library": "open_clip_train", "entry": None, "library_site": OPEN_CLIP.library_site}]
+    (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
+    assert change.text == "python -m open_clip_train.main ... --workers 1"
+    assert change.where == "open_clip_train builds the DataLoader: its command line"

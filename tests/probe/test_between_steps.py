@@ -99,3 +99,73 @@ def test_a_target_networks_forward_is_the_steps_own_and_an_evaluation_is_not(tmp
     # Not "an evaluation after every training step": the target network's forward is the step's own.
     ho16 = [f for f in findings if f["id"] == "HO-16"]
     assert not any(f["title"].startswith("After every training step") for f in ho16), ho16
+
+
+# OpenCLIP's --accum-freq in miniature (open_clip_train/train.py): each step draws 2 micro-batches,
+# computes their features without autograd for a contrastive loss over all of them, then runs each
+# again with autograd. And PyG's gcn.py in miniature: every step trains on the full graph and then
+# evaluates that same graph: an evaluation after every step.
+ACCUM = """
+import time
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 16))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2048, 32)), batch_size=128)
+batches = []
+for (x,) in loader:
+    with torch.no_grad():
+        features = model(x)  # CACHE
+    batches.append((x, features))
+    if len(batches) < 2:
+        continue
+    opt.zero_grad()
+    for j, (x, _) in enumerate(batches):
+        others = torch.cat([f for k, (_, f) in enumerate(batches) if k != j])
+        loss = (model(x) @ others.T).logsumexp(1).mean()
+        loss.backward()
+    opt.step()
+    batches = []
+print("ok")
+"""
+
+FULL_GRAPH = """
+import torch
+
+torch.manual_seed(0)
+x = torch.randn(4096, 64)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for epoch in range(30):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        model(x)  # EVAL
+print("ok")
+"""
+
+
+def test_a_forward_without_autograd_on_the_steps_own_micro_batch_is_the_steps_own(tmp_path):
+    result, facts, findings = probed_job(tmp_path, ACCUM)
+    assert result.stdout == "ok\n"
+    # From step 2: the hooks, attached in step 0, have an earlier step's inputs to compare with.
+    steps = [s for s in facts["steps"] if s["step"] >= 2]
+    assert len(steps) >= 5
+    # Every step's forwards without autograd took the micro-batches the step then trained on.
+    assert all(s["inference_ms"] > 0 and s["frozen_inference_ms"] == s["inference_ms"] for s in steps), steps
+    assert not [f for f in findings if f["id"] == "HO-16"]
+
+
+def test_an_evaluation_of_the_data_every_step_trains_on_stays_an_evaluation(tmp_path):
+    result, facts, findings = probed_job(tmp_path, FULL_GRAPH)
+    assert result.stdout == "ok\n"
+    # From step 2: in step 1 the model had not run with autograd under the hooks yet, so its first
+    # evaluation reads as a frozen module's (a target network's).
+    steps = [s for s in facts["steps"] if s["step"] >= 2]
+    # Step k's interval holds the evaluation after update k - 1, then update k on the same x.
+    assert all(s["inference_ms"] > 0 and s.get("frozen_inference_ms", 0.0) == 0.0 for s in steps), steps
+    ho16 = [f for f in findings if f["id"] == "HO-16"]
+    assert any(f["title"].startswith("After every training step") for f in ho16), [f["title"] for f in findings]

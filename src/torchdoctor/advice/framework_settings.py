@@ -75,6 +75,13 @@ CONFIG_DICTS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
 # Where those libraries take the validation loader's settings apart from the training loader's (the
 # advice names the training loader's; `fix` changed every loader they built).
 VALIDATION_SETTINGS = {"mmengine": "val_dataloader", "speechbrain": "valid_loader_kwargs"}
+# Libraries run from their own command line, with no line of the user's around the object: (library,
+# object) -> the constructor's argument -> the option that sets it. OpenCLIP's training
+# (`python -m open_clip_train.main`, 3.3) builds its DataLoaders with num_workers=args.workers and
+# nothing else from its options (pin_memory=True; persistent workers only for webdataset).
+CLI_OPTIONS: dict[tuple[str, str], dict[str, str]] = {
+    ("open_clip_train", "DataLoader"): {"num_workers": "--workers"},
+}
 OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
@@ -208,6 +215,25 @@ def config_dict_snippet(snippet: str, kind: str, library: str) -> str | None:
             + f"  # the config's {key}, or Runner(..., {key}=dict(...))" + rest)
 
 
+def cli_snippet(snippet: str, kind: str, library: str) -> str | None:
+    """The snippet with its `kind(...)` call as the library's command-line options (CLI_OPTIONS:
+    `--workers 1`), settings without an option said in a comment; None when it sets none that has one."""
+    options = CLI_OPTIONS.get((library, kind))
+    start = snippet.find(f"{kind}(")
+    if options is None or start < 0:
+        return None
+    inner, end = _call_args(snippet, start + len(kind))
+    pairs = [(k.strip(), v.strip()) for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
+    mapped = [f"{options[k]} {v}" for k, v in pairs if k in options]
+    if not mapped:
+        return None
+    missing = [k for k, _ in pairs if k not in options and k not in _NOT_SETTINGS]
+    note = f"  # {', '.join(missing)}: no {library} option" if missing else ""
+    rest = snippet[end:]
+    rest = rest[rest.index("\n"):] if "\n" in rest else ""
+    return snippet[:start] + f"python -m {library}.main ... " + " ".join(mapped) + note + rest
+
+
 def _top_level(args: str) -> list[str]:
     """`args` split at the commas outside brackets: `n=min(4, os.cpu_count()), pin=True` is two."""
     out, depth, cur = [], 0, []
@@ -267,6 +293,14 @@ def framework_fix(kind: str, objects: list, text: str, snippet: str) -> Fix:
             return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by {d.created_by}'s "
                                     f"{call_owner(d.library_call) or 'Runner'} from its {key} dict: set it in the "
                                     f"config or the Runner(...) call{called})"), code)
+    if d is not None and not d.call_site and not d.library_caller and (d.created_by, kind) in CLI_OPTIONS:
+        code = cli_snippet(snippet, kind, d.created_by)
+        if code is not None:
+            options = CLI_OPTIONS[(d.created_by, kind)]
+            names = re.compile(r"(?<![\w.])(" + "|".join(options) + r")=")
+            text = names.sub(lambda m: options[m.group(1)] + " ", text)
+            return Fix(text.replace("{where}", f" (the {NOUN[kind]} is built by {d.created_by} from its command line: "
+                                    f"{', '.join(options.values())})"), code)
     if d is not None and not d.call_site and d.library_caller:
         code = entry_snippet(snippet, kind, d)
         if code is not None:

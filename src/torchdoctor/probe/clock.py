@@ -61,8 +61,9 @@ class Phase(enum.IntEnum):
     # Outside the split (part of FORWARD): the model's forwards run without autograd (no_grad,
     # inference_mode) on the training thread: an evaluation or an RL rollout between updates.
     INFERENCE = 16
-    # Part of INFERENCE: those forwards of modules whose forward never ran with autograd so far
-    # (a DQN target network, a frozen distillation teacher, an EMA copy).
+    # Part of INFERENCE: those that are the training step's own: forwards of modules whose forward
+    # never ran with autograd so far (a DQN target network, a frozen distillation teacher, an EMA
+    # copy), and those on an input the step then trains on (gradient caching's feature pass).
     FROZEN_INFERENCE = 17
 
 

@@ -85,6 +85,14 @@ class Probe:
         self.frozen_mode: bool | None = None
         self.fwd_grad = True  # the outermost forward in progress records autograd
         self.fwd_frozen = False  # ... or, without it, is a module that never ran with it
+        # This step's forwards without autograd of trained modules, by their first input tensor:
+        # (step index, input key, a weak reference that keeps the key's memory honest, seconds).
+        # A forward with autograd on the same input in the same step makes them the step's own
+        # (probe/hooks.py: _forward_hooks).
+        self.nograd_inputs: list[tuple[int, tuple[Any, ...], weakref.ref[Any], float]] = []
+        # The first input tensors (their storage's owners) of the last forwards with autograd, with
+        # their step index: an input trained on in an earlier step is the job's data (a full graph).
+        self.grad_inputs: list[tuple[int, weakref.ref[Any]]] = []
         self.root_alias: dict[int, int] = {}  # a wrapped model's id -> its wrapper's (both timed)
         self.root_device_kind: str | None = None  # the model's device kind when its roots were found
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []

@@ -802,6 +802,7 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                 key = alias.get(id(module), id(module))
                 if probe.fwd_grad:
                     trained.add(key)
+                    _grad_forward_input(probe, args)
                 else:
                     probe.fwd_frozen = key not in trained
                     if probe.clock.index >= 1 and probe.inference_site is None:
@@ -829,9 +830,86 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
                     probe.clock.add(Phase.INFERENCE, took)
                     if probe.fwd_frozen:
                         probe.clock.add(Phase.FROZEN_INFERENCE, took)
+                    else:
+                        _remember_nograd_input(probe, args, took)
 
     unseen.hide_all(pre, post)  # torch calls them eagerly around a compiled module's frames
     return pre, post
+
+
+# Forwards without autograd remembered per step: more are an evaluation loop, not a step's micro-batches.
+_MAX_NOGRAD_INPUTS = 64
+# Inputs of forwards with autograd remembered (a few steps' micro-batches).
+_MAX_GRAD_INPUTS = 16
+
+
+def _first_input(args: Any) -> Any:
+    """A forward's first input tensor: the first positional argument, or the first tensor value of a
+    dict there (a tokenizer's batch); None without one."""
+    import torch
+
+    first = args[0] if isinstance(args, tuple) and args else None
+    if isinstance(first, dict):
+        first = next((v for v in list(first.values())[:4] if isinstance(v, torch.Tensor)), None)
+    return first if isinstance(first, torch.Tensor) and first.layout is torch.strided else None
+
+
+def _input_key(t: Any) -> tuple[Any, ...]:
+    """What makes two input tensors the same input: memory, shape, strides (a slice of a batch taken
+    again is another tensor object on the same memory)."""
+    return t.data_ptr(), t.device, tuple(t.shape), t.stride(), t.dtype
+
+
+def _owner(t: Any) -> Any:
+    """The tensor whose storage ``t`` is (a slice's base), held weakly: while it lives, its memory
+    cannot be a later batch's."""
+    return t._base if t._base is not None else t
+
+
+def _remember_nograd_input(probe: Probe, args: Any, took: float) -> None:
+    """Remember a trained module's forward without autograd of this step by its input."""
+    try:
+        first = _first_input(args)
+        if first is None:
+            return
+        index = probe.clock.index
+        kept = [e for e in probe.nograd_inputs if e[0] == index and e[2]() is not None]
+        if len(kept) < _MAX_NOGRAD_INPUTS:
+            kept.append((index, _input_key(first), weakref.ref(_owner(first)), took))
+        probe.nograd_inputs = kept
+    except Exception as exc:
+        ERRORS.record("forward", exc)
+
+
+def _grad_forward_input(probe: Probe, args: Any) -> None:
+    """A forward with autograd on an input that a forward without autograd of this step took makes
+    that one the step's own, unless an earlier step trained on that input too: OpenCLIP's
+    --accum-freq computes each micro-batch's features without autograd for the contrastive loss
+    over all of them, then again with it (read as an evaluation after every step, 20% of it, with
+    "run it less often" as the advice); PyG's gcn.py evaluates the full graph that every step trains
+    on, an evaluation after every step indeed. Its time moves to the step's own forwards without
+    autograd, once; not in the first step whose forwards the hooks see (nothing earlier to compare
+    with). The input is remembered for later steps."""
+    try:
+        first = _first_input(args)
+        if first is None:
+            return
+        index = probe.clock.index
+        owner = _owner(first)
+        if probe.nograd_inputs:
+            key = _input_key(first)
+            for i, (at, k, ref, took) in enumerate(probe.nograd_inputs):
+                if at == index and k == key and ref() is not None:
+                    del probe.nograd_inputs[i]
+                    # Undecided in the first step the hooks see: no earlier step's inputs to compare.
+                    earlier = [r() for at, r in probe.grad_inputs if at < index]
+                    if earlier and not any(t is owner for t in earlier):
+                        probe.clock.add(Phase.FROZEN_INFERENCE, took)
+                    break
+        if not any(r() is owner for _, r in probe.grad_inputs):
+            probe.grad_inputs = [*probe.grad_inputs[-(_MAX_GRAD_INPUTS - 1):], (index, weakref.ref(owner))]
+    except Exception as exc:
+        ERRORS.record("forward", exc)
 
 
 class _Portable(functools.partial):

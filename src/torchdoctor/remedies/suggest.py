@@ -13,10 +13,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..advice.framework_settings import (
+    CLI_OPTIONS,
     CONFIG_DICTS,
     PREFIXED,
     VALIDATION_SETTINGS,
     call_owner,
+    cli_snippet,
     config_dict_snippet,
     entry_snippet,
     prefixed_snippet,
@@ -201,6 +203,10 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
             if code is not None:
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
+        if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CLI_OPTIONS:
+            code = cli_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
+            if code is not None:  # open_clip_train: num_workers=args.workers
+                return Change([rid], f"{lib} builds the {remedy.target}: its command line", code, "shell")
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CONFIG_DICTS:
             code = config_dict_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
             if code is not None:  # mmengine's Runner: DataLoader(..., **train_dataloader)
