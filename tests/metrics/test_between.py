@@ -98,6 +98,32 @@ def test_one_or_two_long_steps_are_no_pattern_and_no_steady_steps():
     assert stray_steps([s for s in steps if s.step not in (47, 94, 141)]) == []
 
 
+def test_strays_are_found_beside_the_machines_jitter_and_a_one_off():
+    # A 9 ms pause in one more step is long too (beyond max(7.85, 5) ms), but the machine's jitter
+    # next to the evaluations: it stays, and they still go.
+    steps = vae_with_two_evaluations()
+    steps[100] = StepTiming(step=100, total_ms=24.7, dataloader_ms=1.0, forward_ms=2.1, backward_ms=4.6,
+                            optimizer_ms=1.9, other_ms=15.1)
+    assert [s.step for s in stray_steps(steps)] == [47, 141]
+    assert len(loop_steps(steps)) == 186
+    # Beside a one-off far beyond them (a first evaluation that compiled), all three go.
+    steps[10] = StepTiming(step=10, total_ms=30_015.7, dataloader_ms=1.0, other_ms=30_006.1)
+    assert [s.step for s in stray_steps(steps)] == [10, 47, 141]
+    # One evaluation alone is a stray as well.
+    one = [s for s in vae_with_two_evaluations() if s.step != 141]
+    assert [s.step for s in stray_steps(one)] == [47]
+
+
+def test_a_slow_batch_beside_a_target_networks_forward_is_no_evaluation():
+    # A DQN's target network in every step (frozen, the step's own) and a 40 ms batch once: no
+    # evaluation, so not a long step either (it read as an evaluation's batch, then as a stray).
+    steps = [StepTiming(step=i, total_ms=10.0 + (40.0 if i == 30 else 0.0), dataloader_ms=1.0 + (40.0 if i == 30 else 0.0),
+                        forward_ms=4.0, inference_ms=2.0, frozen_inference_ms=2.0, backward_ms=3.0, optimizer_ms=1.0,
+                        other_ms=1.0) for i in range(100)]
+    assert stray_steps(steps) == [] and between_steps(steps, 1.0) is None
+    assert len(loop_steps(steps)) == 100
+
+
 def test_a_minority_of_long_steps_is_priced_as_before():
     # Every 16th step 400 ms longer (CleanRL's PPO rollout): the first pass's median already is a
     # training step; the second pass over the others gives the same.

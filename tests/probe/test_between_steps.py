@@ -169,3 +169,21 @@ def test_an_evaluation_of_the_data_every_step_trains_on_stays_an_evaluation(tmp_
     assert all(s["inference_ms"] > 0 and s.get("frozen_inference_ms", 0.0) == 0.0 for s in steps), steps
     ho16 = [f for f in findings if f["id"] == "HO-16"]
     assert any(f["title"].startswith("After every training step") for f in ho16), [f["title"] for f in findings]
+
+
+def test_an_input_without_memory_of_its_own_has_no_key_and_breaks_nothing():
+    # torch.func's wrappers have no storage: data_ptr() raises. Recorded as a probe error, it would
+    # have stopped the forward's timing for the rest of the job (a PINN that trains through vmap).
+    import torch
+
+    from torchdoctor.probe import hooks
+
+    got = []
+
+    def f(t):
+        got.append(hooks._input_key(t))
+        return t * 2
+
+    torch.func.vmap(f)(torch.ones(2, 3))
+    assert got == [None]
+    assert hooks._input_key(torch.ones(2, 3)) is not None

@@ -88,12 +88,21 @@ def rest_ms(s: StepTiming) -> float:
     return max(0.0, s.other_ms - s.checkpoint_ms - s.loader_iter_ms)
 
 
+def evaluating_ms(s: StepTiming) -> float:
+    """The step's forwards without autograd that are not its own (an evaluation, a rollout): its
+    ``inference_ms`` less the frozen part (a target network's, gradient caching's feature pass)."""
+    return max(0.0, s.inference_ms - s.frozen_inference_ms)
+
+
 def own_parts(s: StepTiming, train_wait_ms: float) -> tuple[float, float, float]:
     """(forwards without autograd, an evaluation's batch waits, the rest outside the training
     phases) of step ``s``, ms (the module's own(s); ``train_wait_ms``: the training loader's
-    typical wait, which a step that also evaluated paid for its own batch)."""
-    data = max(0.0, s.dataloader_ms - train_wait_ms) if s.inference_ms > 0 else 0.0
-    return s.inference_ms, data, rest_ms(s)
+    typical wait, which a step that also evaluated paid for its own batch). A DQN's target network
+    in every step is the step's own: with it counted, no step was without an evaluation, and every
+    batch wait read as an evaluation's."""
+    inference = evaluating_ms(s)
+    data = max(0.0, s.dataloader_ms - train_wait_ms) if inference > 0 else 0.0
+    return inference, data, rest_ms(s)
 
 
 def _long(total: np.ndarray, own: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -103,43 +112,20 @@ def _long(total: np.ndarray, own: np.ndarray, ref: np.ndarray) -> tuple[float, n
     return median, beyond, beyond.sum(axis=1) >= max(LONG_SHARE * median, LONG_MIN_MS)
 
 
-def _long_steps(steps: list[StepTiming]) -> tuple[float, np.ndarray, np.ndarray]:
-    """(reference median step, parts beyond the reference's, long-step mask) of ``steps``."""
-    waits = [s.dataloader_ms for s in steps if s.inference_ms <= 0]
+def _long_steps(steps: list[StepTiming]) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """(reference median step, parts beyond the reference's, the long steps' indices, the one-offs'
+    indices) of ``steps``: long by ``_long``, less the machine's jitter; one-offs apart."""
+    waits = [s.dataloader_ms for s in steps if evaluating_ms(s) <= 0]
     train_wait = float(np.median(waits)) if waits else 0.0
     own = np.array([own_parts(s, train_wait) for s in steps])  # steps x (inference, data, rest)
     total = np.array([s.total_ms for s in steps])
     median, beyond, long = _long(total, own, total <= np.percentile(total, REFERENCE_QUANTILE))
     if long.sum() >= MIN_LONG_STEPS and (~long).sum() >= MIN_LONG_STEPS:
         median, beyond, long = _long(total, own, ~long)
-    return median, beyond, long
-
-
-def stray_steps(timings: list[StepTiming]) -> list[StepTiming]:
-    """The long steps of a run that has too few of them for a pattern (1 or 2, MIN_LONG_STEPS): an
-    evaluation at the end of each of two epochs, a plot drawn once. No finding prices them, but a sum
-    over the steps does: pyro's VAE example over 4 epochs, evaluating after epochs 0 and 2, spent
-    1.4 s and 0.3 s in two of its 184 steps of 15.7 ms, and HO-17 read "2.8 s of the loop's own
-    work, 58% of the job" (1.1 s, 23%, without them) while the data wait's share fell from 7.0% to
-    4.9%. Empty where there are none, or enough for ``between_steps`` to judge."""
-    steps = [s for s in timings if s.step >= 1]
-    if len(steps) < MIN_STEPS:
-        return []
-    _, _, long = _long_steps(steps)
-    idx = np.flatnonzero(long)
-    return [steps[i] for i in idx.tolist()] if idx.size < MIN_LONG_STEPS else []
-
-
-def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Between | None:
-    """The long steps of a rank's run and what they hold (None without a pattern of them)."""
-    steps = [s for s in timings if s.step >= 1]
-    if len(steps) < MIN_STEPS:
-        return None
-    median, beyond, long = _long_steps(steps)
     excess = beyond.sum(axis=1)
     idx = np.flatnonzero(long)
-    if idx.size < MIN_LONG_STEPS:
-        return None
+    if idx.size == 0:
+        return median, beyond, idx, idx
     # Long steps far shorter than the typical long one are the machine's jitter (a slow step now
     # and then), not the loop's work: left out, they do not blur its period.
     typical = float(np.median(excess[idx]))
@@ -147,10 +133,35 @@ def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Betw
     # A few long steps far beyond the typical one are one-offs; as many as a pattern (an evaluation
     # every 1,000 steps beside logging every 10) are the loop's work and stay.
     far = excess[idx] > ONE_OFF_FACTOR * typical
-    one_offs: tuple[StepTiming, ...] = ()
     if 0 < far.sum() < MIN_LONG_STEPS:
-        one_offs = tuple(steps[i] for i in idx[far].tolist())
-        idx = idx[~far]
+        return median, beyond, idx[~far], idx[far]
+    return median, beyond, idx, idx[:0]
+
+
+def stray_steps(timings: list[StepTiming]) -> list[StepTiming]:
+    """The long steps of a run that has too few of them for a pattern (fewer than MIN_LONG_STEPS
+    once the machine's jitter is left out), with any one-offs beside them: an evaluation at the end
+    of each of two epochs, a plot drawn once. No finding prices them, but a sum over the steps
+    does: pyro's VAE example over 4 epochs, evaluating after epochs 0 and 2, spent 1.4 s and 0.3 s
+    in two of its 185 recorded steps of 15.7 ms, and HO-17 read "2.8 s of the loop's own work, 58%
+    of the job" (1.2 s, 24%, without them) while the data wait's share fell from 7.0% to 4.9%.
+    Empty where there are none, or enough for ``between_steps`` to judge."""
+    steps = [s for s in timings if s.step >= 1]
+    if len(steps) < MIN_STEPS:
+        return []
+    _, _, idx, one_offs = _long_steps(steps)
+    if idx.size >= MIN_LONG_STEPS:
+        return []
+    return [steps[i] for i in sorted([*idx.tolist(), *one_offs.tolist()])]
+
+
+def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Between | None:
+    """The long steps of a rank's run and what they hold (None without a pattern of them)."""
+    steps = [s for s in timings if s.step >= 1]
+    if len(steps) < MIN_STEPS:
+        return None
+    median, beyond, idx, far = _long_steps(steps)
+    one_offs = tuple(steps[i] for i in far.tolist())
     if idx.size < MIN_LONG_STEPS:
         return None
     inference, data, rest = beyond[idx].sum(axis=0).tolist()
@@ -174,7 +185,7 @@ def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None
     step and EVERY_STEP_MIN_MS (an RL policy's action in each update is less)."""
     if len(steady) < MIN_STEPS:
         return None
-    inference = np.array([max(0.0, s.inference_ms - s.frozen_inference_ms) for s in steady])
+    inference = np.array([evaluating_ms(s) for s in steady])
     median_step = float(np.median([s.total_ms for s in steady]))
     mid = float(np.median(inference))
     if mid < max(EVERY_STEP_MIN_MS, EVERY_STEP_SHARE * median_step):

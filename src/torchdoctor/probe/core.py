@@ -90,9 +90,11 @@ class Probe:
         # A forward with autograd on the same input in the same step makes them the step's own
         # (probe/hooks.py: _forward_hooks).
         self.nograd_inputs: list[tuple[int, tuple[Any, ...], weakref.ref[Any], float]] = []
-        # The first input tensors (their storage's owners) of the last forwards with autograd, with
-        # their step index: an input trained on in an earlier step is the job's data (a full graph).
-        self.grad_inputs: list[tuple[int, weakref.ref[Any]]] = []
+        # The first input tensors (their storage's owners) of forwards with autograd, by id, with the
+        # step that first trained on them: an input trained on in an earlier step is the job's data
+        # (a full graph). And the first step whose forwards with autograd were seen.
+        self.grad_inputs: dict[int, tuple[int, weakref.ref[Any]]] = {}
+        self.first_grad_step: int | None = None
         self.root_alias: dict[int, int] = {}  # a wrapped model's id -> its wrapper's (both timed)
         self.root_device_kind: str | None = None  # the model's device kind when its roots were found
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []

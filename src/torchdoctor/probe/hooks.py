@@ -837,10 +837,14 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
     return pre, post
 
 
-# Forwards without autograd remembered per step: more are an evaluation loop, not a step's micro-batches.
+# Forwards without autograd remembered per step whose inputs stay alive (an evaluation loop over
+# fresh batches frees each, and its entry goes with it): beyond this, the rest are not remembered.
 _MAX_NOGRAD_INPUTS = 64
-# Inputs of forwards with autograd remembered (a few steps' micro-batches).
-_MAX_GRAD_INPUTS = 16
+# Inputs of forwards with autograd remembered: when more, those freed are forgotten, then the oldest.
+_MAX_GRAD_INPUTS = 256
+# Where a failure to read a forward's input is recorded: apart from "forward", so that it stops this
+# reading only, never the forward's timing.
+_INPUTS = "forward.inputs"
 
 
 def _first_input(args: Any) -> Any:
@@ -854,10 +858,14 @@ def _first_input(args: Any) -> Any:
     return first if isinstance(first, torch.Tensor) and first.layout is torch.strided else None
 
 
-def _input_key(t: Any) -> tuple[Any, ...]:
+def _input_key(t: Any) -> tuple[Any, ...] | None:
     """What makes two input tensors the same input: memory, shape, strides (a slice of a batch taken
-    again is another tensor object on the same memory)."""
-    return t.data_ptr(), t.device, tuple(t.shape), t.stride(), t.dtype
+    again is another tensor object on the same memory). None for a tensor without memory of its own
+    (torch.func's vmap and grad wrappers, a DTensor, a fake tensor): their data_ptr() raises."""
+    try:
+        return t.data_ptr(), t.device, tuple(t.shape), t.stride(), t.dtype
+    except Exception:
+        return None
 
 
 def _owner(t: Any) -> Any:
@@ -868,17 +876,20 @@ def _owner(t: Any) -> Any:
 
 def _remember_nograd_input(probe: Probe, args: Any, took: float) -> None:
     """Remember a trained module's forward without autograd of this step by its input."""
+    if _INPUTS in BROKEN:
+        return
     try:
         first = _first_input(args)
-        if first is None:
+        key = _input_key(first) if first is not None else None
+        if key is None:
             return
         index = probe.clock.index
         kept = [e for e in probe.nograd_inputs if e[0] == index and e[2]() is not None]
         if len(kept) < _MAX_NOGRAD_INPUTS:
-            kept.append((index, _input_key(first), weakref.ref(_owner(first)), took))
+            kept.append((index, key, weakref.ref(_owner(first)), took))
         probe.nograd_inputs = kept
     except Exception as exc:
-        ERRORS.record("forward", exc)
+        ERRORS.record(_INPUTS, exc)
 
 
 def _grad_forward_input(probe: Probe, args: Any) -> None:
@@ -890,26 +901,37 @@ def _grad_forward_input(probe: Probe, args: Any) -> None:
     on, an evaluation after every step indeed. Its time moves to the step's own forwards without
     autograd, once; not in the first step whose forwards the hooks see (nothing earlier to compare
     with). The input is remembered for later steps."""
+    if _INPUTS in BROKEN:
+        return
     try:
         first = _first_input(args)
         if first is None:
             return
         index = probe.clock.index
         owner = _owner(first)
-        if probe.nograd_inputs:
+        seen = probe.grad_inputs.get(id(owner))
+        trained_before = seen is not None and seen[0] < index and seen[1]() is owner
+        pending = probe.nograd_inputs
+        if pending and any(e[0] == index for e in pending):
             key = _input_key(first)
-            for i, (at, k, ref, took) in enumerate(probe.nograd_inputs):
-                if at == index and k == key and ref() is not None:
-                    del probe.nograd_inputs[i]
-                    # Undecided in the first step the hooks see: no earlier step's inputs to compare.
-                    earlier = [r() for at, r in probe.grad_inputs if at < index]
-                    if earlier and not any(t is owner for t in earlier):
+            for i, (at, k, ref, took) in enumerate(pending):
+                if at == index and k == key and key is not None and ref() is not None:
+                    del pending[i]
+                    first_step = probe.first_grad_step
+                    if first_step is not None and first_step < index and not trained_before:
                         probe.clock.add(Phase.FROZEN_INFERENCE, took)
                     break
-        if not any(r() is owner for _, r in probe.grad_inputs):
-            probe.grad_inputs = [*probe.grad_inputs[-(_MAX_GRAD_INPUTS - 1):], (index, weakref.ref(owner))]
+        if probe.first_grad_step is None:
+            probe.first_grad_step = index
+        if seen is None or seen[1]() is not owner:
+            inputs = probe.grad_inputs
+            if len(inputs) >= _MAX_GRAD_INPUTS:
+                live = [(k, v) for k, v in inputs.items() if v[1]() is not None]
+                inputs = dict(live[-(_MAX_GRAD_INPUTS // 2):])
+            inputs[id(owner)] = (index, weakref.ref(owner))
+            probe.grad_inputs = inputs
     except Exception as exc:
-        ERRORS.record("forward", exc)
+        ERRORS.record(_INPUTS, exc)
 
 
 class _Portable(functools.partial):

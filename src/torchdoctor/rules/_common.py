@@ -155,14 +155,17 @@ class ProbeSteps(NamedTuple):
 
     step_ms: float | None  # the trace window's wall time per step, else the probe's median steady step
     n_steps: int
-    timed: list[StepTiming]  # the probe's steady steps (``steady`` less a regular pattern's long steps)
+    # the probe's steady steps (``steady`` less a regular pattern's long steps, or without a pattern the
+    # one or two stray ones: metrics/between.loop_steps)
+    timed: list[StepTiming]
     between: Between | None  # the long steps of work between steps (metrics/between.py)
 
 
 def probe_steps(r: RankResult | None, f: RankFacts | None) -> ProbeSteps:
     """The long steps of the rank's run, found once; the steady steps are ``steady`` of the steps
     less a regular pattern's long ones (an evaluation after every other step would otherwise be
-    half of the steps that a median or a sum over them reads as the training step)."""
+    half of the steps that a median or a sum over them reads as the training step), or, without a
+    pattern, less the one or two stray long steps (two epoch-end evaluations that a sum counts)."""
     between = find_between(f.steps, f.train_wall_s) if f is not None else None
     timed = steady(loop_steps(f.steps, between)) if f is not None else []
     if r is not None and r.window.end_ns > r.window.start_ns:

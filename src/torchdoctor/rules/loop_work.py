@@ -7,8 +7,8 @@ outside the model, per-step logging) take turns on the same CPUs, and the report
 verdict" for a job that spent half of its time in that Python (CleanRL's dqn.py: 4.1 ms of an
 8.5 ms step).
 
-Measured by the probe on the steady steps (``View.timed``: warm-up and HO-16's long steps left
-out): the median of ``other_ms`` (the step's wall time outside the DataLoader, the forward, the
+Measured by the probe on the steady steps (``View.timed``: warm-up, HO-16's long steps and the one
+or two stray long steps of a run without a pattern of them left out): the median of ``other_ms`` (the step's wall time outside the DataLoader, the forward, the
 backward, the optimizer step and collectives) less checkpoint saves (DI-15's) and loader restarts
 (DL-6's). What that time is made of the probe does not see: the finding says where it is, not
 what. The probe's own per-step cost (about 0.2 ms on a tiny loop, benchmarks/probe_overhead.py)
