@@ -500,7 +500,8 @@ def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -
     warnings.append(ErrorEntry("torchdoctor", (
         f"rank {names}: the probe timed no forward, although backward passes ran. Its hooks sit on the "
         "top-level modules that exist at the end of step 0 and run only when a module is called as "
-        "module(x): a model called as model.forward(x), or built after the first step, is not timed. "
+        "module(x) through torch's own __call__: a model called as model.forward(x), a module class with a "
+        "__call__ of its own (GPyTorch's), or a model built after the first step is not timed. "
         "The probe's per-step split counts that forward as 'other'; a profiler trace's split does not.")))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from torchdoctor.facts import StepTiming
 
-from .conftest import cpu_facts, gpu_facts, only, run
+from .conftest import cpu_facts, cpu_result, gpu_facts, only, run
 
 
 def steps(n: int, other: float, model: float = 4.5, rollout_every: int | None = None,
@@ -78,3 +78,23 @@ def test_small_shares_tiny_loops_and_accelerators_are_left_to_others():
     assert run("HO-17", (None, facts(steps(200, 0.6, model=0.6)))) == []  # below 1 ms: the probe's own cost
     assert run("HO-17", (None, facts(steps(200, 4.1, model=4.4), gpu=True))) == []  # HO-5's, from the trace
     assert run("HO-17", (None, facts(steps(6, 4.1, model=4.4)))) == []  # too few steps for a median
+
+
+def test_a_forward_the_probe_could_not_time_is_the_models_not_the_loops():
+    """GPyTorch's SVGP example: its modules run their forward from a __call__ of their own, so the
+    probe timed none and its 'other' held the model's forward: "20.3 ms of a 55.5 ms step outside
+    the model's forward", a warning. The profiled steps' untraced time is 6.1 of 78.9 ms (8%)."""
+    timings = [StepTiming(step=i, total_ms=55.5, dataloader_ms=10.6, backward_ms=22.0, optimizer_ms=2.6, other_ms=20.3)
+               for i in range(48)]
+    f = facts(timings)
+    assert run("HO-17", (None, f)) == []  # no trace: it cannot tell
+    r = cpu_result()
+    r.host.phases_ms = {"data": 10.5, "forward": 20.1, "backward": 37.9, "optimizer": 2.9, "comm": 0.0, "other": 6.1}
+    assert run("HO-17", (r, f)) == []  # 8% of the step: below the 10% it is shown from
+    # Twice that untraced time is shown, as that share of the probe's steps.
+    r.host.phases_ms = {**r.host.phases_ms, "other": 15.0}
+    got = only(run("HO-17", (r, f)), "HO-17")
+    share = 15.0 / (10.5 + 20.1 + 37.9 + 2.9 + 15.0)
+    assert got.evidence[0].values["loop_ms"] == pytest.approx(55.5 * share, abs=1e-3)
+    assert got.evidence[0].values["model_ms"] == pytest.approx(55.5 * 60.9 / 86.4, abs=1e-3)
+    assert "the probe timed no forward" in got.evidence[0].text
