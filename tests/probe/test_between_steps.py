@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from probe.livejob import facts_of, probed_job, run_wrapped, script
 
 # CleanRL's ppo.py in miniature: every 6 updates a rollout of policy forwards under no_grad and
@@ -187,3 +189,58 @@ def test_an_input_without_memory_of_its_own_has_no_key_and_breaks_nothing():
     torch.func.vmap(f)(torch.ones(2, 3))
     assert got == [None]
     assert hooks._input_key(torch.ones(2, 3)) is not None
+
+
+# sentence-transformers' GISTEmbedLoss in miniature: the loss module holds the model and a guide run
+# under no_grad, whose parameters require grad and sit in the optimizer (the trainer optimizes the
+# loss's parameters) but never get a gradient; the job evaluates by calling the model itself.
+GUIDED = """
+import time
+import torch
+
+torch.manual_seed(0)
+
+
+class GuidedLoss(torch.nn.Module):
+    def __init__(self, model, guide):
+        super().__init__()
+        self.model, self.guide = model, guide
+
+    def forward(self, x):
+        with torch.no_grad():
+            target = self.guide(x)
+        return (self.model(x)[:, :8] - target).pow(2).mean()
+
+
+model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 32))
+guide = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))  # requires grad
+loss_fn = GuidedLoss(model, guide)
+opt = torch.optim.SGD(loss_fn.parameters(), lr=1e-3)
+if EVALUATE_FIRST:  # the example's "evaluation before training", over a DataLoader: step 0 closes in it
+    with torch.no_grad():
+        for (x,) in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(512, 32)), batch_size=64):
+            model(x)
+for step in range(40):
+    loss = loss_fn(torch.randn(64, 32))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 5 == 4:
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(2048, 32))  # EVAL
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("evaluate_first", [False, True])
+def test_the_trained_model_inside_a_loss_with_a_guide_is_timed_when_called_alone(tmp_path, evaluate_first):
+    body = f"EVALUATE_FIRST = {evaluate_first}\n" + GUIDED
+    result, facts, findings = probed_job(tmp_path, body)
+    assert result.stdout == "ok\n"
+    assert facts["step_source"] == "optimizer"
+    steps = [s for s in facts["steps"] if s["step"] >= 1]
+    evaluating = sorted(s["step"] for s in steps if s.get("inference_ms", 0.0) > s.get("frozen_inference_ms", 0.0))
+    assert evaluating == [5, 10, 15, 20, 25, 30, 35], evaluating
+    line = next(i for i, t in enumerate(body.splitlines(), start=1) if "# EVAL" in t)
+    assert facts["inference_site"] == f"{tmp_path / 'job.py'}:{line}"

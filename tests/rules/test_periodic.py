@@ -37,7 +37,8 @@ def test_a_rollout_every_16_steps_is_priced_against_the_job():
     n = 19  # steps 16, 32, ..., 304
     assert got.title.startswith("Every 16 steps the training loop stops for 400.0 ms of work between steps")
     assert f"({n} times, {n * 0.4:.1f} s" in got.title and "90.0 ms in the model's forwards without autograd" in got.title
-    assert "310.0 ms outside the model" in got.title
+    assert "310.0 ms outside the model (Python: environment steps, metrics, logging)" in got.title
+    assert "without autograd (an evaluation or a rollout)" in got.title
     total = sum(s.total_ms for s in f.steps) / 1e3
     assert got.job_s == round(n * 0.4, 3) and abs(got.job_pct - 100 * n * 0.4 / total) < 0.1
     assert got.severity == "critical" and got.recoverable_pct == 0 and got.per == "job"
@@ -47,6 +48,15 @@ def test_a_rollout_every_16_steps_is_priced_against_the_job():
     f.env_libraries = []
     got = only(run("HO-16", (None, f)), "HO-16")
     assert "nvironment" not in got.fix.text + got.fix.snippet and "py-spy" in got.fix.snippet
+    assert "nvironment" not in got.title and "rollout" not in got.title
+    assert "310.0 ms outside the model (Python: metrics, logging, saving)" in got.title
+    rollouts, f.steps = f.steps, steps(320, 16, 400.0, inference=350.0)  # mostly forwards: an evaluation's advice
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert "run that evaluation less often" in got.fix.text and "environment" not in got.fix.text
+    f.env_libraries = ["gymnasium"]
+    got = only(run("HO-16", (None, f)), "HO-16")
+    assert "run that evaluation or rollout less often" in got.fix.text and "environment step" in got.fix.text
+    f.env_libraries, f.steps = [], rollouts
     # torchrl's getting-started DQN (a Collector over GymEnv("CartPole-v1")): 67 ms every 10 steps, 38 ms
     # of it outside the model; gymnasium's AsyncVectorEnv is not what a torchrl job changes.
     f.env_libraries = ["gymnasium", "torchrl"]

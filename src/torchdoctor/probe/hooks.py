@@ -592,6 +592,8 @@ def _optimizer(probe: Probe) -> None:
             probe.optimizers.append(
                 (weakref.ref(opt), collect.optimizer_facts(opt, probe.sites.get(opt)))
             )
+            if probe.roots_attached:
+                _wrapped_again(probe, opt)
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() != probe.main_thread or probe.optimizer_state_init:
@@ -966,19 +968,27 @@ def attach_root_hooks(probe: Probe) -> None:
 
     import torch
 
-    module_cls = torch.nn.Module
+    module_cls, optimizer_cls = torch.nn.Module, torch.optim.Optimizer
     # type(), not isinstance(): isinstance reads __class__, which proxies and deprecated
     # objects answer with an exception or a warning.
-    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), module_cls)]
+    modules, optimizers = [], []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if issubclass(kind, module_cls):
+            modules.append(obj)
+        elif issubclass(kind, optimizer_cls):
+            optimizers.append(obj)
     children = {id(child) for m in modules for child in m.children()}
     pre, post = (_Portable(f) for f in _forward_hooks(probe))
+    # Step 0 may close at its backward, before the optimizer's first step: the optimizers that exist.
+    optimized = _optimized_params(optimizers)
     roots = []
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
             continue
         _hook_pair(probe, module, pre, post)
         roots.append(weakref.ref(module))
-        inner = _wrapped_model(module)
+        inner = _wrapped_model(module, optimized)
         if inner is not None:
             # The loop may call the wrapped model itself (timm evaluates the model its training
             # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
@@ -999,6 +1009,30 @@ def attach_root_hooks(probe: Probe) -> None:
         _hooks_never_travel(probe, torch)
 
 
+def _wrapped_again(probe: Probe, opt: Any) -> None:
+    """At an optimizer's first step, the model each root wraps, found again now that gradients and
+    the optimizer exist: the roots go on when step 0 first closes, which may be before training
+    (sentence-transformers' example evaluates first, and its encode() iterates a DataLoader), when
+    every parameter of the loss, its guide model's too, only required grad. Once per optimizer."""
+    if not probe.root_hook_fns or "forward" in BROKEN:
+        return
+    try:
+        wrapped = set(probe.root_alias.values())
+        hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
+        pre, post = probe.root_hook_fns
+        optimized = _optimized_params([opt])
+        for ref in probe.roots:
+            root = ref()
+            if root is None or id(root) in wrapped:
+                continue
+            inner = _wrapped_model(root, optimized)
+            if inner is not None and id(inner) not in hooked:
+                _hook_pair(probe, inner, pre, post)
+                probe.root_alias[id(inner)] = id(root)
+    except Exception as exc:
+        ERRORS.record("forward.wrapped", exc)
+
+
 def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
     """Put the forward timing hooks on `module`, both or neither, and list them for removal."""
     a = module.register_forward_pre_hook(pre)
@@ -1010,17 +1044,39 @@ def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
     probe.root_hooks.append((weakref.ref(module), a.id, b.id))
 
 
-def _wrapped_model(module: Any) -> Any:
-    """The child that holds WRAPPED_SHARE of `module`'s trainable parameters (the model a DDP, a
-    training task or a LightningModule wraps), or None. Not under torch.compile's wrapper, whose
-    module runs compiled: hooks there would only be traced."""
+def _optimized_params(optimizers: list[Any]) -> set[int]:
+    """Ids of the parameters that ``optimizers`` update."""
+    out: set[int] = set()
+    for opt in optimizers:
+        for group in getattr(opt, "param_groups", None) or ():
+            out.update(id(p) for p in group.get("params", ()))
+    return out
+
+
+def _wrapped_model(module: Any, optimized: set[int] | frozenset[int] = frozenset()) -> Any:
+    """The child that holds WRAPPED_SHARE of `module`'s trained parameters (the model a DDP, a
+    training task or a LightningModule wraps), or None. Trained: those with a gradient at the end
+    of step 0, when these hooks go on; without any, those the optimizers update; else those that
+    require grad. sentence-transformers' losses hold the model and, for GISTEmbedLoss, a guide model
+    run under no_grad, whose parameters require grad and sit in the trainer's optimizer (it takes
+    the loss's parameters) but never get a gradient: the model held 83% of them, so its own calls
+    outside the loss (the evaluator's encode(), 3.1 s of each 3.5 s evaluation) were not timed and
+    read as the loop's Python. Not under torch.compile's wrapper, whose module runs compiled:
+    hooks there would only be traced."""
     if hasattr(module, "_orig_mod"):
         return None
-    total = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    params = [p for p in module.parameters() if p.requires_grad]
+    graded = [p for p in params if p.grad is not None]
+    if graded:
+        params = graded
+    elif optimized and any(id(p) in optimized for p in params):
+        params = [p for p in params if id(p) in optimized]
+    ids = {id(p) for p in params}
+    total = sum(p.numel() for p in params)
     for child in module.children():
         if getattr(child, "_compiled_call_impl", None) is not None:
             continue
-        if total and sum(p.numel() for p in child.parameters() if p.requires_grad) >= WRAPPED_SHARE * total:
+        if total and sum(p.numel() for p in child.parameters() if id(p) in ids) >= WRAPPED_SHARE * total:
             return child
     return None
 

@@ -61,9 +61,14 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
         n = len(b.steps)
         each = b.excess_ms / n
         when = f"Every {b.every} steps" if b.every else f"At {n} irregular steps"
-        parts = [(b.inference_ms, "in the model's forwards without autograd (an evaluation or a rollout)"),
+        # Environments and rollouts only where the job imported an RL environment library (a
+        # sentence-transformers job read "Python: environment steps" for its evaluator's scoring).
+        rl = bool(v.f is not None and v.f.env_libraries)
+        parts = [(b.inference_ms, "in the model's forwards without autograd ("
+                  + ("an evaluation or a rollout)" if rl else "an evaluation)")),
                  (b.data_ms, "waiting for batches"),
-                 (b.rest_ms, "outside the model (Python: environment steps, metrics, logging)")]
+                 (b.rest_ms, "outside the model (Python: " + ("environment steps, " if rl else "")
+                  + "metrics, logging" + ("" if rl else ", saving") + ")")]
         split = ", ".join(f"{fmt_ms(ms / n)} {what}" for ms, what in parts if ms / n >= 0.05 * each)
         site = v.f.inference_site if v.f is not None else None
         title = (f"{when} the training loop stops for {fmt_ms(each)} of work between steps ({n} times, "
@@ -193,9 +198,10 @@ def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bo
         if site and _SB3_ON_POLICY.search(site):
             return Fix(f"Most of it is the policy's forwards of the rollout{where}. {_SB3[0]}", _SB3[1])
         mode = "" if inference_mode else ", under torch.inference_mode(),"
-        fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that evaluation or rollout less "
+        what, each = ("evaluation or rollout", "sample or environment step") if envs else ("evaluation", "sample")
+        fix = Fix(f"Most of it is the model's forwards without autograd{where}: run that {what} less "
                   f"often or on fewer samples{mode} and batch it: one forward over many inputs instead of one per "
-                  "sample or environment step.",
+                  f"{each}.",
                   "with torch.inference_mode():\n    out = model(torch.stack(inputs))   # one batched forward")
     elif b.data_ms >= b.rest_ms:
         # Batches of a fixed evaluation set are the same at every evaluation: made once, they cost
