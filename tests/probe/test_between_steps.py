@@ -244,3 +244,39 @@ def test_the_trained_model_inside_a_loss_with_a_guide_is_timed_when_called_alone
     assert evaluating == [5, 10, 15, 20, 25, 30, 35], evaluating
     line = next(i for i, t in enumerate(body.splitlines(), start=1) if "# EVAL" in t)
     assert facts["inference_site"] == f"{tmp_path / 'job.py'}:{line}"
+
+
+def test_the_wrapped_model_is_chosen_among_the_parameters_that_train():
+    import warnings
+
+    import torch
+
+    from torchdoctor.probe import hooks
+
+    class Holder(torch.nn.Module):
+        def __init__(self, a, b):
+            super().__init__()
+            self.a, self.b = a, b
+
+    def ids(*modules):
+        return {id(p) for m in modules for p in m.parameters()}
+
+    model, guide = torch.nn.Linear(64, 64), torch.nn.Linear(64, 48)  # 4,160 and 3,120 parameters
+    loss = Holder(model, guide)
+    model(torch.randn(2, 64)).sum().backward()
+    # By what requires grad the model holds 57%: no wrapped model.
+    assert hooks._wrapped_model(loss) is None
+    # The guide sits in the optimizer that trains the model and never gets a gradient: left out.
+    assert hooks._wrapped_model(loss, [ids(loss)]) is model
+    # An actor-critic (or a GAN) with an optimizer each, the critic's gradients cleared: both halves count.
+    assert hooks._wrapped_model(loss, [ids(model), ids(guide)]) is None
+    # A module compiled in place (module.compile() sets _compiled_call_impl) runs its forward
+    # compiled: no hooks under it. (Set by hand: torch.compile's import is not this test's.)
+    loss._compiled_call_impl = loss._call_impl
+    assert hooks._wrapped_model(loss, [ids(loss)]) is None
+    # A non-leaf parameter (learn2learn's clones) is not asked for its .grad, which warns.
+    clone = torch.nn.Linear(4, 4)
+    clone._parameters["weight"] = clone.weight * 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hooks._wrapped_model(Holder(clone, torch.nn.Linear(4, 4)), [])

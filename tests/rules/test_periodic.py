@@ -49,7 +49,7 @@ def test_a_rollout_every_16_steps_is_priced_against_the_job():
     got = only(run("HO-16", (None, f)), "HO-16")
     assert "nvironment" not in got.fix.text + got.fix.snippet and "py-spy" in got.fix.snippet
     assert "nvironment" not in got.title and "rollout" not in got.title
-    assert "310.0 ms outside the model (Python: metrics, logging, saving)" in got.title
+    assert "310.0 ms outside the model (Python: metrics, logging, saves other than torch.save's)" in got.title
     rollouts, f.steps = f.steps, steps(320, 16, 400.0, inference=350.0)  # mostly forwards: an evaluation's advice
     got = only(run("HO-16", (None, f)), "HO-16")
     assert "run that evaluation less often" in got.fix.text and "environment" not in got.fix.text

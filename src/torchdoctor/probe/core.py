@@ -95,6 +95,7 @@ class Probe:
         # (a full graph). And the first step whose forwards with autograd were seen.
         self.grad_inputs: dict[int, tuple[int, weakref.ref[Any]]] = {}
         self.first_grad_step: int | None = None
+        self.rewraps = 0  # optimizers whose first step looked again for wrapped models (hooks._wrapped_again)
         self.root_alias: dict[int, int] = {}  # a wrapped model's id -> its wrapper's (both timed)
         self.root_device_kind: str | None = None  # the model's device kind when its roots were found
         self.optimizers: list[tuple[weakref.ref[Any], Any]] = []

@@ -47,7 +47,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -844,6 +844,8 @@ def _forward_hooks(probe: Probe) -> tuple[Callable[..., None], Callable[..., Non
 _MAX_NOGRAD_INPUTS = 64
 # Inputs of forwards with autograd remembered: when more, those freed are forgotten, then the oldest.
 _MAX_GRAD_INPUTS = 256
+# Where a failure to find a root's wrapped model again is recorded (it stops that search only).
+_WRAPPED = "forward.wrapped"
 # Where a failure to read a forward's input is recorded: apart from "forward", so that it stops this
 # reading only, never the forward's timing.
 _INPUTS = "forward.inputs"
@@ -981,7 +983,7 @@ def attach_root_hooks(probe: Probe) -> None:
     children = {id(child) for m in modules for child in m.children()}
     pre, post = (_Portable(f) for f in _forward_hooks(probe))
     # Step 0 may close at its backward, before the optimizer's first step: the optimizers that exist.
-    optimized = _optimized_params(optimizers)
+    optimized = [_optimized_params([opt]) for opt in optimizers]
     roots = []
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
@@ -1009,18 +1011,25 @@ def attach_root_hooks(probe: Probe) -> None:
         _hooks_never_travel(probe, torch)
 
 
+# Optimizers whose first step looks again for the roots' wrapped models: a job that builds a new
+# optimizer every step must not pay for a walk over its modules every step.
+_MAX_REWRAPS = 4
+
+
 def _wrapped_again(probe: Probe, opt: Any) -> None:
     """At an optimizer's first step, the model each root wraps, found again now that gradients and
     the optimizer exist: the roots go on when step 0 first closes, which may be before training
     (sentence-transformers' example evaluates first, and its encode() iterates a DataLoader), when
-    every parameter of the loss, its guide model's too, only required grad. Once per optimizer."""
-    if not probe.root_hook_fns or "forward" in BROKEN:
+    every parameter of the loss, its guide model's too, only required grad. For the first
+    _MAX_REWRAPS optimizers."""
+    if not probe.root_hook_fns or "forward" in BROKEN or _WRAPPED in BROKEN or probe.rewraps >= _MAX_REWRAPS:
         return
+    probe.rewraps += 1
     try:
         wrapped = set(probe.root_alias.values())
         hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
         pre, post = probe.root_hook_fns
-        optimized = _optimized_params([opt])
+        optimized = [_optimized_params([opt])]
         for ref in probe.roots:
             root = ref()
             if root is None or id(root) in wrapped:
@@ -1030,7 +1039,7 @@ def _wrapped_again(probe: Probe, opt: Any) -> None:
                 _hook_pair(probe, inner, pre, post)
                 probe.root_alias[id(inner)] = id(root)
     except Exception as exc:
-        ERRORS.record("forward.wrapped", exc)
+        ERRORS.record(_WRAPPED, exc)
 
 
 def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
@@ -1053,24 +1062,27 @@ def _optimized_params(optimizers: list[Any]) -> set[int]:
     return out
 
 
-def _wrapped_model(module: Any, optimized: set[int] | frozenset[int] = frozenset()) -> Any:
+def _wrapped_model(module: Any, optimizers: Sequence[set[int]] = ()) -> Any:
     """The child that holds WRAPPED_SHARE of `module`'s trained parameters (the model a DDP, a
-    training task or a LightningModule wraps), or None. Trained: those with a gradient at the end
-    of step 0, when these hooks go on; without any, those the optimizers update; else those that
-    require grad. sentence-transformers' losses hold the model and, for GISTEmbedLoss, a guide model
-    run under no_grad, whose parameters require grad and sit in the trainer's optimizer (it takes
-    the loss's parameters) but never get a gradient: the model held 83% of them, so its own calls
-    outside the loss (the evaluator's encode(), 3.1 s of each 3.5 s evaluation) were not timed and
-    read as the loop's Python. Not under torch.compile's wrapper, whose module runs compiled:
+    training task or a LightningModule wraps), or None. Trained: those that require grad, less
+    those without a gradient that share an optimizer (``optimizers``: each one's parameter ids)
+    with parameters that have one. sentence-transformers' losses hold the model and, for
+    GISTEmbedLoss, a guide model run under no_grad, whose parameters require grad and sit in the
+    trainer's optimizer (it takes the loss's parameters) but never get a gradient: the model held
+    83% of them, so its own calls outside the loss (the evaluator's encode(), 3.1 s of each 3.5 s
+    evaluation) were not timed and read as the loop's Python. A parameter whose own optimizer
+    holds no gradient at the moment (a GAN's or an actor-critic's other half, its gradients
+    cleared) still counts: the container's children are then all the model. Not under
+    torch.compile's wrapper, nor for a module compiled in place, whose forward runs compiled:
     hooks there would only be traced."""
-    if hasattr(module, "_orig_mod"):
+    if hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None:
         return None
     params = [p for p in module.parameters() if p.requires_grad]
-    graded = [p for p in params if p.grad is not None]
+    # .grad of a non-leaf parameter (learn2learn's clones) warns: a leaf's only.
+    graded = {id(p) for p in params if p.is_leaf and p.grad is not None}
     if graded:
-        params = graded
-    elif optimized and any(id(p) in optimized for p in params):
-        params = [p for p in params if id(p) in optimized]
+        idle = {i for ids in optimizers if ids & graded for i in ids - graded}
+        params = [p for p in params if id(p) not in idle]
     ids = {id(p) for p in params}
     total = sum(p.numel() for p in params)
     for child in module.children():

@@ -241,7 +241,8 @@ def rank_facts(probe: Probe) -> RankFacts:
         ddp = rec.ref()
         if ddp is not None:  # static_graph etc. may have changed since construction
             rec.facts = collect.ddp_facts(ddp, rec.site)
-            rec.logging_data = collect.attempt(lambda ddp=ddp: ddp._get_ddp_logging_data()) or rec.logging_data
+            if "ddp.logging_data" not in ERRORS.broken:  # a torch whose DDP raised there: never called again
+                rec.logging_data = collect.attempt(lambda ddp=ddp: ddp._get_ddp_logging_data()) or rec.logging_data
         facts = msgspec.structs.replace(rec.facts)
         if rec.logging_data:
             collect.apply_ddp_logging(facts, rec.logging_data)

@@ -124,8 +124,11 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
             fix=_fix(v.f.env_libraries),
             confidence="medium",
             confirm="py-spy or cProfile over the same run names the functions that take this time",
-            source="probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "
-                   "collectives); shown from 10% of the steady step, severity by the job's share (20% warning, 40% critical)")
+            source=("probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "
+                    "collectives)" if not forward_unseen(v.f.steps) else
+                    "probe: every step's wall time; the profiled steps' host split for the share outside every traced "
+                    "op (the probe timed no forward)")
+                   + "; shown from 10% of the steady step, severity by the job's share (20% warning, 40% critical)")
         f.job_s, f.job_pct, f.per = round(job_s, 3), round(job_pct, 1), "job"
         return f
     return per_rank(inputs, one)

@@ -68,7 +68,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                   + ("an evaluation or a rollout)" if rl else "an evaluation)")),
                  (b.data_ms, "waiting for batches"),
                  (b.rest_ms, "outside the model (Python: " + ("environment steps, " if rl else "")
-                  + "metrics, logging" + ("" if rl else ", saving") + ")")]
+                  + "metrics, logging" + ("" if rl else ", saves other than torch.save's") + ")")]
         split = ", ".join(f"{fmt_ms(ms / n)} {what}" for ms, what in parts if ms / n >= 0.05 * each)
         site = v.f.inference_site if v.f is not None else None
         title = (f"{when} the training loop stops for {fmt_ms(each)} of work between steps ({n} times, "
