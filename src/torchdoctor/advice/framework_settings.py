@@ -154,21 +154,30 @@ def trainer_snippet(snippet: str, kind: str = "DataLoader") -> str | None:
     """The snippet with its `kind(...)` call as the TrainingArguments that make the Trainer build
     it (arguments without a field said in a comment; the snippet's other lines kept), or None
     when the call sets nothing TrainingArguments has."""
-    fields = TRAINING_ARGUMENTS[kind]
+    return _rewrite_call(snippet, kind, TRAINING_ARGUMENTS[kind], "{}={}", ("TrainingArguments(..., ", ", ", ")"),
+                         "no TrainingArguments field")
+
+
+def _rewrite_call(snippet: str, kind: str, names: dict[str, str], form: str, frame: tuple[str, str, str],
+                  none: str) -> str | None:
+    """The snippet with its `kind(...)` call's settings renamed by ``names`` and written ``form``
+    (the new name, the value), joined and framed by ``frame`` (before, between, after); settings
+    without a name said in a comment (``none``); the snippet's other lines kept, a trailing comment
+    on the call's line (it named an alternative of the call) dropped. None when none has a name."""
     start = snippet.find(f"{kind}(")
     if start < 0:
         return None
     inner, end = _call_args(snippet, start + len(kind))
     pairs = [(k.strip(), v.strip()) for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
-    mapped = [f"{fields[k]}={v}" for k, v in pairs if k in fields]
+    mapped = [form.format(names[k], v) for k, v in pairs if k in names]
     if not mapped:
         return None
-    missing = [k for k, _ in pairs if k not in fields and k not in _NOT_SETTINGS]
-    note = f"  # {', '.join(missing)}: no TrainingArguments field" if missing else ""
+    missing = [k for k, _ in pairs if k not in names and k not in _NOT_SETTINGS]
+    note = f"  # {', '.join(missing)}: {none}" if missing else ""
     rest = snippet[end:]
-    # A trailing comment on the call's line named an alternative of the DDP(...) form: drop it.
     rest = rest[rest.index("\n"):] if "\n" in rest else ""
-    return snippet[:start] + "TrainingArguments(..., " + ", ".join(mapped) + ")" + note + rest
+    before, between, after = frame
+    return snippet[:start] + before + between.join(mapped) + after + note + rest
 
 
 def call_owner(call: str | None) -> str | None:
@@ -219,19 +228,10 @@ def cli_snippet(snippet: str, kind: str, library: str) -> str | None:
     """The snippet with its `kind(...)` call as the library's command-line options (CLI_OPTIONS:
     `--workers 1`), settings without an option said in a comment; None when it sets none that has one."""
     options = CLI_OPTIONS.get((library, kind))
-    start = snippet.find(f"{kind}(")
-    if options is None or start < 0:
+    if options is None:
         return None
-    inner, end = _call_args(snippet, start + len(kind))
-    pairs = [(k.strip(), v.strip()) for k, _, v in (a.partition("=") for a in _top_level(inner)) if v]
-    mapped = [f"{options[k]} {v}" for k, v in pairs if k in options]
-    if not mapped:
-        return None
-    missing = [k for k, _ in pairs if k not in options and k not in _NOT_SETTINGS]
-    note = f"  # {', '.join(missing)}: no {library} option" if missing else ""
-    rest = snippet[end:]
-    rest = rest[rest.index("\n"):] if "\n" in rest else ""
-    return snippet[:start] + f"python -m {library}.main ... " + " ".join(mapped) + note + rest
+    return _rewrite_call(snippet, kind, options, "{} {}", (f"python -m {library}.main ... ", " ", ""),
+                         f"no {library} option")
 
 
 def _top_level(args: str) -> list[str]:
