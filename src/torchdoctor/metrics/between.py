@@ -138,6 +138,28 @@ def _long_steps(steps: list[StepTiming]) -> tuple[float, np.ndarray, np.ndarray,
     return median, beyond, idx, idx[:0]
 
 
+def long_steps(timings: list[StepTiming], train_wall_s: float | None) -> tuple[Between | None, list[StepTiming]]:
+    """One pass over a rank's steps: (the pattern of work between steps, ``between_steps``; the
+    stray long steps, ``stray_steps``). At most one of the two is non-empty."""
+    steps = [s for s in timings if s.step >= 1]
+    if len(steps) < MIN_STEPS:
+        return None, []
+    median, beyond, idx, far = _long_steps(steps)
+    if idx.size < MIN_LONG_STEPS:
+        return None, [steps[i] for i in sorted([*idx.tolist(), *far.tolist()])]
+    inference, data, rest = beyond[idx].sum(axis=0).tolist()
+    picked = [steps[i] for i in idx.tolist()]
+    gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
+    mid = int(np.median(gaps))
+    # Long steps one after another are a burst (contention, a slow start), not a period.
+    every = mid if mid > 1 and sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
+    if every is None and len(picked) > MAX_IRREGULAR_SHARE * len(steps):
+        return None, []
+    wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
+    one_offs = tuple(steps[i] for i in far.tolist())
+    return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps), one_offs), []
+
+
 def stray_steps(timings: list[StepTiming]) -> list[StepTiming]:
     """The long steps of a run that has too few of them for a pattern (fewer than MIN_LONG_STEPS
     once the machine's jitter is left out), with any one-offs beside them: an evaluation at the end
@@ -146,34 +168,12 @@ def stray_steps(timings: list[StepTiming]) -> list[StepTiming]:
     in two of its 185 recorded steps of 15.7 ms, and HO-17 read "2.8 s of the loop's own work, 58%
     of the job" (1.2 s, 24%, without them) while the data wait's share fell from 7.0% to 4.9%.
     Empty where there are none, or enough for ``between_steps`` to judge."""
-    steps = [s for s in timings if s.step >= 1]
-    if len(steps) < MIN_STEPS:
-        return []
-    _, _, idx, one_offs = _long_steps(steps)
-    if idx.size >= MIN_LONG_STEPS:
-        return []
-    return [steps[i] for i in sorted([*idx.tolist(), *one_offs.tolist()])]
+    return long_steps(timings, None)[1]
 
 
 def between_steps(timings: list[StepTiming], train_wall_s: float | None) -> Between | None:
     """The long steps of a rank's run and what they hold (None without a pattern of them)."""
-    steps = [s for s in timings if s.step >= 1]
-    if len(steps) < MIN_STEPS:
-        return None
-    median, beyond, idx, far = _long_steps(steps)
-    one_offs = tuple(steps[i] for i in far.tolist())
-    if idx.size < MIN_LONG_STEPS:
-        return None
-    inference, data, rest = beyond[idx].sum(axis=0).tolist()
-    picked = [steps[i] for i in idx.tolist()]
-    gaps = [b.step - a.step for a, b in zip(picked, picked[1:], strict=False)]
-    mid = int(np.median(gaps))
-    # Long steps one after another are a burst (contention, a slow start), not a period.
-    every = mid if mid > 1 and sum(abs(g - mid) <= 1 for g in gaps) >= REGULAR_SHARE * len(gaps) else None
-    if every is None and len(picked) > MAX_IRREGULAR_SHARE * len(steps):
-        return None
-    wall = train_wall_s or sum(s.total_ms for s in timings) / 1e3
-    return Between(picked, median, inference + data + rest, inference, data, every, wall, len(steps), one_offs)
+    return long_steps(timings, train_wall_s)[0]
 
 
 def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None) -> Between | None:
@@ -196,14 +196,15 @@ def inference_in_every_step(steady: list[StepTiming], train_wall_s: float | None
     return Between(picked, median_step, total, total, 0.0, 1, wall, len(steady))
 
 
-def loop_steps(timings: list[StepTiming], b: Between | None = None) -> list[StepTiming]:
-    """``timings`` less the long steps of a regular pattern of work between steps (``b``, else
-    ``between_steps(timings)``, with a period) and its one-offs, or, without a pattern, the one or
-    two stray long steps (``stray_steps``): what the steady step is made of. Irregular long steps
-    of a pattern stay (they may be the machine's, and a median does not see a few)."""
-    if b is None:
-        b = between_steps(timings, None)
+def loop_steps(timings: list[StepTiming],
+               found: tuple[Between | None, list[StepTiming]] | None = None) -> list[StepTiming]:
+    """``timings`` less the long steps of a regular pattern of work between steps (``found``, else
+    ``long_steps(timings)``: the pattern, with a period, and the strays) and its one-offs, or,
+    without a pattern, the one or two stray long steps (``stray_steps``): what the steady step is
+    made of. Irregular long steps of a pattern stay (they may be the machine's, and a median does
+    not see a few)."""
+    b, strays = found if found is not None else long_steps(timings, None)
     if b is not None and b.every is None:
         return list(timings)
-    out = {id(s) for s in ((*b.steps, *b.one_offs) if b is not None else stray_steps(timings))}
+    out = {id(s) for s in ((*b.steps, *b.one_offs) if b is not None else strays)}
     return [s for s in timings if id(s) not in out]

@@ -628,7 +628,7 @@ def _watch_uncaught(probe: Probe) -> None:
 def _child_ended(run_dir: str, pid: int, returncode: int | None) -> None:
     try:
         output.record_exit(run_dir, pid, returncode)
-        if _probe is not None and os.path.exists(output.status_path(run_dir, pid)):
+        if _probe is not None and output.is_probed(run_dir, pid):
             # A probed child (a rank its parent started): its CPU time is its own report's, and once
             # reaped it is in RUSAGE_CHILDREN, which then says nothing of the job's other children.
             _probe.probed_children.add(pid)

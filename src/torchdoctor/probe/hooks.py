@@ -915,16 +915,19 @@ def _grad_forward_input(probe: Probe, args: Any) -> None:
         owner = _owner(first)
         seen = probe.grad_inputs.get(id(owner))
         trained_before = seen is not None and seen[0] < index and seen[1]() is owner
-        pending = probe.nograd_inputs
-        if pending and any(e[0] == index for e in pending):
-            key = _input_key(first)
-            for i, (at, k, ref, took) in enumerate(pending):
-                if at == index and k == key and key is not None and ref() is not None:
-                    del pending[i]
-                    first_step = probe.first_grad_step
-                    if first_step is not None and first_step < index and not trained_before:
-                        probe.clock.add(Phase.FROZEN_INFERENCE, took)
-                    break
+        pending, key = probe.nograd_inputs, None
+        for i, (at, k, ref, took) in enumerate(pending):
+            if at != index or ref() is None:
+                continue
+            key = key or _input_key(first)  # built once, and only when this step has entries
+            if key is None:
+                break
+            if k == key:
+                del pending[i]
+                first_step = probe.first_grad_step
+                if first_step is not None and first_step < index and not trained_before:
+                    probe.clock.add(Phase.FROZEN_INFERENCE, took)
+                break
         if probe.first_grad_step is None:
             probe.first_grad_step = index
         if seen is None or seen[1]() is not owner:

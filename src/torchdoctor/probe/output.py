@@ -142,6 +142,11 @@ def status_path(run_dir: str, pid: int) -> str:
     return os.path.join(run_dir, RANKS_DIR, f"pid{pid}.status")
 
 
+def is_probed(run_dir: str, pid: int) -> bool:
+    """Process ``pid`` ran under this run's probe (it wrote a progress line)."""
+    return os.path.exists(status_path(run_dir, pid))
+
+
 def exit_path(run_dir: str, pid: int) -> str:
     return os.path.join(run_dir, RANKS_DIR, f"pid{pid}.exit")
 
@@ -196,7 +201,7 @@ def read_progress(run_dir: str) -> dict[int, dict[str, Any]]:
 
 def record_exit(run_dir: str, pid: int, returncode: int | None) -> None:
     """The parent of probed process ``pid`` reaped it: keep its exit status (others are skipped)."""
-    if returncode is None or not os.path.exists(status_path(run_dir, pid)):
+    if returncode is None or not is_probed(run_dir, pid):
         return
     write_json(exit_path(run_dir, pid), {"returncode": int(returncode), "time": time.time()})
 

@@ -124,7 +124,7 @@ def _child_processes_cpu_s(probe: Probe, workers: set[int], reaped_s: float) -> 
     live = sysinfo.child_pids()
     run_dir = probe.config.run_dir
     if run_dir:
-        probe.probed_children.update(pid for pid in live if os.path.exists(output.status_path(run_dir, pid)))
+        probe.probed_children.update(pid for pid in live if output.is_probed(run_dir, pid))
     mine = [pid for pid in live if pid not in workers and pid not in postprocess.STARTED
             and pid not in probe.probed_children]
     now = sysinfo.live_child_cpu(mine)

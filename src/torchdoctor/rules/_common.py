@@ -18,8 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..facts import DataLoaderFacts, RankFacts, StepTiming, sampled_comm_median
-from ..metrics.between import Between, loop_steps
-from ..metrics.between import between_steps as find_between
+from ..metrics.between import Between, long_steps, loop_steps
 from ..metrics.model import IdleCause, RankResult
 from ..metrics.steps import WARMUP_FACTOR
 from .engine import RankInputs, RuleInputs
@@ -166,8 +165,9 @@ def probe_steps(r: RankResult | None, f: RankFacts | None) -> ProbeSteps:
     less a regular pattern's long ones (an evaluation after every other step would otherwise be
     half of the steps that a median or a sum over them reads as the training step), or, without a
     pattern, less the one or two stray long steps (two epoch-end evaluations that a sum counts)."""
-    between = find_between(f.steps, f.train_wall_s) if f is not None else None
-    timed = steady(loop_steps(f.steps, between)) if f is not None else []
+    found = long_steps(f.steps, f.train_wall_s) if f is not None else (None, [])
+    between = found[0]
+    timed = steady(loop_steps(f.steps, found)) if f is not None else []
     if r is not None and r.window.end_ns > r.window.start_ns:
         n = max(len(r.window.steps), 1)
         return ProbeSteps((r.window.end_ns - r.window.start_ns) / 1e6 / n, n, timed, between)

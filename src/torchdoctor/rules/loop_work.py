@@ -87,11 +87,12 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
         if len(steps) < MIN_STEPS:
             return None
         total = np.array([s.total_ms for s in steps])
-        if forward_unseen(v.f.steps):
-            blind = _blind_split(v, total)
-            if blind is None:
+        blind = forward_unseen(v.f.steps)
+        if blind:
+            split = _blind_split(v, total)
+            if split is None:
                 return None
-            own, model = blind
+            own, model = split
         else:
             own = np.array([rest_ms(s) for s in steps])
             model = float(np.median([s.forward_ms + s.backward_ms + s.optimizer_ms for s in steps]))
@@ -110,7 +111,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
                  f"backward and optimizer step and the DataLoader: the training loop's own work, on the same CPUs "
                  f"as the model's {fmt_ms(model)}.")
         how = ("the probe's phases; saves, loader restarts and the long steps of work between steps left out"
-               if not forward_unseen(v.f.steps) else
+               if not blind else
                "the probe timed no forward, so the share outside the model is the profiled steps' untraced time, "
                "outside every traced op")
         f = finding(
@@ -125,7 +126,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
             confidence="medium",
             confirm="py-spy or cProfile over the same run names the functions that take this time",
             source=("probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "
-                    "collectives)" if not forward_unseen(v.f.steps) else
+                    "collectives)" if not blind else
                     "probe: every step's wall time; the profiled steps' host split for the share outside every traced "
                     "op (the probe timed no forward)")
                    + "; shown from 10% of the steady step, severity by the job's share (20% warning, 40% critical)")
