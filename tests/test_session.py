@@ -58,7 +58,8 @@ def test_a_job_that_only_evaluates_is_still_diagnosed(tmp_path):
     assert not any("only evaluated" in w.message for w in report.warnings)
 
 
-def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up: float = 1.0, first: int = 5):
+def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up: float = 1.0, first: int = 5,
+            profiled: list[StepTiming] | None = None):
     """A CPU-only run directory: ProfilerSteps 5-7 of `window_ms` in the trace, the probe's steps
     0-39 outside them at `steady_ms` (step 0 a slow start-up, steps 1-4 `warm_up` x steady)."""
     from kineto_builder import TraceBuilder
@@ -77,6 +78,7 @@ def cpu_run(tmp_path, window_ms: list[float], steady_ms: float = 250.0, warm_up:
                         forward_ms=0.3 * steady_ms, backward_ms=0.5 * steady_ms, optimizer_ms=0.1 * steady_ms)
              for i in range(40) if not first <= i < first + 3]
     facts = RankFacts(rank=0, pid=7, hostname="h", step_source="optimizer", steps=steps, profile_steps=[first, first + 3],
+                      profiled_steps=profiled or [],
                       optimizers=[OptimizerFacts(cls="SGD")], trace_file="traces/rank0.json.gz", last_step=39,
                       dataloaders=[DataLoaderFacts(num_workers=0, call_site="train.py:10")])
     return report_from_run_dir(manifest(tmp_path, facts))
@@ -127,3 +129,36 @@ def test_a_slow_window_with_no_step_timed_before_it_is_not_blamed_on_the_profile
     assert said.startswith("rank 0: the profiled steps 1–3 took 412.0 ms a step")
     assert "the job's warm-up, or the profiler's own cost (no step just before it was timed)" in said
     assert "`torchdoctor run --profile-steps 22:25`" in said
+
+
+def test_a_profiled_step_that_evaluated_and_saved_is_left_out_of_the_window_and_said(tmp_path):
+    """timm's train.py, 6 steps an epoch: step 6 of the window 5-7 evaluated (1.6 s) and saved a
+    checkpoint (0.25 s). Over the whole window the trace's mean step was 7x the steady one, which
+    every share and DI-15's 2.5% read; the window is now the steps around it that trained only."""
+    def step(n, total, inference=0.0, checkpoint=0.0):
+        return StepTiming(step=n, total_ms=total, forward_ms=75.0 + inference, backward_ms=125.0, optimizer_ms=25.0,
+                          dataloader_ms=20.0, inference_ms=inference, checkpoint_ms=checkpoint,
+                          checkpoint_saves=1 if checkpoint else 0)
+
+    profiled = [step(5, 250.0), step(6, 2150.0, inference=1600.0, checkpoint=250.0), step(7, 262.0)]
+    report = cpu_run(tmp_path, [250.0, 2150.0, 262.0], profiled=profiled)
+    (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
+    assert said == ("rank 0: the profiled steps 5–7 held work between training steps, step 6 (forwards without "
+                    "autograd (an evaluation) 1,600 ms, checkpoint saves 250 ms: 2,150 ms), against a steady step of "
+                    "250.0 ms (the probe's median over 36 steps). The trace is analysed over step 5 only, so that its "
+                    "shares describe the training step (`--steps 5:8` analyses them all)."), said
+    (rank,) = report.ranks
+    assert rank.window["steps"] == [5] and rank.window["mode"] == "steps 5:6"
+    assert abs(rank.metrics["step_ms_median"] - 250.0) < 1.0
+    # The save in the window counts, and its share is of the training step's 250 ms, not the window's mean.
+    (di15,) = [f for f in report.findings if f.id == "DI-15"]
+    assert "1 save(s) of 250.0 ms each in 40 steps" in di15.title and abs(di15.recoverable_pct - 2.5) < 0.05
+    # Asked for, the whole window is analysed as before.
+    again = report_from_run_dir(str(tmp_path), steps="5:8")
+    assert again.ranks[0].window["steps"] == [5, 6, 7]
+    # A window whose every step evaluated stays, and says so.
+    (tmp_path / "all").mkdir()
+    every = [step(n, 2150.0, inference=1600.0) for n in (5, 6, 7)]
+    whole = cpu_run(tmp_path / "all", [2150.0] * 3, profiled=every)
+    (said,) = [w.message for w in whole.warnings if "profiled steps" in w.message]
+    assert "Every profiled step did" in said and whole.ranks[0].window["steps"] == [5, 6, 7]

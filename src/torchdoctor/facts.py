@@ -437,6 +437,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     # Environment variables that matter for performance (NCCL_*, OMP_NUM_THREADS, CUDA_LAUNCH_BLOCKING, ...).
     env: dict[str, str] = {}
     steps: list[StepTiming] = []
+    # The steps in the profiler's window (``profile_steps``), timed as ``steps`` but left out of them:
+    # the profiler slows them. What the job did in them still counts (DI-15's saves).
+    profiled_steps: list[StepTiming] = []
     # Wall seconds from the first training activity (first forward, batch or optimizer step) to
     # this summary: the job-level denominator for one-off costs such as compiling.
     train_wall_s: float | None = None

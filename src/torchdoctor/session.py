@@ -31,7 +31,16 @@ from .compile import fusion, torch_trace
 from .compile import history as compile_history
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
-from .facts import SUMMARY_STEPS_KEPT, CompileFacts, RankFacts, evaluation_only, forward_unseen, trains
+from .facts import (
+    SUMMARY_STEPS_KEPT,
+    CompileFacts,
+    RankFacts,
+    StepTiming,
+    evaluation_only,
+    forward_unseen,
+    trains,
+)
+from .metrics.between import clean_profiled_range, evaluating_ms, profiled_strays
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -435,6 +444,8 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow |
     timed = (probe or probe_steps(res, f)).timed
     if len(timed) < SLOW_WINDOW_MIN_STEPS:
         return None
+    if {s.step for s in profiled_strays(f.profiled_steps, timed)} & set(res.window.steps):
+        return None  # slow for the work between steps in it, which ``clean_window`` named
     steady_ms = float(np.median([s.total_ms for s in timed]))
     window_ms = float(res.metrics.step_ms_median)
     if steady_ms <= 0 or window_ms < SLOW_WINDOW_FACTOR * steady_ms:
@@ -449,6 +460,39 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow |
         start = None
     return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None, start,
                       (first, end))
+
+
+def clean_window(f: RankFacts) -> tuple[str | None, str | None]:
+    """(the steps "A:B" to analyse instead of the whole profiled window, or None; what to say) for a
+    live rank whose profiled steps held work between training steps (``profiled_strays``: an
+    evaluation, a save): the trace's shares and its mean step would describe that work. The window
+    becomes the longest run of the other profiled steps; with none, it stays, and the note says so."""
+    if not f.profiled_steps:
+        return None, None
+    timed = probe_steps(None, f).timed
+    strays = profiled_strays(f.profiled_steps, timed)
+    if not strays:
+        return None, None
+    steady_ms = float(np.median([s.total_ms for s in timed]))
+    rng = clean_profiled_range(f.profiled_steps, strays, steady_ms)
+    held = "; ".join(f"step {s.step} ({_held(s)}: {s.total_ms:,.0f} ms)" for s in strays[:3])
+    first, end = min(s.step for s in f.profiled_steps), max(s.step for s in f.profiled_steps) + 1
+    said = (f"the profiled steps {first}–{end - 1} held work between training steps, {held}, against a steady step "
+            f"of {steady_ms:,.1f} ms (the probe's median over {len(timed)} steps).")
+    if rng is None:
+        return None, (said + " Every profiled step did, so the trace's shares describe that work, not the training "
+                      "step: profile other steps (`torchdoctor run --profile-steps A:B`).")
+    a, b = rng
+    which = f"step {a}" if b - a == 1 else f"steps {a}–{b - 1}"
+    return f"{a}:{b}", (said + f" The trace is analysed over {which} only, so that its shares describe the training "
+                        f"step (`--steps {first}:{end}` analyses them all).")
+
+
+def _held(s: StepTiming) -> str:
+    """What the probe saw a stray profiled step do besides training, in words."""
+    parts = [(evaluating_ms(s), "forwards without autograd (an evaluation)"), (s.checkpoint_ms, "checkpoint saves"),
+             (s.loader_iter_ms, "DataLoader restarts")]
+    return ", ".join(f"{what} {ms:,.0f} ms" for ms, what in parts if ms >= 1.0) or "work between steps"
 
 
 def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
@@ -703,14 +747,20 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
                             config=config)
     inputs: list[RankInputs] = []
     sights: dict[str, TraceSight] = {}
+    notes: list[ErrorEntry] = []  # profiled steps that held an evaluation or a save (``clean_window``)
     for entry in manifest.ranks:
         facts, result = entry.facts, entry.analysis
         r = facts.rank if facts else (result.rank if result else None)
         if rank is not None and r != rank:
             continue
         trace = os.path.join(run_dir, facts.trace_file) if facts and facts.trace_file else None
-        if trace and os.path.isfile(trace) and (steps is not None or result is None):
-            status, value, sight = _analyze_one(trace, steps)
+        clean = None
+        if trace and steps is None and facts is not None:
+            clean, note = clean_window(facts)
+            if note:
+                notes.append(ErrorEntry("torchdoctor", f"rank {r}: {note}"))
+        if trace and os.path.isfile(trace) and (steps is not None or result is None or clean is not None):
+            status, value, sight = _analyze_one(trace, steps or clean)
             if status == "ok":
                 assert isinstance(value, RankResult)
                 result = value
@@ -720,7 +770,7 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
             else:
                 errors.append(ErrorEntry(trace, str(value)))
         inputs.append(RankInputs(r, result=result, facts=facts))
-    warnings: list[ErrorEntry] = []
+    warnings: list[ErrorEntry] = notes
     evaluators = [ri for ri in inputs if evaluation_only(ri.facts)]
     if evaluators and len(evaluators) < len(inputs) and any(trains(ri.facts) for ri in inputs):
         # Beside processes that train, one that only evaluated (the Hogwild example's parent tests

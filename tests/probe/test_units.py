@@ -24,6 +24,8 @@ def test_clock_optimizer_steps_and_skipped_window():
         assert clock.boundary(Source.OPTIMIZER, 0.1 * (i + 1)) == i
         clock.resume(0.1 * (i + 1))
     assert [s.step for s in clock.steps] == [0, 2]
+    # The skipped (profiled) step is kept apart, with what ran in it (a save is the job's own).
+    assert [(s.step, s.total_ms, s.forward_ms) for s in clock.profiled_steps] == [(1, 100.0, 10.0)]
     step = clock.steps[0]
     assert (step.total_ms, step.forward_ms, step.backward_ms, step.other_ms) == (100.0, 10.0, 20.0, 70.0)
     clock.attribute_comm(2, 0.005)

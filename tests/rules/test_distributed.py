@@ -500,6 +500,15 @@ def test_di15_prices_blocking_saves_per_step_and_names_the_straggler_s_cause():
     got = only(run("DI-15", (None, cpu_facts(steps=pairs))), "DI-15")
     assert "6 save(s) of 200.0 ms each in 80 steps (1.5 saves at a time, every 20 steps)" in got.title
 
+    # A save in the profiler's window counts (timm saves after every epoch of 6 steps; the window, steps
+    # 5-7, held the first): 3 saves every 6 steps in 18, not 2 in the 15 steps outside the window.
+    epochs = [StepTiming(step=i, total_ms=100.0, checkpoint_ms=120.0 if i % 6 == 0 and i else 0.0,
+                         checkpoint_saves=1 if i % 6 == 0 and i else 0) for i in range(19)]
+    windowed = cpu_facts(steps=[s for s in epochs if not 5 <= s.step < 8],
+                         profiled_steps=[s for s in epochs if 5 <= s.step < 8])
+    got = only(run("DI-15", (None, windowed)), "DI-15")
+    assert "3 save(s) of 120.0 ms each in 19 steps (one every 6 steps), 18.9 ms per step" in got.title, got.title
+
 
 def test_di16_fsdp2_resharding_with_memory_to_spare():
     """Units that reshard after forward all-gather again in backward: half the all-gather time when the

@@ -208,3 +208,43 @@ def loop_steps(timings: list[StepTiming],
         return list(timings)
     out = {id(s) for s in ((*b.steps, *b.one_offs) if b is not None else strays)}
     return [s for s in timings if id(s) not in out]
+
+
+def between_work_ms(s: StepTiming) -> float:
+    """Work in step ``s`` that is not the training step's, as the probe times it: an evaluation's
+    forwards (``evaluating_ms``), checkpoint saves and DataLoader restarts, ms."""
+    return evaluating_ms(s) + s.checkpoint_ms + s.loader_iter_ms
+
+
+def profiled_strays(profiled: list[StepTiming], timed: list[StepTiming]) -> list[StepTiming]:
+    """The profiler's steps that held work between training steps: more ``between_work_ms`` than the
+    steady steps' (``timed``) usual by LONG_SHARE of their median step (and LONG_MIN_MS). timm's
+    train.py with 6 steps an epoch: step 6 of the default window 5-7 evaluated (1.6 s), recompiled
+    for it and saved (0.25 s), 2.6 s against a steady 145 ms, and the window's shares and its mean
+    step were that evaluation's. Their own times are the profiler's too, so only the work the probe
+    names counts. Empty without MIN_STEPS steady steps to compare with."""
+    if not profiled or len(timed) < MIN_STEPS:
+        return []
+    steady_ms = float(np.median([s.total_ms for s in timed]))
+    usual = float(np.median([between_work_ms(s) for s in timed]))
+    floor = max(LONG_SHARE * steady_ms, LONG_MIN_MS)
+    return [s for s in profiled if between_work_ms(s) - usual >= floor]
+
+
+def clean_profiled_range(profiled: list[StepTiming], strays: list[StepTiming],
+                         steady_ms: float) -> tuple[int, int] | None:
+    """The longest run of consecutive profiled steps without a stray, as steps [first, end); of runs
+    as long, the one whose median step is nearest ``steady_ms``. None when every step is a stray."""
+    bad = {s.step for s in strays}
+    runs: list[list[StepTiming]] = []
+    for s in sorted(profiled, key=lambda s: s.step):
+        if s.step in bad:
+            continue
+        if runs and runs[-1][-1].step == s.step - 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    if not runs:
+        return None
+    best = min(runs, key=lambda run: (-len(run), abs(float(np.median([s.total_ms for s in run])) - steady_ms)))
+    return best[0].step, best[-1].step + 1

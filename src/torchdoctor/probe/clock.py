@@ -68,6 +68,8 @@ class Phase(enum.IntEnum):
 
 
 _MAX_STEPS = SUMMARY_STEPS_KEPT  # keep the summary small on very long runs
+# Profiled steps kept apart (``profiled_steps``): a window is a few steps; more are not kept.
+_MAX_PROFILED = 64
 # A step that resumes this soon after the last one closed starts from the counters read at the close.
 REUSE_READ_S = 0.0002
 
@@ -104,6 +106,9 @@ class StepClock:
         self.samples = 0
         # Closed steps: (index, total seconds, phase seconds, samples).
         self.rows: list[tuple[int, float, list[float], int]] = []
+        # Closed steps for which ``skip`` was true, apart: their times are the profiler's too, but
+        # what ran in them (a checkpoint save) is the job's.
+        self.skipped_rows: list[tuple[int, float, list[float], int]] = []
 
     @property
     def running(self) -> bool:
@@ -176,9 +181,13 @@ class StepClock:
                 return None
         closed = self.index
         self._add_sched(now)
-        if not self.skip(closed) and len(self.rows) < _MAX_STEPS:
-            # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
-            self.rows.append((closed, now - self.started_at, self.acc, self.samples))
+        # Kept raw (the accumulator list itself): StepTimings are built only when asked for.
+        row = (closed, now - self.started_at, self.acc, self.samples)
+        if not self.skip(closed):
+            if len(self.rows) < _MAX_STEPS:
+                self.rows.append(row)
+        elif len(self.skipped_rows) < _MAX_PROFILED:
+            self.skipped_rows.append(row)
         self.index += 1
         self.acc = [0.0] * len(Phase)
         self.samples = 0
@@ -201,14 +210,23 @@ class StepClock:
             self.acc = [a + b for a, b in zip(self.acc, acc, strict=True)]
             self.samples += samples
         self.rows = []
+        self.skipped_rows = []
         self.index = 0
         self.started_at = self.first_activity
 
     @property
     def steps(self) -> list[StepTiming]:
         """The recorded steps, in milliseconds; ``other`` is the wall time no phase claims."""
+        return self._timings(self.rows)
+
+    @property
+    def profiled_steps(self) -> list[StepTiming]:
+        """The steps ``skip`` left out of ``steps`` (the profiler's window), timed the same way."""
+        return self._timings(self.skipped_rows)
+
+    def _timings(self, rows: list[tuple[int, float, list[float], int]]) -> list[StepTiming]:
         out = []
-        for step, total_s, acc, samples in self.rows:
+        for step, total_s, acc, samples in rows:
             ms = [round(v * 1e3, 3) for v in acc]
             total_ms = round(total_s * 1e3, 3)
             out.append(

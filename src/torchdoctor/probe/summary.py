@@ -273,6 +273,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         backends=backends,
         env=collect.env_facts(),
         steps=steps,
+        profiled_steps=probe.clock.profiled_steps,
         train_wall_s=_train_wall_s(probe, compile_facts),
         peak_rss_mib=sysinfo.peak_rss_mib(),
         host_syncs_per_step=_syncs_per_step(probe, steps),

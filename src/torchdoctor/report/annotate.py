@@ -27,7 +27,7 @@ from typing import IO, Any
 import msgspec
 
 from ..metrics.model import RankResult
-from .labels import cause_label, fmt_ms, job_cost
+from .labels import cause_label, fmt_ms, job_cost, steps_label
 from .model import Finding, RankReport, Report
 
 # Above Linux's largest pid (2^22), so the track cannot merge with a real process of the trace;
@@ -145,7 +145,7 @@ def annotation_events(r: RankResult, findings: list[Finding]) -> list[dict[str, 
                           {"cause": cause, "dur_ms": round(ms, 4)}))
 
     steps = r.window.steps
-    label = f"steps {steps[0]}–{steps[-1]}" if steps else "no ProfilerStep"
+    label = steps_label(steps) if steps else "no ProfilerStep"
     out.append(_range(TID_WINDOW, f"torchdoctor window: {label} ({r.window.mode})", lo, hi,
                       {"mode": r.window.mode, "steps": steps[:1000],
                        "skipped_warmup": r.window.skipped_warmup}))

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ..metrics.model import RankResult
 from ..metrics.store import headline
-from .labels import job_cost
+from .labels import job_cost, steps_label
 from .model import LazyRanks, Report
 from .offenders import late_line, spread, worst
 from .roofline_text import roofline_lines
@@ -108,7 +108,7 @@ def rank_table(results: list[RankResult], straggler: int | None = None) -> Table
         t.add_column(col, justify="right" if col not in ("device", "window") else "left")
     for r in shown:
         m, w = r.metrics, r.window
-        steps = f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode
+        steps = steps_label(w.steps) if w.steps else w.mode
         if w.steps and w.boundaries != "ProfilerStep":
             steps += f" from {w.boundaries}"  # no ProfilerStep: say where the inferred steps came from
         if w.skipped_warmup:

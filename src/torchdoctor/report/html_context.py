@@ -37,7 +37,7 @@ from .html_ranks import (
     straggler_key,
 )
 from .html_text import fmt, fmt_value, short
-from .labels import CAUSE_COLOR, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms, job_cost
+from .labels import CAUSE_COLOR, UNKNOWN_CAUSE_COLOR, cause_label, fmt_ms, job_cost, steps_label
 from .model import ABResult, Evidence, Finding, Report
 from .offenders import late_line
 from .roofline_text import roofline_lines
@@ -99,7 +99,7 @@ def header(report: Report, views: list[RankView]) -> Ctx:
         bits.append(", ".join(devices[:3]) + (" …" if len(devices) > 3 else ""))
     if views:
         w = views[0].result.window
-        win = f"steps {w.steps[0]}–{w.steps[-1]} ({w.mode})" if w.steps else w.mode
+        win = f"{steps_label(w.steps)} ({w.mode})" if w.steps else w.mode
         if w.skipped_warmup:
             win += f", warm-up {', '.join(map(str, w.skipped_warmup))} skipped"
         bits.append("window: " + win)
@@ -268,7 +268,7 @@ def rank_table(views: list[RankView], straggler: str | None) -> Ctx:
     for v in shown:
         m, w = v.result.metrics, v.result.window
         rows.append([{"text": v.label, "straggler": v.key == straggler}, device_name(v.result),
-                     f"steps {w.steps[0]}–{w.steps[-1]}" if w.steps else w.mode,
+                     steps_label(w.steps) if w.steps else w.mode,
                      fmt(m.step_ms_median, "", 2), fmt(m.busy_pct, "%"), fmt(m.idle_pct, "%"),
                      fmt(m.compute_pct, "%"), fmt(m.comm_pct, "%"), fmt(m.comm_exposed_pct, "%"),
                      fmt(m.dataloader_exposed_pct, "%"), fmt(m.sync_pct, "%")])

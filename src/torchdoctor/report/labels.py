@@ -51,3 +51,8 @@ def job_cost(job_s: float, job_pct: float | None, per: str, sep: str = ", ") -> 
     between steps (``per`` "job") recurs over the whole run."""
     head = f"{job_s:.1f} s in all" if per == "job" else f"once: {job_s:.1f} s"
     return head + (f"{sep}{job_pct:.0f}% of the job" if job_pct is not None else "")
+
+
+def steps_label(steps: tuple[int, ...] | list[int]) -> str:
+    """A window's steps in words: "step 5", "steps 5–7"."""
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"

@@ -133,10 +133,22 @@ class View:
         return sampled_comm_median(self.timed) if self.timed else None
 
 
+def every_step(f: RankFacts | None) -> list[StepTiming]:
+    """The probe's steps of a rank with those of the profiler's window put back, in step order: for
+    what happened in a step rather than how long it took (a save at an epoch's end that fell in the
+    window: timm's train.py saves after every epoch, and with 6 steps an epoch one of every three
+    saves was lost, which made it "one every 15 steps" of 18)."""
+    if f is None:
+        return []
+    if not f.profiled_steps:
+        return f.steps
+    return sorted([*f.steps, *f.profiled_steps], key=lambda s: s.step)
+
+
 def checkpoint_saves(v: View) -> tuple[int, float, int]:
-    """(saves, ms blocked in them, steps recorded) over the probe's steps of this rank (DI-15's
-    facts; its amortised cost per step is the middle over the last)."""
-    steps = v.f.steps if v.f is not None else []
+    """(saves, ms blocked in them, steps recorded) over the probe's steps of this rank, the
+    profiled ones included (DI-15's facts; its amortised cost per step is the middle over the last)."""
+    steps = every_step(v.f)
     return sum(s.checkpoint_saves for s in steps), sum(s.checkpoint_ms for s in steps), len(steps)
 
 

@@ -9,7 +9,7 @@ amortised over the steps the probe recorded (a save every K steps costs 1/K of i
 
 from __future__ import annotations
 
-from ._common import View, checkpoint_saves, finding, fmt_ms, per_rank
+from ._common import View, checkpoint_saves, every_step, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -21,8 +21,9 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
     Claim: the save time amortised per step (total blocked / steps recorded), an upper bound of
     what an asynchronous save gives back: ``dcp.async_save`` still blocks while it copies the
     state to host memory (staging), a background thread still competes for the CPU. Severity by
-    that share of the step (the default ladder). Saves outside the recorded steps (after the last
-    one) are not counted: they block nothing the job waits for.
+    that share of the step (the default ladder). The steps of the profiler's window count too (their
+    saves are the job's). Saves outside the recorded steps (after the last one) are not counted:
+    they block nothing the job waits for.
 
     Confidence is low on a CPU-only job: there the write is CPU work that competes with training.
     Measured on 2 cores (a 50 MB model saved every 5 steps with DCP): async_save cut the blocking
@@ -35,12 +36,13 @@ def blocking_checkpoints(inputs: RuleInputs) -> list[Finding]:
         per_step = blocked / steps
         if v.pct(per_step) < 0.5:
             return None
-        at = [s.step for s in v.f.steps if s.checkpoint_saves] if v.f is not None else []
+        saving = [s for s in every_step(v.f) if s.checkpoint_saves]
+        at = [s.step for s in saving]
         gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
         every = gaps[len(gaps) // 2] if gaps else steps / n  # the median interval between saving steps
         # Saves per saving step, when all such steps save alike: torchvision's reference writes
         # model_{epoch}.pth and checkpoint.pth at each epoch's end, two saves in one step.
-        counts = {s.checkpoint_saves for s in v.f.steps if s.checkpoint_saves} if v.f is not None else set()
+        counts = {s.checkpoint_saves for s in saving}
         per = counts.pop() if len(counts) == 1 else None
         how_often = (f"one every {every:.0f} steps" if per == 1 or not at else
                      f"{per} every {every:.0f} steps" if per else f"{n / len(at):.1f} saves at a time, every {every:.0f} steps")
