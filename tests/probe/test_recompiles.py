@@ -80,6 +80,47 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
     torch._dynamo.reset()
 
 
+def test_an_evaluation_and_its_smaller_last_batch_are_two_causes_of_one_frame() -> None:
+    """timm's train.py with --torchcompile: the model recompiles once for the evaluation under no_grad
+    and once for the validation set's last, smaller batch. Each cause is its own entry with its own
+    count, and the size entry keeps the sizes seen (Dynamo's own metrics are the truth)."""
+    torch = pytest.importorskip("torch")
+    import torch._dynamo.utils as utils
+
+    from torchdoctor.probe.collect import compile_facts
+
+    torch._dynamo.reset()
+    utils.clear_compilation_metrics()
+    recompiles._SEEN.clear()
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    compiled = torch.compile(Net(), backend="eager")
+    for _ in range(2):
+        compiled(torch.randn(16, 3)).sum().backward()
+    with torch.no_grad():
+        for n in (16, 16, 8):
+            compiled(torch.randn(n, 3))
+    reasons = [m.recompile_reason for m in utils.get_compilation_metrics() if m.recompile_reason]
+    assert len(reasons) == 2, reasons
+    facts = compile_facts()
+    assert facts.recompiles == 2
+    by_kind = {r.kind: r for r in facts.recompile_frames}
+    assert set(by_kind) == {"global_state", "size"}, facts.recompile_frames
+    assert {r.frame for r in facts.recompile_frames} == {"forward"}
+    assert by_kind["global_state"].count == 1 and "grad_mode" in by_kind["global_state"].guard
+    size = by_kind["size"]
+    assert (size.count, size.tensor, size.dim, sorted(size.values)) == (1, "x", 0, ["16", "8"]), size
+    assert not any(r.limit_hit for r in facts.recompile_frames)
+    torch._dynamo.reset()
+
+
 COMPILED_AT_FIRST_CALL = """
 import torch
 

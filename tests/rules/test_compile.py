@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from torchdoctor.facts import BackendFacts, CompileFacts, GraphBreakFacts, RecompileFacts
@@ -117,6 +118,31 @@ def test_cg3_one_recompile_is_info_a_changing_python_value_is_a_warning():
     got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=3, recompile_frames=[value])))), "CG-3")
     assert got.severity == "warning" and "the Python value s changes (values seen: 0.5, 1.5, 2.5)" in got.evidence[0].text
     assert "s = torch.tensor(s)" in got.fix.snippet and got.job_s is None
+
+
+def test_cg3_an_evaluation_and_a_smaller_last_batch_are_two_causes_each_with_its_fix():
+    """timm's train.py with --torchcompile: one recompile for the evaluation under no_grad, expected
+    and left alone, and one for the last validation batch of 8, which mark_dynamic or padding avoids."""
+    grad = RecompileFacts("forward", location="/timm/resnet.py:773", count=1, guard="GLOBAL_STATE changed: grad_mode",
+                          kind="global_state", compile_s=0.9)
+    size = RecompileFacts("forward", location="/timm/resnet.py:773", count=1,
+                          guard="tensor 'x' size mismatch at index 0. expected 16, actual 8", kind="size", tensor="x",
+                          dim=0, values=["16", "8"], compile_s=0.7)
+    f = gpu_facts(compile=CompileFacts(used=True, recompiles=2, recompile_frames=[grad, size]), train_wall_s=9.0)
+    got = only(run("CG-3", (None, f)), "CG-3")
+    assert got.severity == "info", got.severity  # once each: neither recurs
+    assert got.title.startswith("torch.compile recompiled 2 time(s) (grad mode changed: a forward under no_grad, an "
+                                "evaluation, compiles a graph of its own; input 'x' changes size at dim 0)"), got.title
+    assert got.job_s == 1.6 and len(got.evidence) == 2
+    assert "forward: Expected once: the evaluation's graph is compiled at its first call" in got.fix.text
+    assert "forward: Mark the dimension dynamic" in got.fix.text and "Sizes seen: 8, 16." in got.fix.text
+    assert got.fix.snippet.startswith("torch._dynamo.mark_dynamic(x, 0)")
+    # The same cause again and again is no longer "expected once".
+    again = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(
+        used=True, recompiles=3, recompile_frames=[RecompileFacts(**{**msgspec.structs.asdict(grad), "count": 3})])))),
+        "CG-3")
+    assert again.severity == "warning" and "Expected once" not in again.fix.text
+    assert "compile training and evaluation as separate functions" in again.fix.text
 
 
 def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():

@@ -78,10 +78,16 @@ def from_metrics(field: Callable[[str], Any], forward: bool) -> CompileRecord | 
 
 def recompile_frames(records: list[CompileRecord], guards: dict[tuple[str | None, str | None], list[str]]
                      ) -> list[RecompileFacts]:
-    """One RecompileFacts per compiled frame that recompiled, most recompiles first.
+    """One RecompileFacts per compiled frame and cause of its recompiles (the guard's kind, input and
+    dimension), most recompiles first.
 
-    ``guards``: every failing guard seen per (code name, "file:line") (``guard_failures``), for
-    the values the changing size or Python value took; without them, each compile's first reason.
+    A frame recompiles for causes of different kinds, each with its own fix: timm's train.py, with
+    --torchcompile, recompiled its model once for the evaluation under no_grad (grad mode) and once
+    for the validation set's last, smaller batch, and summed under the last guard both read as "input
+    'x' changes size" twice. A frame that hit the recompile limit marks the cause of its last
+    recompile. ``guards``: every failing guard seen per (code name, "file:line")
+    (``guard_failures``), for the values the changing size or Python value took; without them,
+    each compile's first reason.
     """
     frames: dict[str, list[CompileRecord]] = {}
     for c in records:
@@ -94,16 +100,22 @@ def recompile_frames(records: list[CompileRecord], guards: dict[tuple[str | None
         limit = any(c.limit for c in compiles)
         if not recompiled and not limit:
             continue
-        last = (recompiled or [c for c in compiles if c.reason] or compiles)[-1]
-        guard = first_line(last.reason or "")
-        kind, tensor, dim = guard_kind(guard)
         name = named.name if named else None
         location = named.location if named else None
         seen = guards.get((name, location)) or [c.reason or "" for c in compiles]
-        out.append(RecompileFacts(
-            frame=name or "?", location=location, count=len(recompiled), guard=guard, kind=kind,
-            tensor=tensor, dim=dim, values=observed_values(seen, kind, tensor, dim), limit_hit=limit,
-            compile_s=round(sum(c.seconds for c in recompiled), 3)))
+        causes: dict[tuple[str, str | None, int | None], list[CompileRecord]] = {}
+        for c in recompiled:
+            causes.setdefault(guard_kind(first_line(c.reason or "")), []).append(c)
+        last = (recompiled or [c for c in compiles if c.reason] or compiles)[-1]
+        last_cause = guard_kind(first_line(last.reason or ""))
+        causes.setdefault(last_cause, [])  # a limit hit with no recompile of its own still names its guard
+        for cause, group in causes.items():
+            kind, tensor, dim = cause
+            latest = (group or [last])[-1]
+            out.append(RecompileFacts(
+                frame=name or "?", location=location, count=len(group), guard=first_line(latest.reason or ""),
+                kind=kind, tensor=tensor, dim=dim, values=observed_values(seen, kind, tensor, dim),
+                limit_hit=limit and cause == last_cause, compile_s=round(sum(c.seconds for c in group), 3)))
     out.sort(key=lambda r: (-r.limit_hit, -r.count))
     return out[:_MAX_FRAMES]
 

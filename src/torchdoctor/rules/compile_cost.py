@@ -82,8 +82,16 @@ def describe(r: RecompileFacts) -> str:
             f"Failing guard: {r.guard or 'unknown'}.")
 
 
+def _grad_mode(r: RecompileFacts) -> bool:
+    """A recompile because grad mode changed: a forward under no_grad or inference_mode (an
+    evaluation) after the training ones, or the other way round."""
+    return r.kind == "global_state" and "grad_mode" in r.guard
+
+
 def _cause(r: RecompileFacts) -> str:
     """The cause, short: "input 'ids' changes size at dim 1"."""
+    if _grad_mode(r):
+        return "grad mode changed: a forward under no_grad, an evaluation, compiles a graph of its own"
     what = _KINDS.get(r.kind, _KINDS["other"])[0]
     if r.kind == "value" and r.tensor:
         return f"the Python value {r.tensor} changes"
@@ -95,6 +103,10 @@ def _cause(r: RecompileFacts) -> str:
 def fix_for(r: RecompileFacts) -> tuple[str, str]:
     """(what to do, snippet) for one frame's recompiles, naming the input and dimension."""
     text = _KINDS.get(r.kind, _KINDS["other"])[1]
+    if _grad_mode(r) and r.count <= 1 and not r.limit_hit:
+        # Dynamo keeps both graphs (a cache entry each): switching back and forth compiles nothing more.
+        text = ("Expected once: the evaluation's graph is compiled at its first call and reused after; "
+                "nothing to change unless it recurs.")
     words, name = _input(r.tensor)
     if r.kind == "size":
         snippet = (f"torch._dynamo.mark_dynamic({name}, {r.dim if r.dim is not None else 0})   "
@@ -158,8 +170,9 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
                      f"{sum(r.count for r in limit)} recompile(s): it runs in eager from then on")
         else:
             title = f"torch.compile recompiled {total} time(s)"
-        if shown:
-            title += f" ({_cause(shown[0])})"
+        if shown:  # each cause once (a frame's several causes, or one cause of several frames)
+            causes = list(dict.fromkeys(_cause(r) for r in shown))
+            title += f" ({'; '.join(causes[:2])}{'; …' if len(causes) > 2 else ''})"
         title += f"; {cost}." if seconds else "."
         evidence = [Evidence(describe(r), {"recompiles": r.count, "compile_s": r.compile_s, "limit_hit": r.limit_hit},
                              [{"frame": r.frame, "location": r.location, "guard": r.guard, "kind": r.kind,
