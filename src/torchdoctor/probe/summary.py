@@ -84,7 +84,7 @@ class LoaderRecord:
 
 # Reinforcement-learning environment libraries, by module name (imported by the job, never by the probe).
 ENV_LIBRARIES = ("gymnasium", "gym", "envpool", "pettingzoo", "dm_env", "dm_control", "procgen", "minigrid", "vizdoom",
-                 "mujoco", "ale_py", "pybullet", "isaacgym", "torchrl")
+                 "mujoco", "ale_py", "pybullet", "isaacgym", "torchrl", "tianshou", "stable_baselines3")
 
 
 def inside(facts: DataLoaderFacts, stats: workers.WorkerStats | None) -> None:
