@@ -143,10 +143,10 @@ def test_a_profiled_step_that_evaluated_and_saved_is_left_out_of_the_window_and_
     profiled = [step(5, 250.0), step(6, 2150.0, inference=1600.0, checkpoint=250.0), step(7, 262.0)]
     report = cpu_run(tmp_path, [250.0, 2150.0, 262.0], profiled=profiled)
     (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
-    assert said == ("rank 0: the profiled steps 5–7 held work between training steps, step 6 (forwards without "
-                    "autograd (an evaluation) 1,600 ms, checkpoint saves 250 ms: 2,150 ms), against a steady step of "
-                    "250.0 ms (the probe's median over 36 steps). The trace is analysed over step 5 only, so that its "
-                    "shares describe the training step (`--steps 5:8` analyses them all)."), said
+    assert said == ("rank 0: of the profiled steps 5–7, step 6 took 2,150 ms: an evaluation's forwards 1,600 ms, "
+                    "checkpoint saves 250 ms, against a steady step of 250.0 ms (the probe's median over 36 steps). The "
+                    "trace is analysed over step 5 only so that its shares describe the training step (`torchdoctor "
+                    f"analyze {tmp_path} --steps 5:8` analyses them all)."), said
     (rank,) = report.ranks
     assert rank.window["steps"] == [5] and rank.window["mode"] == "steps 5:6"
     assert abs(rank.metrics["step_ms_median"] - 250.0) < 1.0
@@ -156,9 +156,47 @@ def test_a_profiled_step_that_evaluated_and_saved_is_left_out_of_the_window_and_
     # Asked for, the whole window is analysed as before.
     again = report_from_run_dir(str(tmp_path), steps="5:8")
     assert again.ranks[0].window["steps"] == [5, 6, 7]
+    (said,) = [w.message for w in again.warnings if "profiled steps" in w.message]
+    assert said.endswith("The window asked for holds it, so the trace's shares describe that work with the training steps.")
+    assert not [w for w in report_from_run_dir(str(tmp_path), steps="7:8").warnings if "asked for" in w.message]
+    # Without the trace the analysis is not redone, and the note does not say it was.
+    (tmp_path / "traces" / "rank0.json.gz").unlink()
+    (said,) = [w.message for w in report_from_run_dir(str(tmp_path)).warnings if "profiled steps" in w.message]
+    assert "analysed over" not in said and said.endswith("could not be analysed again without them, so its shares "
+                                                         "describe that work too.")
     # A window whose every step evaluated stays, and says so.
     (tmp_path / "all").mkdir()
     every = [step(n, 2150.0, inference=1600.0) for n in (5, 6, 7)]
     whole = cpu_run(tmp_path / "all", [2150.0] * 3, profiled=every)
     (said,) = [w.message for w in whole.warnings if "profiled steps" in w.message]
     assert "Every profiled step did" in said and whole.ranks[0].window["steps"] == [5, 6, 7]
+
+
+def test_a_save_on_rank_0_alone_leaves_its_step_out_of_every_ranks_window(tmp_path):
+    """Rank 0 saves at step 6 and rank 1 waits for it at its next collective: both ranks are analysed
+    over the same steps, or the cross-rank figures would compare other steps."""
+    from kineto_builder import TraceBuilder
+
+    (tmp_path / "traces").mkdir()
+    ranks = []
+    for rank in (0, 1):
+        b = TraceBuilder(device_name=None)
+        ts = 0.0
+        for n, ms in zip((5, 6, 7), (250.0, 600.0, 255.0), strict=True):
+            b.step(n, ts, ms * 1e3)
+            b.op("aten::convolution", ts + 10, ms * 1e3 * 0.8)
+            ts += ms * 1e3 + 1
+        b.write(tmp_path / "traces" / f"rank{rank}.json.gz")
+        saved = 350.0 if rank == 0 else 0.0
+        profiled = [StepTiming(step=n, total_ms=ms, forward_ms=80.0, backward_ms=120.0, checkpoint_ms=saved if n == 6 else 0.0,
+                               checkpoint_saves=1 if n == 6 and saved else 0)
+                    for n, ms in ((5, 250.0), (6, 600.0), (7, 255.0))]
+        steps = [StepTiming(step=i, total_ms=250.0, forward_ms=80.0, backward_ms=120.0) for i in range(30) if not 5 <= i < 8]
+        ranks.append(RankFacts(rank=rank, world_size=2, pid=10 + rank, hostname="h", step_source="optimizer", steps=steps,
+                               profile_steps=[5, 8], profiled_steps=profiled, optimizers=[OptimizerFacts(cls="SGD")],
+                               trace_file=f"traces/rank{rank}.json.gz", last_step=29))
+    report = report_from_run_dir(manifest(tmp_path, *ranks))
+    assert [r.window["steps"] for r in report.ranks] == [[5], [5]]
+    (said,) = [w.message for w in report.warnings if "profiled steps" in w.message]
+    assert said.startswith("rank 0: of the profiled steps 5–7, step 6 took 600 ms: checkpoint saves 350 ms")
+    assert "analysed over step 5 only, on every rank, so that" in said

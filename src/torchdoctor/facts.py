@@ -206,7 +206,9 @@ class GraphBreakFacts(msgspec.Struct, omit_defaults=True):
 
 
 class RecompileFacts(msgspec.Struct, omit_defaults=True):
-    """Recompiles of one compiled frame, from Dynamo's compilation metrics (probe/recompiles.py)."""
+    """Recompiles of one compiled frame for one cause (the failing guard's kind, input and dimension),
+    from Dynamo's compilation metrics (probe/recompiles.py): a frame that recompiled for two causes
+    has two entries."""
 
     frame: str  # the compiled function's name
     location: str | None = None  # "file:line" of its first line
@@ -221,7 +223,8 @@ class RecompileFacts(msgspec.Struct, omit_defaults=True):
     dim: int | None = None
     # Distinct values the guarded size or Python value took, in the order Dynamo saw them.
     values: list[str] = []
-    # The frame hit torch._dynamo.config.recompile_limit: it runs in eager from then on.
+    # The frame hit torch._dynamo.config.recompile_limit (it runs in eager from then on): set on the
+    # entry of the cause of its last recompile.
     limit_hit: bool = False
     compile_s: float = 0.0  # seconds spent on its recompiles
 
@@ -231,7 +234,7 @@ class CompileFacts(msgspec.Struct, omit_defaults=True):
     graph_breaks: int | None = None
     graph_break_reasons: list[str] = []
     breaks: list[GraphBreakFacts] = []
-    # Recompiles in all (every compile of a frame after its first); per frame in ``recompile_frames``.
+    # Recompiles in all (every compile of a frame after its first); per frame and cause in ``recompile_frames``.
     recompiles: int | None = None
     recompile_reasons: list[str] = []
     recompile_frames: list[RecompileFacts] = []

@@ -20,7 +20,6 @@ import re
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -35,12 +34,10 @@ from .facts import (
     SUMMARY_STEPS_KEPT,
     CompileFacts,
     RankFacts,
-    StepTiming,
     evaluation_only,
     forward_unseen,
     trains,
 )
-from .metrics.between import clean_profiled_range, evaluating_ms, profiled_strays
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -48,9 +45,9 @@ from .metrics.ranks import cross_rank
 from .metrics.steps import WindowError
 from .metrics.store import StoredResult, SummaryStore
 from .metrics.summary import SUMMARY_RANKS
+from .profiled_window import held_work, held_work_remark, slow_window_remark
 from .report.model import ErrorEntry, LazyRanks, RankReport, Report
 from .rules import RankInputs, RuleInputs, diagnose
-from .rules._common import ProbeSteps, probe_steps
 from .trace.decode import TraceFormatError
 from .trace.load import discover, load_trace, rank_from_filename
 from .trace.model import CATEGORY_NAMES, DEVICE_WORK, HOST_CATS, IGNORED_CATEGORIES, Cat, RankTrace
@@ -410,130 +407,6 @@ def nonfinite_loss_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -
         "first (learning rate, initialisation, inputs).")))
 
 
-# The profiled steps' median this many times the probe's steady step or more: the window caught a
-# slower stretch of the job. mmengine's ResNet-50 example on 2 CPUs: steps 5-7 at 412 ms against
-# 245.9 ms over 124 steady steps (1.68x, its warm-up); profiled at steps 40-42, 273 ms against their
-# neighbours' 275-330 ms. Run-to-run noise on this machine is 10-20%.
-SLOW_WINDOW_FACTOR = 1.25
-# Steady steps outside the window the probe must have timed for the comparison to mean anything.
-SLOW_WINDOW_MIN_STEPS = 8
-
-
-class SlowWindow(NamedTuple):
-    """A live rank's profiled steps against the probe's steady ones (``slow_window``)."""
-
-    window_ms: float  # median ProfilerStep of the analysed window (the per-rank table's "step ms")
-    steady_ms: float  # median of the probe's steady steps, timed outside the window
-    steady_steps: int
-    before_ms: float | None  # median of the probe's (up to 3) steps just before the window, step 0 left out
-    later_start: int | None  # a step from the middle of the steady steps after the window
-    profiled: tuple[int, int]  # the steps the probe profiled, [first, end)
-
-
-def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow | None:
-    """The window of a live rank whose profiled steps ran SLOW_WINDOW_FACTOR x the probe's steady
-    step or more; else None.
-
-    Steady steps: ``rules._common.probe_steps`` (no leading warm-up, no regular long steps of work
-    between steps). The steps just before the window tell a job still warming up (they are slow
-    too) from the profiler's own cost (they are not).
-    """
-    res, f = ri.view, ri.facts
-    if res is None or f is None or not res.window.steps or not res.metrics.step_ms_median:
-        return None
-    timed = (probe or probe_steps(res, f)).timed
-    if len(timed) < SLOW_WINDOW_MIN_STEPS:
-        return None
-    if {s.step for s in profiled_strays(f.profiled_steps, timed)} & set(res.window.steps):
-        return None  # slow for the work between steps in it, which ``clean_window`` named
-    steady_ms = float(np.median([s.total_ms for s in timed]))
-    window_ms = float(res.metrics.step_ms_median)
-    if steady_ms <= 0 or window_ms < SLOW_WINDOW_FACTOR * steady_ms:
-        return None
-    # The probe's own numbers: the analysed window may have left the trace's first steps out as warm-up.
-    first, end = (f.profile_steps[0], f.profile_steps[1]) if len(f.profile_steps) == 2 else (
-        res.window.steps[0], res.window.steps[-1] + 1)
-    before = [s.total_ms for s in f.steps if first - 3 <= s.step < first and s.step > 0]
-    later = [s.step for s in timed if s.step >= end]
-    start = later[len(later) // 2] if len(later) >= SLOW_WINDOW_MIN_STEPS else None
-    if start is not None and start + (end - first) > later[-1] + 1:
-        start = None
-    return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None, start,
-                      (first, end))
-
-
-def clean_window(f: RankFacts) -> tuple[str | None, str | None]:
-    """(the steps "A:B" to analyse instead of the whole profiled window, or None; what to say) for a
-    live rank whose profiled steps held work between training steps (``profiled_strays``: an
-    evaluation, a save): the trace's shares and its mean step would describe that work. The window
-    becomes the longest run of the other profiled steps; with none, it stays, and the note says so."""
-    if not f.profiled_steps:
-        return None, None
-    timed = probe_steps(None, f).timed
-    strays = profiled_strays(f.profiled_steps, timed)
-    if not strays:
-        return None, None
-    steady_ms = float(np.median([s.total_ms for s in timed]))
-    rng = clean_profiled_range(f.profiled_steps, strays, steady_ms)
-    held = "; ".join(f"step {s.step} ({_held(s)}: {s.total_ms:,.0f} ms)" for s in strays[:3])
-    first, end = min(s.step for s in f.profiled_steps), max(s.step for s in f.profiled_steps) + 1
-    said = (f"the profiled steps {first}–{end - 1} held work between training steps, {held}, against a steady step "
-            f"of {steady_ms:,.1f} ms (the probe's median over {len(timed)} steps).")
-    if rng is None:
-        return None, (said + " Every profiled step did, so the trace's shares describe that work, not the training "
-                      "step: profile other steps (`torchdoctor run --profile-steps A:B`).")
-    a, b = rng
-    which = f"step {a}" if b - a == 1 else f"steps {a}–{b - 1}"
-    return f"{a}:{b}", (said + f" The trace is analysed over {which} only, so that its shares describe the training "
-                        f"step (`--steps {first}:{end}` analyses them all).")
-
-
-def _held(s: StepTiming) -> str:
-    """What the probe saw a stray profiled step do besides training, in words."""
-    parts = [(evaluating_ms(s), "forwards without autograd (an evaluation)"), (s.checkpoint_ms, "checkpoint saves"),
-             (s.loader_iter_ms, "DataLoader restarts")]
-    return ", ".join(f"{what} {ms:,.0f} ms" for ms, what in parts if ms >= 1.0) or "work between steps"
-
-
-def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
-                       warnings: list[ErrorEntry]) -> None:
-    """Ranks whose profiled steps ran much slower than the job's steady steps (``slow_window``):
-    the trace's shares, and the ms per step read from them, describe that stretch, not the job's
-    usual step, so say so with the numbers, and where the job was still warming up, a later window."""
-    if probes is None or len(probes) != len(ranks):
-        probes = [None] * len(ranks)
-    slow = [(ri, s) for ri, p in zip(ranks, probes, strict=True) if (s := slow_window(ri, p))]
-    if not slow:
-        return
-    ri, w = max(slow, key=lambda x: x[1].window_ms / x[1].steady_ms)
-
-    def label(r: RankInputs) -> str:
-        return str(r.rank if r.rank is not None else r.facts.rank if r.facts is not None else "?")
-
-    names = ", ".join(label(r) for r, _ in slow[:8]) + (" …" if len(slow) > 8 else "")
-    which = f"ranks {names}" if len(slow) > 1 else f"rank {label(ri)}"
-    first, end = w.profiled
-    later = (f" `torchdoctor run --profile-steps {w.later_start}:{w.later_start + end - first}` profiles steps from "
-             "the middle of the run." if w.later_start is not None else
-             " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows steadier ones.")
-    if w.before_ms is None:  # nothing timed just before the window: warm-up or the profiler, unknown
-        why, again = "the job's warm-up, or the profiler's own cost (no step just before it was timed)", later
-    elif w.before_ms >= SLOW_WINDOW_FACTOR * w.steady_ms:
-        why = (f"the job was still warming up (the steps just before it took {w.before_ms:.1f} ms)"
-               + (", and the profiler adds its own cost" if w.window_ms > SLOW_WINDOW_FACTOR * w.before_ms else ""))
-        again = later
-    else:
-        why = (f"that is the profiler's own cost on this job's steps (the steps just before it took "
-               f"{w.before_ms:.1f} ms), which a later window would pay too")
-        again = ""
-    warnings.append(ErrorEntry("torchdoctor", (
-        f"{which}: the profiled steps {first}–{end - 1} took {w.window_ms:.1f} ms a step (median"
-        f"{' of rank ' + label(ri) if len(slow) > 1 else ''}), {w.window_ms / w.steady_ms:.2f}x the job's steady "
-        f"{w.steady_ms:.1f} ms (the probe's median over {w.steady_steps} steps outside the window): {why}. The "
-        "trace's shares, and the ms per step read from them, describe those steps; the shares the probe measures "
-        "over every step do not." + again)))
-
-
 def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -> None:
     """Ranks whose probe timed no forward (`facts.forward_unseen`): their per-step split is partly
     blind, so say so rather than let "other" stand for the forward."""
@@ -747,30 +620,29 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
                             config=config)
     inputs: list[RankInputs] = []
     sights: dict[str, TraceSight] = {}
-    notes: list[ErrorEntry] = []  # profiled steps that held an evaluation or a save (``clean_window``)
-    for entry in manifest.ranks:
+    entries = [e for e in manifest.ranks
+               if rank is None or rank == (e.facts.rank if e.facts else (e.analysis.rank if e.analysis else None))]
+    # Profiled steps that held an evaluation or a save: the window becomes the others, on every rank.
+    held = held_work([e.facts for e in entries if e.facts is not None])
+    clean = held.steps if held is not None and steps is None else None
+    analysed_clean = False
+    for entry in entries:
         facts, result = entry.facts, entry.analysis
         r = facts.rank if facts else (result.rank if result else None)
-        if rank is not None and r != rank:
-            continue
         trace = os.path.join(run_dir, facts.trace_file) if facts and facts.trace_file else None
-        clean = None
-        if trace and steps is None and facts is not None:
-            clean, note = clean_window(facts)
-            if note:
-                notes.append(ErrorEntry("torchdoctor", f"rank {r}: {note}"))
         if trace and os.path.isfile(trace) and (steps is not None or result is None or clean is not None):
             status, value, sight = _analyze_one(trace, steps or clean)
             if status == "ok":
                 assert isinstance(value, RankResult)
                 result = value
                 result.rank = r
+                analysed_clean = analysed_clean or (steps is None and clean is not None)
                 if sight is not None:
                     sights[result.file] = sight
-            else:
+            elif steps is not None or result is None:  # a stored analysis of the whole window stays
                 errors.append(ErrorEntry(trace, str(value)))
         inputs.append(RankInputs(r, result=result, facts=facts))
-    warnings: list[ErrorEntry] = notes
+    warnings: list[ErrorEntry] = [held_work_remark(held, run_dir, steps, analysed_clean, len(entries))] if held is not None else []
     evaluators = [ri for ri in inputs if evaluation_only(ri.facts)]
     if evaluators and len(evaluators) < len(inputs) and any(trains(ri.facts) for ri in inputs):
         # Beside processes that train, one that only evaluated (the Hogwild example's parent tests
@@ -786,7 +658,8 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
     if extra:
         # Traces named beside the run directory join its ranks (cross-rank metrics, diagnosis).
         taken = {ri.rank: run_dir for ri in inputs if ri.rank is not None}
-        more, more_errors, warnings, more_sights = analyze_traces(extra, steps, rank, jobs, taken)
+        more, more_errors, more_warnings, more_sights = analyze_traces(extra, steps, rank, jobs, taken)
+        warnings.extend(more_warnings)
         inputs.extend(RankInputs(r.rank, result=r) for r in more)
         errors.extend(more_errors)
         sights.update(more_sights)

@@ -33,6 +33,27 @@ def test_clock_optimizer_steps_and_skipped_window():
     assert clock.steps[1].comm_sampled and not clock.steps[0].comm_sampled  # DDP timed step 2 only
 
 
+def test_profiled_steps_are_the_finished_windows_only():
+    """A step 0 that a stronger step source folded while the window ran closes inside it, and is
+    skipped with the window's steps: it is none of them (nor is any step of an unfinished window)."""
+    from types import SimpleNamespace
+
+    from torchdoctor.probe.summary import _profiled_steps
+
+    clock = StepClock(skip=lambda step: True)
+    clock.begin(0.0)
+    for now in (0.8, 0.9, 1.0):
+        clock.boundary(Source.OPTIMIZER, now)
+        clock.resume(now)
+    clock.index, clock.started_at = 5, 1.0
+    for now in (1.1, 1.2, 1.3):
+        clock.boundary(Source.OPTIMIZER, now)
+        clock.resume(now)
+    assert [s.step for s in clock.profiled_steps] == [0, 1, 2, 5, 6, 7]
+    assert [s.step for s in _profiled_steps(SimpleNamespace(profiled=[5, 8], clock=clock))] == [5, 6, 7]
+    assert _profiled_steps(SimpleNamespace(profiled=[], clock=clock)) == []
+
+
 def test_clock_folds_micro_batches_into_the_first_optimizer_step():
     clock = StepClock()
     clock.begin(0.0)

@@ -145,6 +145,25 @@ def test_cg3_an_evaluation_and_a_smaller_last_batch_are_two_causes_each_with_its
     assert "compile training and evaluation as separate functions" in again.fix.text
 
 
+def test_cg3_counts_and_judges_a_frame_over_all_its_causes():
+    """One entry per cause: the recompile limit's count, the severity and the fix's frame names are
+    still the frame's."""
+    value = RecompileFacts("forward", location="/m.py:3", count=3, guard="n == 2", kind="value", tensor="n",
+                           values=["1", "2", "3"], compile_s=0.3)
+    size = msgspec.structs.replace(STORM, count=5, location="/m.py:3", limit_hit=True)
+    facts = gpu_facts(compile=CompileFacts(used=True, recompiles=8, recompile_frames=[size, value]))
+    got = only(run("CG-3", (None, facts)), "CG-3")
+    assert "gave up on forward after 8 recompile(s)" in got.title, got.title
+    # Six inputs that each changed once: the frame recompiled six times, a warning.
+    sizes = [RecompileFacts("forward", location="/m.py:3", count=1, guard=f"tensor 'x{i}' size mismatch at index 0. "
+                            "expected 4, actual 5", kind="size", tensor=f"x{i}", dim=0, values=["4", "5"])
+             for i in range(6)]
+    got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=6, recompile_frames=sizes)))),
+               "CG-3")
+    assert got.severity == "warning"
+    assert got.fix.text.startswith("forward: Mark the dimension dynamic") and "forward, forward" not in got.fix.text
+
+
 def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():
     r = gpu_result()
     r.compile_regions = {"0/0": 5, "0/1": 5}

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from torchdoctor.callsite import Site
-from torchdoctor.facts import CompileFacts, CpuFacts, DataLoaderFacts, DDPFacts, DeviceFacts, RankFacts
+from torchdoctor.facts import (
+    CompileFacts,
+    CpuFacts,
+    DataLoaderFacts,
+    DDPFacts,
+    DeviceFacts,
+    RankFacts,
+    StepTiming,
+)
 from torchdoctor.hardware import topology
 from torchdoctor.probe import collect, output, postprocess, sysinfo, workers
 from torchdoctor.probe.errors import ERRORS
@@ -210,6 +218,15 @@ def _train_wall_s(probe: Probe, compiled: CompileFacts) -> float | None:
     return round(since, 3)
 
 
+def _profiled_steps(probe: Probe) -> list[StepTiming]:
+    """The clock's skipped steps that the finished window profiled (``probe.profiled``, [start, end)):
+    a step 0 that a stronger step source folded while the window ran is skipped too, and is none of them."""
+    if not probe.profiled:
+        return []
+    start, end = probe.profiled
+    return [s for s in probe.clock.profiled_steps if start <= s.step < end]
+
+
 def _tensor_parallel(probe: Any, roots: list[Any]) -> Any:
     """collect.tensor_parallel_facts, once per set of roots: it walks every parameter, and summaries
     are written every 30 s on the training thread."""
@@ -273,7 +290,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         backends=backends,
         env=collect.env_facts(),
         steps=steps,
-        profiled_steps=probe.clock.profiled_steps,
+        profiled_steps=_profiled_steps(probe),
         train_wall_s=_train_wall_s(probe, compile_facts),
         peak_rss_mib=sysinfo.peak_rss_mib(),
         host_syncs_per_step=_syncs_per_step(probe, steps),
