@@ -10,6 +10,9 @@ JOB = """
 import os, sys, tempfile
 import torch
 
+if sys.argv[1] == "safetensors":  # as transformers' modeling_utils, at import: the name is bound then
+    from safetensors.torch import save_file as safe_save_file
+
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # 8 MB of weights
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -30,6 +33,8 @@ for step in range(24):
         if sys.argv[1] == "dcp":
             import torch.distributed.checkpoint as dcp
             dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, f"step{step}"))
+        elif sys.argv[1] == "safetensors":
+            safe_save_file(model.state_dict(), os.path.join(out, f"step{step}.safetensors"), metadata={"format": "pt"})
         elif sys.argv[1] == "helper":
             save_on_master(model.state_dict(), os.path.join(out, f"step{step}.pt"))  # CALL
         else:
@@ -62,6 +67,20 @@ def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_pa
     line = next(i for i, t in enumerate(JOB.splitlines(), start=1) if "# SAVE" in t)
     assert facts_of(run_dir)["checkpoint_site"] == f"{job}:{line}"
     assert f"(the save at {job}:{line})" in di15["fix"]["text"]
+
+
+def test_a_safetensors_save_is_a_checkpoint_save(tmp_path):
+    """Hugging Face's save_pretrained writes the weights with safetensors' save_file, a name bound
+    by `from safetensors.torch import save_file` when the library is imported: timed as a save."""
+    job = script(tmp_path, JOB)
+    run_dir = tmp_path / "run"
+    result = run_wrapped(run_dir, job, "safetensors", options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    got = saves(run_dir)
+    with_saves = sorted(k for k, (n, _) in got.items() if n)
+    assert len(with_saves) >= 5 and all(got[k][0] == 1 and got[k][1] > 0 for k in with_saves), got
+    di15 = next(f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["id"] == "DI-15")
+    assert "one every 4 steps" in di15["title"], di15["title"]
 
 
 def test_a_save_in_the_jobs_own_helper_names_the_helper_and_its_caller(tmp_path):

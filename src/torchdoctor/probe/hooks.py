@@ -19,8 +19,9 @@ host syncs             shims on ``Tensor.item``, ``Tensor.tolist``, ``Tensor.num
 foreign profiler       shims on profiler start: the probe's window yields to the job's profiler
 anomaly-mode stacks    timer around ``torch.fx.traceback.format_stack`` (what anomaly mode calls
                        for every node the forward creates), active only while anomaly mode is on
-checkpoint saves       shims on ``torch.save`` and, once the job imports DCP, on
-                       ``torch.distributed.checkpoint.save``/``async_save`` (training thread only)
+checkpoint saves       shims on ``torch.save`` and, once the job imports DCP or safetensors, on
+                       ``torch.distributed.checkpoint.save``/``async_save`` and
+                       ``safetensors.torch.save_file``/``save_model`` (training thread only)
 files loaded early     shims on ``torch.load`` and DCP's ``load``/``load_state_dict``: what the
                        training thread loads before step 0 ends (path, modification time)
 DCP's optimizer init   shim on DCP's ``state_dict._init_optim_state``: the zero-lr ``step()`` it
@@ -1338,8 +1339,9 @@ def _checkpoints(probe: Probe) -> None:
     ends; keep DCP's optimizer-state initialisation out of the steps.
 
     ``torch.save`` now; DCP's ``save``/``async_save`` (``async_save`` returns once its tensors are
-    staged: that part blocks the step) when the job imports ``torch.distributed.checkpoint``,
-    which the probe never imports itself. A save inside a save (DCP writing with torch.save) is
+    staged: that part blocks the step) when the job imports ``torch.distributed.checkpoint``, and
+    safetensors' ``save_file``/``save_model`` when it imports ``safetensors.torch``, modules the
+    probe never imports itself. A save inside a save (DCP writing with torch.save) is
     counted once; saves on other threads (a background saver) do not block the step.
     """
     import torch
@@ -1450,6 +1452,24 @@ def _checkpoints(probe: Probe) -> None:
         on_dcp(dcp)
     else:
         imphook.when_imported("torch.distributed.checkpoint", on_dcp)
+
+    def on_safetensors(module: Any) -> None:
+        # Hugging Face's save_pretrained (transformers, diffusers, accelerate) writes the weights with
+        # safetensors and only the optimizer with torch.save: the Trainer's checkpoint was mostly
+        # untimed, and diffusers' UNet save at an epoch's end read as the loop's own work. Wrapped
+        # when the module is first imported, before `from safetensors.torch import save_file as
+        # safe_save_file` binds the name in the library that imports it.
+        try:
+            for name in ("save_file", "save_model"):  # save_model writes through save_file: one save
+                wrap(module, name)
+        except Exception as exc:
+            ERRORS.record("checkpoint", exc)
+
+    safetensors = sys.modules.get("safetensors.torch")
+    if safetensors is not None:
+        on_safetensors(safetensors)
+    else:
+        imphook.when_imported("safetensors.torch", on_safetensors)
 
 
 def _io_path(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, storage: str) -> tuple[str | None, bool]:
