@@ -48,17 +48,23 @@ def saves(run_dir):
     return {s["step"]: (s.get("checkpoint_saves", 0), s.get("checkpoint_ms", 0.0)) for s in steps}
 
 
-def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_path):
+def saved_every_4_steps(tmp_path, how):
+    """Run JOB saving ``how``, unprofiled; check one timed save on each saving step (a save after step
+    k's optimizer step lands in the interval that ends at step k + 1's) and none elsewhere; return
+    (job path, run directory, per-step saves, the report)."""
     job = script(tmp_path, JOB)
     run_dir = tmp_path / "run"
-    result = run_wrapped(run_dir, job, "torch", options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
+    result = run_wrapped(run_dir, job, how, options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     got = saves(run_dir)
-    # A save after step k's optimizer step lands in the interval that ends at step k + 1's.
     with_saves = sorted(k for k, (n, _) in got.items() if n)
     assert len(with_saves) >= 5 and all(got[k][0] == 1 and got[k][1] > 0 for k in with_saves), got
     assert all(n == 0 and ms == 0.0 for k, (n, ms) in got.items() if k not in with_saves)
-    report = json.loads((tmp_path / "r.json").read_text())
+    return job, run_dir, got, json.loads((tmp_path / "r.json").read_text())
+
+
+def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_path):
+    job, run_dir, got, report = saved_every_4_steps(tmp_path, "torch")
     di15 = next(f for f in report["findings"] if f["id"] == "DI-15")
     total = sum(ms for _, ms in got.values())
     assert abs(di15["recoverable_ms"] - total / len(got)) < 0.01 and "one every 4 steps" in di15["title"]
@@ -72,14 +78,8 @@ def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_pa
 def test_a_safetensors_save_is_a_checkpoint_save(tmp_path):
     """Hugging Face's save_pretrained writes the weights with safetensors' save_file, a name bound
     by `from safetensors.torch import save_file` when the library is imported: timed as a save."""
-    job = script(tmp_path, JOB)
-    run_dir = tmp_path / "run"
-    result = run_wrapped(run_dir, job, "safetensors", options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
-    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
-    got = saves(run_dir)
-    with_saves = sorted(k for k, (n, _) in got.items() if n)
-    assert len(with_saves) >= 5 and all(got[k][0] == 1 and got[k][1] > 0 for k in with_saves), got
-    di15 = next(f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["id"] == "DI-15")
+    _, _, _, report = saved_every_4_steps(tmp_path, "safetensors")
+    di15 = next(f for f in report["findings"] if f["id"] == "DI-15")
     assert "one every 4 steps" in di15["title"], di15["title"]
 
 

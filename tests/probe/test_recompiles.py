@@ -38,9 +38,9 @@ def test_observed_values_follow_the_guarded_dimension_only() -> None:
     assert rc.observed_values(["0/0: s == 0.5  # x * s", "0/1: s == 1.5"], "value", "s", None) == ["0.5", "1.5"]
 
 
-def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_break() -> None:
-    """A module compiled with dynamic=False and fed 12 batch sizes: 7 recompiles, then the limit
-    (8 compiles); Dynamo's own metrics are the truth the facts must match."""
+def _fresh_dynamo():
+    """(torch, torch._dynamo.utils, collect.compile_facts) with Dynamo's caches, its compilation
+    metrics and the probe's record of them cleared."""
     torch = pytest.importorskip("torch")
     import torch._dynamo.utils as utils
 
@@ -49,6 +49,13 @@ def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_b
     torch._dynamo.reset()
     utils.clear_compilation_metrics()
     recompiles._SEEN.clear()
+    return torch, utils, compile_facts
+
+
+def test_a_recompile_storm_is_explained_per_frame_and_the_limit_is_not_a_graph_break() -> None:
+    """A module compiled with dynamic=False and fed 12 batch sizes: 7 recompiles, then the limit
+    (8 compiles); Dynamo's own metrics are the truth the facts must match."""
+    torch, utils, compile_facts = _fresh_dynamo()
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -84,14 +91,7 @@ def test_an_evaluation_and_its_smaller_last_batch_are_two_causes_of_one_frame() 
     """timm's train.py with --torchcompile: the model recompiles once for the evaluation under no_grad
     and once for the validation set's last, smaller batch. Each cause is its own entry with its own
     count, and the size entry keeps the sizes seen (Dynamo's own metrics are the truth)."""
-    torch = pytest.importorskip("torch")
-    import torch._dynamo.utils as utils
-
-    from torchdoctor.probe.collect import compile_facts
-
-    torch._dynamo.reset()
-    utils.clear_compilation_metrics()
-    recompiles._SEEN.clear()
+    torch, utils, compile_facts = _fresh_dynamo()
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:

@@ -1441,17 +1441,9 @@ def _checkpoints(probe: Probe) -> None:
         except Exception as exc:
             ERRORS.record("optimizer.init_state", exc)
 
-    state_dict = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    if state_dict is not None:
-        on_dcp_state_dict(state_dict)
-    else:
-        imphook.when_imported("torch.distributed.checkpoint.state_dict", on_dcp_state_dict)
-
-    dcp = sys.modules.get("torch.distributed.checkpoint")
-    if dcp is not None:
-        on_dcp(dcp)
-    else:
-        imphook.when_imported("torch.distributed.checkpoint", on_dcp)
+    # Each now if the job imported it already (when_imported calls back at once), else on import.
+    imphook.when_imported("torch.distributed.checkpoint.state_dict", on_dcp_state_dict)
+    imphook.when_imported("torch.distributed.checkpoint", on_dcp)
 
     def on_safetensors(module: Any) -> None:
         # Hugging Face's save_pretrained (transformers, diffusers, accelerate) writes the weights with
@@ -1465,11 +1457,7 @@ def _checkpoints(probe: Probe) -> None:
         except Exception as exc:
             ERRORS.record("checkpoint", exc)
 
-    safetensors = sys.modules.get("safetensors.torch")
-    if safetensors is not None:
-        on_safetensors(safetensors)
-    else:
-        imphook.when_imported("safetensors.torch", on_safetensors)
+    imphook.when_imported("safetensors.torch", on_safetensors)
 
 
 def _io_path(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, storage: str) -> tuple[str | None, bool]:
