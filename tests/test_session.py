@@ -164,6 +164,13 @@ def test_a_profiled_step_that_evaluated_and_saved_is_left_out_of_the_window_and_
     (said,) = [w.message for w in report_from_run_dir(str(tmp_path)).warnings if "profiled steps" in w.message]
     assert "analysed over" not in said and said.endswith("could not be analysed again without them, so its shares "
                                                          "describe that work too.")
+    # The step left to analyse ran slower than the steady ones (the profiler's cost on small steps): the
+    # slow-window warning names that step, not the whole window.
+    (tmp_path / "slow").mkdir()
+    slow = cpu_run(tmp_path / "slow", [400.0, 2150.0, 400.0],
+                   profiled=[step(5, 400.0), step(6, 2150.0, inference=1600.0), step(7, 400.0)])
+    (said,) = [w.message for w in slow.warnings if "took 400.0 ms a step" in w.message]
+    assert said.startswith("rank 0: the analysed step 5 took 400.0 ms a step (median), 1.60x the job's steady"), said
     # A window whose every step evaluated stays, and says so.
     (tmp_path / "all").mkdir()
     every = [step(n, 2150.0, inference=1600.0) for n in (5, 6, 7)]

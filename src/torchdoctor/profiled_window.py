@@ -39,6 +39,7 @@ class SlowWindow(NamedTuple):
     before_ms: float | None  # median of the probe's (up to 3) steps just before the window, step 0 left out
     later_start: int | None  # a step from the middle of the steady steps after the window
     profiled: tuple[int, int]  # the steps the probe profiled, [first, end)
+    analysed: tuple[int, ...]  # the window's steps: fewer than those where one held work between steps
 
 
 def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow | None:
@@ -66,7 +67,8 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow |
         res.window.steps[0], res.window.steps[-1] + 1)
     before = [s.total_ms for s in f.steps if first - 3 <= s.step < first and s.step > 0]
     return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None,
-                      later_start(timed, first, end), (first, end))
+                      later_start(timed, first, end), (first, end),
+                      tuple(res.window.steps))
 
 
 def later_start(timed: list[StepTiming], first: int, end: int) -> int | None:
@@ -153,6 +155,15 @@ def held_work_remark(h: HeldWork, run_dir: str, asked: str | None, analysed: boo
     return ErrorEntry("torchdoctor", f"{who}: {h.said}.{tail}")
 
 
+def _analysed(w: SlowWindow) -> str:
+    """The window's steps in words: "profiled steps 5–7", or "analysed step 7" of a window that left
+    out a step that held work between steps (``held_work``)."""
+    first, end = w.profiled
+    if list(w.analysed) == list(range(first, end)) or not w.analysed:
+        return f"profiled {steps_label(list(range(first, end)))}"
+    return f"analysed {steps_label(list(w.analysed))}"
+
+
 def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
                        warnings: list[ErrorEntry]) -> None:
     """Ranks whose profiled steps ran much slower than the job's steady steps (``slow_window``):
@@ -185,7 +196,7 @@ def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
                f"{w.before_ms:.1f} ms), which a later window would pay too")
         again = ""
     warnings.append(ErrorEntry("torchdoctor", (
-        f"{which}: the profiled steps {first}–{end - 1} took {w.window_ms:.1f} ms a step (median"
+        f"{which}: the {_analysed(w)} took {w.window_ms:.1f} ms a step (median"
         f"{' of rank ' + label(ri) if len(slow) > 1 else ''}), {w.window_ms / w.steady_ms:.2f}x the job's steady "
         f"{w.steady_ms:.1f} ms (the probe's median over {w.steady_steps} steps outside the window): {why}. The "
         "trace's shares, and the ms per step read from them, describe those steps; the shares the probe measures "
