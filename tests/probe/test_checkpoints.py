@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from probe.livejob import facts_of, run_plain, run_wrapped, script
 
 JOB = """
@@ -48,11 +50,12 @@ def saves(run_dir):
     return {s["step"]: (s.get("checkpoint_saves", 0), s.get("checkpoint_ms", 0.0)) for s in steps}
 
 
-def saved_every_4_steps(tmp_path, how):
+def saved_every_4_steps(tmp_path, how, first=False):
     """Run JOB saving ``how``, unprofiled; check one timed save on each saving step (a save after step
     k's optimizer step lands in the interval that ends at step k + 1's) and none elsewhere; return
     (job path, run directory, per-step saves, the report)."""
-    job = script(tmp_path, JOB)
+    before = "from safetensors.torch import save_file as safe_save_file  # before torch, as isort orders it\n"
+    job = script(tmp_path, before + JOB if first else JOB)
     run_dir = tmp_path / "run"
     result = run_wrapped(run_dir, job, how, options=("--profile-steps", "off", "--json", str(tmp_path / "r.json")))
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
@@ -75,10 +78,13 @@ def test_torch_save_in_the_loop_is_timed_on_its_steps_and_priced_per_step(tmp_pa
     assert f"(the save at {job}:{line})" in di15["fix"]["text"]
 
 
-def test_a_safetensors_save_is_a_checkpoint_save(tmp_path):
+@pytest.mark.parametrize("first", [False, True], ids=["torch first", "safetensors first"])
+def test_a_safetensors_save_is_a_checkpoint_save(tmp_path, first):
     """Hugging Face's save_pretrained writes the weights with safetensors' save_file, a name bound
-    by `from safetensors.torch import save_file` when the library is imported: timed as a save."""
-    _, _, _, report = saved_every_4_steps(tmp_path, "safetensors")
+    by `from safetensors.torch import save_file` when the library is imported: timed as a save.
+    Imported before torch (isort's order), safetensors.torch is still running when torch's import
+    sets the probe up: its save_file is wrapped once the module's body has run."""
+    _, _, _, report = saved_every_4_steps(tmp_path, "safetensors", first=first)
     di15 = next(f for f in report["findings"] if f["id"] == "DI-15")
     assert "one every 4 steps" in di15["title"], di15["title"]
 

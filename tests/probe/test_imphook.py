@@ -80,3 +80,31 @@ def test_a_hook_put_in_after_ours_stays_and_a_later_wait_still_fires() -> None:
     when_subclassed(Own, __name__, "Z", later.append)  # ours is no longer the base's: a fresh one
     Z = type("Z", (Own,), {"__module__": __name__})
     assert later == [Z] and seen == ["X", "Y", "Z"]
+
+
+def test_a_module_still_running_is_handed_over_once_its_body_ran(tmp_path, monkeypatch) -> None:
+    """safetensors.torch imported before torch: torch's import hook asks for it while its body runs
+    (it had no save_file yet); ``when_whole`` waits for the body, then the package is plain again."""
+    import sys
+    from types import ModuleType
+
+    pkg = tmp_path / "td_whole_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "child.py").write_text("import td_whole_trigger\n\ndef save_file():\n    return 'saved'\n")
+    (tmp_path / "td_whole_trigger.py").write_text(
+        "from torchdoctor.probe import imphook\n"
+        "import td_whole_seen\n"
+        "imphook.when_whole('td_whole_pkg.child', lambda m: td_whole_seen.got.append(hasattr(m, 'save_file')))\n")
+    (tmp_path / "td_whole_seen.py").write_text("got = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import td_whole_pkg
+        import td_whole_seen
+        from td_whole_pkg.child import save_file  # the statement that binds the name comes after the callback
+
+        assert td_whole_seen.got == [True] and save_file() == "saved"
+        assert type(td_whole_pkg) is ModuleType  # no longer announcing
+    finally:
+        for name in ("td_whole_pkg", "td_whole_pkg.child", "td_whole_trigger", "td_whole_seen"):
+            sys.modules.pop(name, None)

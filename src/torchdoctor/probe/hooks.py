@@ -1457,7 +1457,7 @@ def _checkpoints(probe: Probe) -> None:
         except Exception as exc:
             ERRORS.record("checkpoint", exc)
 
-    imphook.when_imported("safetensors.torch", on_safetensors)
+    imphook.when_whole("safetensors.torch", on_safetensors)  # its save_file exists once its body ran
 
 
 def _io_path(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, storage: str) -> tuple[str | None, bool]:
@@ -1467,7 +1467,7 @@ def _io_path(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, stora
     folder = kwargs.get("checkpoint_id") or getattr(kwargs.get(storage), "path", None)
     if folder is not None:
         return collect.loaded_path(folder), True
-    where = kwargs.get("f", args[position] if len(args) > position else None)
+    where = kwargs.get("f", kwargs.get("filename", args[position] if len(args) > position else None))  # safetensors: filename
     reader = getattr(where, "path", None) if not isinstance(where, str | bytes | os.PathLike) else None
     if reader is not None and getattr(where, "name", None) is None:  # a DCP reader passed positionally
         return collect.loaded_path(reader), True

@@ -6,7 +6,8 @@ own ``__init__`` has run, from inside the importing statement. The finder remove
 the last pending hook fired, so later imports are not slowed down.
 
 A module that is still running when its hook is asked for (it imported torch, whose hook asks) is
-handed over half-built; ``when_class`` then waits for the class it defines (``when_subclassed``).
+handed over half-built; ``when_class`` then waits for the class it defines (``when_subclassed``),
+and ``when_whole`` for the module's body to finish.
 """
 
 from __future__ import annotations
@@ -88,6 +89,43 @@ def when_imported(fullname: str, callback: Callback) -> None:
     _pending.setdefault(fullname, []).append(callback)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
+
+
+def when_whole(fullname: str, callback: Callback) -> None:
+    """As ``when_imported``, but a module still running (it imported torch, whose hook asked) is
+    awaited: ``callback(module)`` runs once its body has run, when the import system sets it on its
+    package, before the importing statement binds any name from it. safetensors.torch imported
+    before torch (isort's order) had no save_file yet when the probe asked. A top-level module, or
+    one whose package is not a plain module, is handed over as it is. The callback must not raise."""
+    module = sys.modules.get(fullname)
+    spec = getattr(module, "__spec__", None)
+    package, _, child = fullname.rpartition(".")
+    parent = sys.modules.get(package) if package else None
+    if module is None or not getattr(spec, "_initializing", False) or parent is None or type(parent) is not ModuleType:
+        when_imported(fullname, callback)
+        return
+    _set_on[(package, child)] = [*_set_on.get((package, child), []), callback]
+    parent.__class__ = _Announcing
+
+
+# (package, child) -> callbacks waiting for the child module to be set on its package.
+_set_on: dict[tuple[str, str], list[Callback]] = {}
+
+
+class _Announcing(ModuleType):
+    """A package's class while a child module it holds is still running: setting the child on it
+    (the import system's last act for the child) calls the callbacks waiting, then the package is a
+    plain module again once none waits."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        ModuleType.__setattr__(self, name, value)
+        waiting = _set_on.pop((self.__name__, name), None)
+        if waiting is None:
+            return
+        if not any(key[0] == self.__name__ for key in _set_on):
+            ModuleType.__setattr__(self, "__class__", ModuleType)
+        for callback in waiting:
+            callback(value)
 
 
 # base -> (the hook we installed, [(module, name, callback)]).
