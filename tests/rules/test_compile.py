@@ -178,7 +178,9 @@ def test_cg6_compile_time_is_a_job_share_never_a_step_share():
     got = only(run("CG-6", (None, gpu_facts(compile=c, train_wall_s=96.0))), "CG-6")
     assert got.severity == "info" and got.recoverable_pct == 0.0 and not got.claims
     assert got.job_s == 24.0 and got.job_pct == 25.0
-    assert "24.0 s of compiling, 25% of the job's 96 s" in got.title and "Inductor) 23.5 s" in got.title
+    assert "24.0 s of compiling, 25% of the job's 96 s so far" in got.title and "Inductor) 23.5 s" in got.title
+    ended = only(run("CG-6", (None, gpu_facts(compile=c, train_wall_s=96.0, ended="exit"))), "CG-6")
+    assert "25% of the job's 96 s of training" in ended.title  # timm's finished job read "so far"
     assert "0 hit(s), 2 miss(es)" in got.evidence[0].text
     unknown = only(run("CG-6", (None, gpu_facts(compile=c))), "CG-6")
     assert unknown.job_pct is None and "wall time is unknown" in unknown.title

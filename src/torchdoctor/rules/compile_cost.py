@@ -129,7 +129,10 @@ def _job(c: CompileFacts, v: View, seconds: float) -> tuple[float | None, str]:
     if not wall or wall <= 0:
         return None, f"{seconds:.1f} s of compiling (the job's wall time is unknown)"
     pct = 100.0 * min(seconds, wall) / wall
-    return pct, f"{seconds:.1f} s of compiling, {pct:.0f}% of the job's {wall:.0f} s so far"
+    # The wall time runs from the first training activity to the summary: the whole training of a job
+    # that ended, the training so far of one still running (or killed before its last summary).
+    span = "of training" if v.f is not None and v.f.ended else "so far"
+    return pct, f"{seconds:.1f} s of compiling, {pct:.0f}% of the job's {wall:.0f} s {span}"
 
 
 @rule("CG-3")
