@@ -20,6 +20,12 @@ GUARDS = [
     ("0/0: ___check_obj_id(L['self'].act, 140)", ("identity", None, None)),
     ("0/0: len(L['xs']) == 3", ("length", None, None)),
     ("0/0: tensor 'x' dispatch key set mismatch. expected ...", ("device", "x", None)),
+    # torchvision's Faster R-CNN under torch.compile: inputs in a list of dicts, named with quotes.
+    ("tensor 'targets[0]['boxes']' size mismatch at index 0. expected 1, actual 2", ("size", "targets[0]['boxes']", 0)),
+    # The symbolic guards of a dimension already dynamic.
+    ("2 <= targets[1]['boxes'].size()[0]", ("size", "targets[1]['boxes']", 0)),
+    ("0/3: L['x'].size()[1] == 64  # model.py:7 in forward", ("size", "x", 1)),
+    ("x.stride()[0] <= 4096", ("stride", "x", 0)),
 ]
 
 

@@ -164,6 +164,19 @@ def test_cg3_counts_and_judges_a_frame_over_all_its_causes():
     assert got.fix.text.startswith("forward: Mark the dimension dynamic") and "forward, forward" not in got.fix.text
 
 
+def test_cg3_a_dynamic_dimension_that_is_0_or_1_is_named_with_its_fix():
+    """torchvision's Faster R-CNN: an image with one box failed `2 <= targets[1]['boxes'].size()[0]`,
+    the guard of a dimension already dynamic (Dynamo compiles sizes 0 and 1 apart): "a guard failed"
+    told nothing."""
+    one_box = RecompileFacts("forward", location="/tv/roi_heads.py:739", count=5, kind="size",
+                             guard="2 <= targets[1]['boxes'].size()[0]", tensor="targets[1]['boxes']", dim=0)
+    got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=5, recompile_frames=[one_box])))),
+               "CG-3")
+    assert "(input 'targets[1]['boxes']' changes size at dim 0 (to 0 or 1 on some calls))" in got.title, got.title
+    assert "0/1 specialization" in got.fix.text and "Mark the dimension dynamic" not in got.fix.text
+    assert got.fix.snippet.startswith("torch._dynamo.decorators.mark_unbacked(targets[1]['boxes'], 0)")
+
+
 def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():
     r = gpu_result()
     r.compile_regions = {"0/0": 5, "0/1": 5}

@@ -12,17 +12,25 @@ import re
 _MAX_VALUES = 12
 # "0/7: tensor 'x' size mismatch at index 0. expected 11, actual 12"
 _ENTRY = re.compile(r"^\s*\d+/\d+:\s*")
-_TENSOR = re.compile(r"tensor '([^']+)' (\w[\w ]*?) mismatch")
+_TENSOR = re.compile(r"tensor '(.+?)' (\w[\w ]*?) mismatch")  # names may quote: 'targets[0]['boxes']'
 _INDEX = re.compile(r"at index (\d+)")
 _EXPECTED = re.compile(r"expected ([^,]+), actual ([^\s.,]+)")
 _VALUE = re.compile(r"^(.+?)\s*==\s*(.+?)\s*(?:#.*)?$")
+# A symbolic shape guard, once a dimension is dynamic: "2 <= targets[1]['boxes'].size()[0]",
+# "L['x'].size()[1] == 64", "x.stride()[0] <= 4096" (the tensor, size or stride, the dimension).
+_SYMBOLIC = re.compile(r"(?P<t>(?:L\[)?[A-Za-z_][\w.\[\]'\"]*?)\.(?P<what>size|stride)\(\)\[(?P<d>\d+)\]")
+_RELATION = re.compile(r"<=|>=|==|!=|<|>")
+# The guard a dynamic dimension fails when it is 0 or 1: Dynamo compiles sizes 0 and 1 apart even
+# for a dynamic dimension ("0/1 specialization").
+_BELOW_TWO = re.compile(r"^\s*2\s*<=\s*\S+\.size\(\)\[\d+\]")
 
 
 def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     """(kind, tensor name, dim) of a failing guard as Dynamo prints it.
 
     Kinds: "size", "stride", "rank", "dtype", "requires_grad", "device" (tensor guards from
-    C++ ``TensorCheck``, "dispatch key set" and "device index" both mean device/layout/autocast),
+    C++ ``TensorCheck``, "dispatch key set" and "device index" both mean device/layout/autocast;
+    size and stride also from the symbolic guards of a dynamic dimension, ``2 <= x.size()[0]``),
     "global_state" (grad mode, autocast, num_threads...), "value" (a Python value compared with
     ``==``), "identity" (``___check_obj_id``/``___check_type_id``: a different object or type),
     "length" (``len(...) == n``), else "other".
@@ -38,6 +46,13 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
         return kind, m.group(1), int(idx.group(1)) if idx else None
     if text.startswith("GLOBAL_STATE"):
         return "global_state", None, None
+    line = first_line(text)
+    sym = _SYMBOLIC.search(line)
+    if sym and _RELATION.search(line):
+        name = sym.group("t")
+        if name.startswith("L["):  # L['x'] -> x, as the tensor guards name it
+            name = name[2:].split("]", 1)[0].strip("'\"") + name[2:].split("]", 1)[1]
+        return sym.group("what"), name, int(sym.group("d"))
     if "___check_obj_id" in text or "___check_type_id" in text:
         return "identity", None, None
     if text.startswith("len("):
@@ -45,6 +60,11 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     if _VALUE.match(text.split("\n", 1)[0]):
         return "value", _VALUE.match(text.split("\n", 1)[0]).group(1).strip(), None  # type: ignore[union-attr]
     return "other", None, None
+
+
+def below_two(guard: str) -> bool:
+    """A symbolic size guard failed because the dimension was 0 or 1 (``2 <= x.size()[d]``)."""
+    return bool(_BELOW_TWO.match(first_line(guard)))
 
 
 def first_line(guard: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from torchdoctor.callsite import library_of
 from torchdoctor.facts import GraphBreakFacts
 from torchdoctor.metrics.compiled import gaps_by_break
 
@@ -153,13 +154,20 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
             for b in shown:
                 if kind_of(b) != "torch":
                     at.setdefault(advice(b)[0], []).append((b.location or "torch").rsplit("/", 1)[-1])
-            steps = {f"{', '.join(dict.fromkeys(where))}: {text}" for text, where in at.items()}
+            steps = {f"{', '.join(dict.fromkeys(where))}: {_sentence(text)}" for text, where in at.items()}
             snippets = dict.fromkeys(advice(b)[1] for b in shown if advice(b)[1] and not b.rewrite)
             rewrites = [b for b in shown if b.rewrite and b.rewrite_ok is not False]
             for b in rewrites:  # the branch rewritten at the user's line: the diff, with its validation
                 steps.add(f"{(b.location or '').rsplit('/', 1)[-1]}: rewritten below with torch.where "
                           f"({'validated: ' if b.rewrite_ok else ''}{b.rewrite_check or 'not validated'}).")
-            fix = Fix(" ".join(sorted(steps)) or ADVICE["torch"][0],
+            owners = {library_of(b.location.rsplit(":", 1)[0]) for b in shown if b.location and kind_of(b) != "torch"}
+            if owners and None not in owners:
+                # torchvision's Faster R-CNN broke at 13 lines, all torchvision's: its settings apply, its
+                # lines are not the job's to edit.
+                names = " and ".join(f"{o}'s" for o in sorted(o for o in owners if o))
+                steps.add(f"(Every break is in {names} code, not the job's: the settings apply to it; a change "
+                          "to its lines would be the library's to make.)")
+            fix = Fix(" ".join(sorted(steps, key=lambda t: (t.startswith("("), t))) or ADVICE["torch"][0],
                       "\n".join([*snippets, *(b.rewrite or "" for b in rewrites)]),
                       language="diff" if rewrites and not snippets else "python")
         return finding(
@@ -183,6 +191,12 @@ def eager_gaps(v: View, listed: list[GraphBreakFacts]) -> dict[int, float] | Non
     if not listed:
         return {-1: sum(gaps.values())}
     return gaps_by_break(gaps, v.f.compile.frame_names if v.f is not None else {}, listed)
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence: Dynamo's hints end without a full stop, and the fix joins them."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?", ")")) else text + "."
 
 
 def _sites(listed: list[GraphBreakFacts]) -> str:

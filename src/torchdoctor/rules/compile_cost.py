@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from torchdoctor.compile.guards import below_two
 from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import CompileFacts, RecompileFacts
 
@@ -52,11 +53,15 @@ _KINDS: dict[str, tuple[str, str]] = {
 def _input(tensor: str | None) -> tuple[str, str]:
     """(words, a Python name) for a guarded input: 'x' -> ("input 'x'", "x"); Dynamo names the
     positional arguments of a wrapped module call "args[0]" -> ("argument 0", "arg0")."""
-    name = (tensor or "x").removeprefix("L['").removesuffix("']")
+    name = tensor or "x"
+    local = re.fullmatch(r"L\['([^']+)'\](.*)", name)  # L['x'] -> x, L['t'][0] -> t[0]; targets[1]['boxes'] stays
+    if local:
+        name = local.group(1) + local.group(2)
     m = re.fullmatch(r"args\[(\d+)\]", name)
     if m:
         return f"argument {m.group(1)}", f"arg{m.group(1)}"
-    return f"input '{name}'", name if name.isidentifier() else "x"
+    usable = name.isidentifier() or re.fullmatch(r"[A-Za-z_]\w*(?:\[(?:\d+|'[^']*')\])+", name)
+    return f"input '{name}'", name if usable else "x"  # targets[1]['boxes'] names it in the user's code too
 
 
 def frame_name(r: RecompileFacts) -> str:
@@ -96,7 +101,8 @@ def _cause(r: RecompileFacts) -> str:
     if r.kind == "value" and r.tensor:
         return f"the Python value {r.tensor} changes"
     if r.tensor:
-        return f"{_input(r.tensor)[0]} {what}" + (f" at dim {r.dim}" if r.dim is not None else "")
+        zero_one = " (to 0 or 1 on some calls)" if r.kind == "size" and below_two(r.guard) else ""
+        return f"{_input(r.tensor)[0]} {what}" + (f" at dim {r.dim}" if r.dim is not None else "") + zero_one
     return what
 
 
@@ -108,7 +114,13 @@ def fix_for(r: RecompileFacts) -> tuple[str, str]:
         text = ("Expected once: the evaluation's graph is compiled at its first call and reused after; "
                 "nothing to change unless it recurs.")
     words, name = _input(r.tensor)
-    if r.kind == "size":
+    if r.kind == "size" and below_two(r.guard):
+        # torchvision's Faster R-CNN under torch.compile: an image with one box recompiled 4 frames.
+        text = ("The dimension is dynamic already, but was 0 or 1 on some calls, and Dynamo compiles sizes 0 and 1 "
+                "apart (0/1 specialization): mark it unbacked before the call, or keep it at 2 or more (pad it).")
+        snippet = (f"torch._dynamo.decorators.mark_unbacked({name}, {r.dim if r.dim is not None else 0})   "
+                   f"# {name}: {words} of {frame_name(r)}, before the call")
+    elif r.kind == "size":
         snippet = (f"torch._dynamo.mark_dynamic({name}, {r.dim if r.dim is not None else 0})   "
                    f"# {name}: {words} of {frame_name(r)}, before the call; or torch.compile(..., dynamic=True)")
         if r.values:
