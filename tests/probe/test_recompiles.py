@@ -34,6 +34,12 @@ def test_guard_kinds_name_the_input_and_dimension(guard: str, want: tuple) -> No
     assert rc.guard_kind(guard) == want
 
 
+def test_symbolic_guards_tell_a_0_or_1_dimension_and_a_pinned_one() -> None:
+    assert rc.below_two("2 <= targets[1]['boxes'].size()[0]") and not rc.below_two("2 <= x.size()[0] <= 8")
+    assert rc.pinned("0/1: L['x'].size()[1] == 65  # m.py:3 in f") == "65" and rc.pinned("2 <= x.size()[0]") is None
+    assert rc.observed_values(["L['x'].size()[1] == 64", "0/1: L['x'].size()[1] == 65"], "size", "x", 1) == ["64", "65"]
+
+
 def test_observed_values_follow_the_guarded_dimension_only() -> None:
     guards = ["0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5\nUser stack trace: ...",
               "0/1: tensor 'x' size mismatch at index 0. expected 5, actual 6",

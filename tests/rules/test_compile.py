@@ -89,6 +89,23 @@ def test_cg2_breaks_inside_torch_only_are_expected():
     assert got.fix.text.startswith("The break is inside torch's own code") and got.fix.snippet == ""
 
 
+def test_cg2_breaks_all_in_a_library_say_so_and_hints_end_as_sentences():
+    """torchvision's Faster R-CNN broke at 13 lines, all torchvision's: Dynamo's hints end without a
+    full stop and ran together; the fix also says whose lines they are (judged over every break,
+    not the 8 shown)."""
+    site = "/venv/lib/python3.11/site-packages/torchvision/ops/boxes.py"
+    lib = [GraphBreakFacts("Dynamic shape operator", gb_id="GB0036", location=f"{site}:{100 + i}",
+                           hints=["Enable tracing of dynamic shape operators with "
+                                  "`torch._dynamo.config.capture_dynamic_output_shape_ops = True`"]) for i in range(9)]
+    got = only(run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=9, breaks=lib)))), "CG-2")
+    assert "capture_dynamic_output_shape_ops = True`." in got.fix.text
+    assert got.fix.text.endswith("(Every break is in torchvision's code, not the job's: the settings apply to it; a "
+                                 "change to its lines would be the library's to make.)")
+    mixed = [*lib[:8], GraphBreakFacts("Data-dependent branching", gb_id="GB0170", location="/job/train.py:19")]
+    got = only(run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=9, breaks=mixed)))), "CG-2")
+    assert "Every break is in" not in got.fix.text  # the job's own line is the 9th, past the 8 shown
+
+
 def test_cg2_silent_without_breaks():
     assert run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=0)))) == []
 
@@ -175,6 +192,21 @@ def test_cg3_a_dynamic_dimension_that_is_0_or_1_is_named_with_its_fix():
     assert "(input 'targets[1]['boxes']' changes size at dim 0 (to 0 or 1 on some calls))" in got.title, got.title
     assert "0/1 specialization" in got.fix.text and "Mark the dimension dynamic" not in got.fix.text
     assert got.fix.snippet.startswith("torch._dynamo.decorators.mark_unbacked(targets[1]['boxes'], 0)")
+
+
+def test_cg3_a_dynamic_dimension_pinned_to_a_value_is_the_codes_doing():
+    """`L['x'].size()[1] == 64` fails on a dimension already dynamic: code specialized it (an int() of
+    the size); mark_dynamic would not help. An upper bound's failure is no 0/1 specialization."""
+    pin = RecompileFacts("forward", count=2, kind="size", guard="L['x'].size()[1] == 64", tensor="x", dim=1,
+                         values=["64", "65", "66"])
+    got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=2, recompile_frames=[pin])))),
+               "CG-3")
+    assert "pins it to one value (L['x'].size()[1] == 64)" in got.fix.text and "mark_dynamic" not in got.fix.snippet
+    assert "TORCH_LOGS=+dynamic" in got.fix.snippet and "(values seen: 64, 65, 66)" in got.evidence[0].text
+    bounded = msgspec.structs.replace(pin, guard="2 <= x.size()[0] <= 8", dim=0, values=[])
+    got = only(run("CG-3", (None, gpu_facts(compile=CompileFacts(used=True, recompiles=2, recompile_frames=[bounded])))),
+               "CG-3")
+    assert "0/1 specialization" not in got.fix.text and "to 0 or 1" not in got.title
 
 
 def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():

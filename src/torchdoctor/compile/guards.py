@@ -22,7 +22,12 @@ _SYMBOLIC = re.compile(r"(?P<t>(?:L\[)?[A-Za-z_][\w.\[\]'\"]*?)\.(?P<what>size|s
 _RELATION = re.compile(r"<=|>=|==|!=|<|>")
 # The guard a dynamic dimension fails when it is 0 or 1: Dynamo compiles sizes 0 and 1 apart even
 # for a dynamic dimension ("0/1 specialization").
-_BELOW_TWO = re.compile(r"^\s*2\s*<=\s*\S+\.size\(\)\[\d+\]")
+_BELOW_TWO = re.compile(r"^\s*2\s*<=\s*\S+\.size\(\)\[\d+\]\s*$")
+# A symbolic guard pinning a dynamic dimension to one value: "L['x'].size()[1] == 64".
+_PINNED = re.compile(r"\.(?:size|stride)\(\)\[\d+\]\s*==\s*(-?\d+)\s*$")
+# Guards are one line of Dynamo's text (untrusted when read from a log): longer ones are cut, so that
+# no pattern's backtracking can grow with them.
+_MAX_GUARD = 1000
 
 
 def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
@@ -35,7 +40,7 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     ``==``), "identity" (``___check_obj_id``/``___check_type_id``: a different object or type),
     "length" (``len(...) == n``), else "other".
     """
-    text = _ENTRY.sub("", guard).strip()
+    text = _ENTRY.sub("", guard[:_MAX_GUARD]).strip()
     m = _TENSOR.search(text)
     if m:
         what = m.group(2).strip()
@@ -50,8 +55,9 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     sym = _SYMBOLIC.search(line)
     if sym and _RELATION.search(line):
         name = sym.group("t")
-        if name.startswith("L["):  # L['x'] -> x, as the tensor guards name it
-            name = name[2:].split("]", 1)[0].strip("'\"") + name[2:].split("]", 1)[1]
+        local = re.fullmatch(r"[LG]\['([^']+)'\](.*)", name)  # L['x'] -> x, as the tensor guards name it
+        if local:
+            name = local.group(1) + local.group(2)
         return sym.group("what"), name, int(sym.group("d"))
     if "___check_obj_id" in text or "___check_type_id" in text:
         return "identity", None, None
@@ -67,6 +73,13 @@ def below_two(guard: str) -> bool:
     return bool(_BELOW_TWO.match(first_line(guard)))
 
 
+def pinned(guard: str) -> str | None:
+    """The value a symbolic guard pins a dynamic dimension to (``x.size()[1] == 64`` -> "64"): code
+    that specializes the size (an int() of it, a branch on it); None for other guards."""
+    m = _PINNED.search(first_line(guard))
+    return m.group(1) if m else None
+
+
 def first_line(guard: str) -> str:
     """The guard itself: its first line, without the "frame/entry: " prefix and the source comment."""
     line = _ENTRY.sub("", (guard or "").split("\n", 1)[0]).strip()
@@ -78,6 +91,10 @@ def observed_values(guards: list[str], kind: str, tensor: str | None, dim: int |
     seen: dict[str, None] = {}
     for g in guards:
         line = first_line(g)
+        if kind in ("size", "stride") and tensor is not None and dim is not None and f"[{dim}]" in line \
+                and tensor in line and (value := pinned(line)) is not None:
+            seen.setdefault(value, None)  # a dynamic dimension pinned to a value, once per value
+            continue
         if kind in ("size", "stride", "rank", "dtype") and tensor is not None:
             if f"tensor '{tensor}'" not in line or (dim is not None and f"index {dim}." not in line):
                 continue

@@ -160,7 +160,7 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
             for b in rewrites:  # the branch rewritten at the user's line: the diff, with its validation
                 steps.add(f"{(b.location or '').rsplit('/', 1)[-1]}: rewritten below with torch.where "
                           f"({'validated: ' if b.rewrite_ok else ''}{b.rewrite_check or 'not validated'}).")
-            owners = {library_of(b.location.rsplit(":", 1)[0]) for b in shown if b.location and kind_of(b) != "torch"}
+            owners = {library_of(b.location.rsplit(":", 1)[0]) for b in listed if b.location and kind_of(b) != "torch"}
             if owners and None not in owners:
                 # torchvision's Faster R-CNN broke at 13 lines, all torchvision's: its settings apply, its
                 # lines are not the job's to edit.
@@ -196,7 +196,9 @@ def eager_gaps(v: View, listed: list[GraphBreakFacts]) -> dict[int, float] | Non
 def _sentence(text: str) -> str:
     """``text`` ending as a sentence: Dynamo's hints end without a full stop, and the fix joins them."""
     text = text.rstrip()
-    return text if text.endswith((".", "!", "?", ")")) else text + "."
+    if text.endswith((".", "!", "?", ".)", "!)", "?)")):
+        return text
+    return text.rstrip(",;:") + "."
 
 
 def _sites(listed: list[GraphBreakFacts]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from torchdoctor.compile.guards import below_two
+from torchdoctor.compile.guards import below_two, first_line, pinned
 from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import CompileFacts, RecompileFacts
 
@@ -54,13 +54,13 @@ def _input(tensor: str | None) -> tuple[str, str]:
     """(words, a Python name) for a guarded input: 'x' -> ("input 'x'", "x"); Dynamo names the
     positional arguments of a wrapped module call "args[0]" -> ("argument 0", "arg0")."""
     name = tensor or "x"
-    local = re.fullmatch(r"L\['([^']+)'\](.*)", name)  # L['x'] -> x, L['t'][0] -> t[0]; targets[1]['boxes'] stays
+    local = re.fullmatch(r"[LG]\['([^']+)'\](.*)", name)  # L['x'] -> x, L['t'][0] -> t[0]; targets[1]['boxes'] stays
     if local:
         name = local.group(1) + local.group(2)
     m = re.fullmatch(r"args\[(\d+)\]", name)
     if m:
         return f"argument {m.group(1)}", f"arg{m.group(1)}"
-    usable = name.isidentifier() or re.fullmatch(r"[A-Za-z_]\w*(?:\[(?:\d+|'[^']*')\])+", name)
+    usable = re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[(?:\d+|'[^']*')\])*", name)
     return f"input '{name}'", name if usable else "x"  # targets[1]['boxes'] names it in the user's code too
 
 
@@ -114,7 +114,12 @@ def fix_for(r: RecompileFacts) -> tuple[str, str]:
         text = ("Expected once: the evaluation's graph is compiled at its first call and reused after; "
                 "nothing to change unless it recurs.")
     words, name = _input(r.tensor)
-    if r.kind == "size" and below_two(r.guard):
+    if r.kind in ("size", "stride") and pinned(r.guard) is not None:
+        text = (f"The dimension is dynamic, but the code pins it to one value ({first_line(r.guard)}): an int() of "
+                "the size, or a branch on it, specializes it. TORCH_LOGS=+dynamic names the line; keep the size "
+                "a tensor expression there.")
+        snippet = "TORCH_LOGS=+dynamic python train.py   # logs the line that specializes the size"
+    elif r.kind == "size" and below_two(r.guard):
         # torchvision's Faster R-CNN under torch.compile: an image with one box recompiled 4 frames.
         text = ("The dimension is dynamic already, but was 0 or 1 on some calls, and Dynamo compiles sizes 0 and 1 "
                 "apart (0/1 specialization): mark it unbacked before the call, or keep it at 2 or more (pad it).")
