@@ -9,12 +9,13 @@ for every rank, and the report says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from .facts import RankFacts, StepTiming
-from .metrics.between import clean_profiled_range, evaluating_ms, profiled_strays
+from .metrics.between import between_work, clean_profiled_range, profiled_strays
 from .metrics.steps import parse_step_range
 from .report.labels import steps_label
 from .report.model import ErrorEntry
@@ -63,12 +64,25 @@ def slow_window(ri: RankInputs, probe: ProbeSteps | None = None) -> SlowWindow |
     if steady_ms <= 0 or window_ms < SLOW_WINDOW_FACTOR * steady_ms:
         return None
     # The probe's own numbers: the analysed window may have left the trace's first steps out as warm-up.
-    first, end = (f.profile_steps[0], f.profile_steps[1]) if len(f.profile_steps) == 2 else (
-        res.window.steps[0], res.window.steps[-1] + 1)
+    first, end = _profiled_range(f, res.window.steps)
     before = [s.total_ms for s in f.steps if first - 3 <= s.step < first and s.step > 0]
     return SlowWindow(window_ms, steady_ms, len(timed), float(np.median(before)) if before else None,
                       later_start(timed, first, end), (first, end),
                       tuple(res.window.steps))
+
+
+def _profiled_range(f: RankFacts, steps: Sequence[int]) -> tuple[int, int]:
+    """The steps the probe profiled, [first, end): its record, else the span of ``steps``."""
+    if len(f.profile_steps) == 2:
+        return f.profile_steps[0], f.profile_steps[1]
+    return min(steps), max(steps) + 1
+
+
+def _profile_later(start: int | None, first: int, end: int) -> str | None:
+    """The command that profiles as many steps from ``start`` (``later_start``), or None without one."""
+    if start is None:
+        return None
+    return f"`torchdoctor run --profile-steps {start}:{start + end - first}` profiles steps from the middle of the run"
 
 
 def later_start(timed: list[StepTiming], first: int, end: int) -> int | None:
@@ -113,8 +127,7 @@ def held_work(facts: list[RankFacts]) -> HeldWork | None:
     steady_ms = float(np.median([s.total_ms for s in timed]))
     profiled = f.profiled_steps
     rng = clean_profiled_range(profiled, [s for s in profiled if s.step in stray_steps], steady_ms)
-    first, end = (f.profile_steps[0], f.profile_steps[1]) if len(f.profile_steps) == 2 else (
-        min(s.step for s in profiled), max(s.step for s in profiled) + 1)
+    first, end = _profiled_range(f, [s.step for s in profiled])
     held = "; ".join(f"step {s.step} took {s.total_ms:,.0f} ms: {_held(s)}" for s in strays[:3])
     said = (f"of the profiled {steps_label(list(range(first, end)))}, {held}, against a steady step of "
             f"{steady_ms:,.1f} ms (the probe's median over {len(timed)} steps)")
@@ -124,8 +137,7 @@ def held_work(facts: list[RankFacts]) -> HeldWork | None:
 
 def _held(s: StepTiming) -> str:
     """What the probe saw a stray profiled step do besides training, in words."""
-    parts = [(evaluating_ms(s), "an evaluation's forwards"), (s.checkpoint_ms, "checkpoint saves"),
-             (s.loader_iter_ms, "DataLoader restarts")]
+    parts = zip(between_work(s), ("an evaluation's forwards", "checkpoint saves", "DataLoader restarts"), strict=True)
     return ", ".join(f"{what} {ms:,.0f} ms" for ms, what in parts if ms >= 1.0) or "work between steps"
 
 
@@ -147,8 +159,8 @@ def held_work_remark(h: HeldWork, run_dir: str, asked: str | None, analysed: boo
         tail = (f" The trace is analysed over {steps_label(list(range(a, b)))} only{every} so that its shares "
                 f"describe the training step (`torchdoctor analyze {run_dir} --steps {first}:{end}` analyses them all).")
     elif h.steps is None:
-        again = (f"`torchdoctor run --profile-steps {h.later}:{h.later + end - first}` profiles steps from the middle "
-                 "of the run" if h.later is not None else "profile other steps (`torchdoctor run --profile-steps A:B`)")
+        again = (_profile_later(h.later, first, end)
+                 or "profile other steps (`torchdoctor run --profile-steps A:B`)")
         tail = f" Every profiled step did, so the trace's shares describe that work, not the training step: {again}."
     else:
         tail = " The trace could not be analysed again without them, so its shares describe that work too."
@@ -182,9 +194,9 @@ def slow_window_remark(ranks: list[RankInputs], probes: list[ProbeSteps] | None,
     names = ", ".join(label(r) for r, _ in slow[:8]) + (" …" if len(slow) > 8 else "")
     which = f"ranks {names}" if len(slow) > 1 else f"rank {label(ri)}"
     first, end = w.profiled
-    later = (f" `torchdoctor run --profile-steps {w.later_start}:{w.later_start + end - first}` profiles steps from "
-             "the middle of the run." if w.later_start is not None else
-             " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows steadier ones.")
+    command = _profile_later(w.later_start, first, end)
+    later = (f" {command}." if command else " Profiling later steps (`torchdoctor run --profile-steps A:B`) shows "
+             "steadier ones.")
     if w.before_ms is None:  # nothing timed just before the window: warm-up or the profiler, unknown
         why, again = "the job's warm-up, or the profiler's own cost (no step just before it was timed)", later
     elif w.before_ms >= SLOW_WINDOW_FACTOR * w.steady_ms:

@@ -30,14 +30,7 @@ from .compile import fusion, torch_trace
 from .compile import history as compile_history
 from .executors import ExecutorSpec, Task, TaskOutcome, run_tasks
 from .executors.progress import rank_progress
-from .facts import (
-    SUMMARY_STEPS_KEPT,
-    CompileFacts,
-    RankFacts,
-    evaluation_only,
-    forward_unseen,
-    trains,
-)
+from .facts import SUMMARY_STEPS_KEPT, CompileFacts, RankFacts, evaluation_only, forward_unseen, trains
 from .metrics.compiled import compile_summary
 from .metrics.model import RankResult
 from .metrics.rank import analyze_rank
@@ -620,15 +613,13 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
                             config=config)
     inputs: list[RankInputs] = []
     sights: dict[str, TraceSight] = {}
-    entries = [e for e in manifest.ranks
-               if rank is None or rank == (e.facts.rank if e.facts else (e.analysis.rank if e.analysis else None))]
+    entries = [e for e in manifest.ranks if rank is None or _entry_rank(e) == rank]
     # Profiled steps that held an evaluation or a save: the window becomes the others, on every rank.
     held = held_work([e.facts for e in entries if e.facts is not None])
     clean = held.steps if held is not None and steps is None else None
     analysed_clean = False
     for entry in entries:
-        facts, result = entry.facts, entry.analysis
-        r = facts.rank if facts else (result.rank if result else None)
+        facts, result, r = entry.facts, entry.analysis, _entry_rank(entry)
         trace = os.path.join(run_dir, facts.trace_file) if facts and facts.trace_file else None
         if trace and os.path.isfile(trace) and (steps is not None or result is None or clean is not None):
             status, value, sight = _analyze_one(trace, steps or clean)
@@ -671,6 +662,11 @@ def report_from_run_dir(run_dir: str, steps: str | None = None, rank: int | None
     report = build_report(inputs, errors, warnings, run=run, source="run", config=config, sights=sights)
     attach_inductor(report, run_dir)
     return report
+
+
+def _entry_rank(entry: _RankEntry) -> int | None:
+    """A run manifest entry's rank: its facts', else its stored analysis's."""
+    return entry.facts.rank if entry.facts else (entry.analysis.rank if entry.analysis else None)
 
 
 def number_shared_ranks(inputs: list[RankInputs]) -> str:

@@ -54,11 +54,7 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     line = first_line(text)
     sym = _SYMBOLIC.search(line)
     if sym and _RELATION.search(line):
-        name = sym.group("t")
-        local = re.fullmatch(r"[LG]\['([^']+)'\](.*)", name)  # L['x'] -> x, as the tensor guards name it
-        if local:
-            name = local.group(1) + local.group(2)
-        return sym.group("what"), name, int(sym.group("d"))
+        return sym.group("what"), local_name(sym.group("t")), int(sym.group("d"))
     if "___check_obj_id" in text or "___check_type_id" in text:
         return "identity", None, None
     if text.startswith("len("):
@@ -66,6 +62,13 @@ def guard_kind(guard: str) -> tuple[str, str | None, int | None]:
     if _VALUE.match(text.split("\n", 1)[0]):
         return "value", _VALUE.match(text.split("\n", 1)[0]).group(1).strip(), None  # type: ignore[union-attr]
     return "other", None, None
+
+
+def local_name(name: str) -> str:
+    """A guarded name as the user's code spells it: Dynamo's L['x'] -> x, L['t'][0] -> t[0] (G[...]
+    for globals likewise); a name already so (targets[1]['boxes']) stays."""
+    m = re.fullmatch(r"[LG]\['([^']+)'\](.*)", name)
+    return m.group(1) + m.group(2) if m else name
 
 
 def below_two(guard: str) -> bool:

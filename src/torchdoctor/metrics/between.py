@@ -210,10 +210,15 @@ def loop_steps(timings: list[StepTiming],
     return [s for s in timings if id(s) not in out]
 
 
+def between_work(s: StepTiming) -> tuple[float, float, float]:
+    """Work in step ``s`` that is not the training step's, as the probe times it, ms: (an evaluation's
+    forwards, ``evaluating_ms``; checkpoint saves; DataLoader restarts)."""
+    return evaluating_ms(s), s.checkpoint_ms, s.loader_iter_ms
+
+
 def between_work_ms(s: StepTiming) -> float:
-    """Work in step ``s`` that is not the training step's, as the probe times it: an evaluation's
-    forwards (``evaluating_ms``), checkpoint saves and DataLoader restarts, ms."""
-    return evaluating_ms(s) + s.checkpoint_ms + s.loader_iter_ms
+    """``between_work`` in all, ms."""
+    return sum(between_work(s))
 
 
 def profiled_strays(profiled: list[StepTiming], timed: list[StepTiming]) -> list[StepTiming]:

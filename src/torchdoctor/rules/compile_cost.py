@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from torchdoctor.compile.guards import below_two, first_line, pinned
+from torchdoctor.compile.guards import below_two, first_line, local_name, pinned
 from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import CompileFacts, RecompileFacts
 
@@ -53,10 +53,7 @@ _KINDS: dict[str, tuple[str, str]] = {
 def _input(tensor: str | None) -> tuple[str, str]:
     """(words, a Python name) for a guarded input: 'x' -> ("input 'x'", "x"); Dynamo names the
     positional arguments of a wrapped module call "args[0]" -> ("argument 0", "arg0")."""
-    name = tensor or "x"
-    local = re.fullmatch(r"[LG]\['([^']+)'\](.*)", name)  # L['x'] -> x, L['t'][0] -> t[0]; targets[1]['boxes'] stays
-    if local:
-        name = local.group(1) + local.group(2)
+    name = local_name(tensor or "x")
     m = re.fullmatch(r"args\[(\d+)\]", name)
     if m:
         return f"argument {m.group(1)}", f"arg{m.group(1)}"
@@ -93,6 +90,12 @@ def _grad_mode(r: RecompileFacts) -> bool:
     return r.kind == "global_state" and "grad_mode" in r.guard
 
 
+def _expected(r: RecompileFacts) -> bool:
+    """A single grad-mode recompile: an evaluation's graph, compiled once and reused after (Dynamo
+    keeps a cache entry for each), no part of how often a frame recompiles."""
+    return _grad_mode(r) and r.count <= 1 and not r.limit_hit
+
+
 def _cause(r: RecompileFacts) -> str:
     """The cause, short: "input 'ids' changes size at dim 1"."""
     if _grad_mode(r):
@@ -109,8 +112,7 @@ def _cause(r: RecompileFacts) -> str:
 def fix_for(r: RecompileFacts) -> tuple[str, str]:
     """(what to do, snippet) for one frame's recompiles, naming the input and dimension."""
     text = _KINDS.get(r.kind, _KINDS["other"])[1]
-    if _grad_mode(r) and r.count <= 1 and not r.limit_hit:
-        # Dynamo keeps both graphs (a cache entry each): switching back and forth compiles nothing more.
+    if _expected(r):
         text = ("Expected once: the evaluation's graph is compiled at its first call and reused after; "
                 "nothing to change unless it recurs.")
     words, name = _input(r.tensor)
@@ -180,12 +182,9 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
                 confidence="medium", confirm="TORCH_LOGS=recompiles prints the failing guard",
                 source="PT Torch-Compiled Region compile ids")
         limit = [r for r in frames if r.limit_hit]
-        # Per frame, over its causes (an entry each): a single grad-mode recompile is an evaluation's
-        # graph, expected, and no part of how often a frame recompiles.
-        per_frame: dict[tuple[str, str | None], int] = {}
+        per_frame: dict[tuple[str, str | None], int] = {}  # over each frame's causes, an entry each
         for r in frames:
-            expected = _grad_mode(r) and r.count <= 1 and not r.limit_hit
-            per_frame[(r.frame, r.location)] = per_frame.get((r.frame, r.location), 0) + (0 if expected else r.count)
+            per_frame[(r.frame, r.location)] = per_frame.get((r.frame, r.location), 0) + (0 if _expected(r) else r.count)
         worst = max(per_frame.values(), default=total)
         sev = "critical" if limit else "warning" if worst >= WARN_RECOMPILES else "info"
         seconds = sum(r.compile_s for r in frames)
