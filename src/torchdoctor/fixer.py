@@ -104,22 +104,26 @@ def run_arm(command: Sequence[str], arm: Arm, opts: FixOptions, profile: tuple[i
     return arm
 
 
-def estimates_of(findings: Sequence[Any]) -> dict[str, float]:
-    """Remedy id -> the share of the step (%) its findings say it gives back (summed, at most 100):
-    what `fix` then measures, so the two can be shown side by side."""
+def estimates_of(findings: Sequence[Any], ms: bool = False) -> dict[str, float]:
+    """Remedy id -> the share of the step (%) its findings say it gives back (summed, at most 100), or
+    with ``ms`` the ms per step they claim: what `fix` then measures, so the two can be shown side by side."""
+    def claim(f: Any) -> float:
+        return f.recoverable_ms if ms else f.recoverable_pct
+
+    cap = float("inf") if ms else 100.0
     out: dict[str, float] = {}
     for f in findings:
         if f.remedy:
-            out[f.remedy] = min(100.0, round(out.get(f.remedy, 0.0) + f.recoverable_pct, 2))
+            out[f.remedy] = min(cap, round(out.get(f.remedy, 0.0) + claim(f), 2))
     # num_workers=0 (DL-1: a batch costs less to make than to receive) removes the workers, and with
     # them what other findings price: their start at every epoch (DL-6) and their competition for the
     # CPUs (HO-14). skorch's README example: DL-1 claimed 14.0%, `fix` measured 70.7% [69.0%, 72.4%];
     # with DL-6's 29.2% and HO-14's 30.5%, 73.7%. The matrix keeps each cost with its own finding.
     key = select.ADVISED_VALUE["dataloader.workers"]
     if any(f.remedy == "dataloader.workers" and any(e.values.get(key) == 0 for e in f.evidence) for f in findings):
-        alone = sum(f.recoverable_pct for f in findings if f.remedy == "dataloader.workers")
-        out["dataloader.workers=0"] = min(100.0, round(alone + sum(
-            f.recoverable_pct for f in findings if f.id in WORKER_COSTS and f.remedy != "dataloader.workers"), 2))
+        alone = sum(claim(f) for f in findings if f.remedy == "dataloader.workers")
+        out["dataloader.workers=0"] = min(cap, round(alone + sum(
+            claim(f) for f in findings if f.id in WORKER_COSTS and f.remedy != "dataloader.workers"), 2))
     return out
 
 
@@ -136,6 +140,7 @@ class ToTry(NamedTuple):
     diag_dir: str | None  # the diagnosis run directory
     exit_code: int
     estimates: dict[str, float] | None = None  # remedy id -> % of the step its findings claim
+    estimates_ms: dict[str, float] | None = None  # remedy id -> ms per step its findings claim
 
 
 def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
@@ -151,7 +156,9 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
                    if c.spec.value and c.spec.id != WORKERS}
         specs = [catalogue.Spec(s.id, advised[s.id]) if s.value is None and s.id in advised else s for s in specs]
         estimates = estimates_of(findings) if opts.from_run else None
-        return ToTry([select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0, estimates)
+        estimates_ms = estimates_of(findings, ms=True) if opts.from_run else None
+        return ToTry([select.Choice(s, "asked for") for s in specs], {}, unknown, None, opts.from_run, 0, estimates,
+                     estimates_ms)
     diag_dir = opts.from_run
     if diag_dir is None:
         diag_dir = os.path.join(out, "diagnose")
@@ -163,7 +170,8 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
     report = report_from_run_dir(diag_dir)
     jf = select.JobFacts([r.facts for r in report.ranks if r.facts is not None])
     choices, refused = select.finalize(select.choose(report.findings, opts.apply), jf)
-    return ToTry(choices, refused, {}, jf, diag_dir, 0, estimates_of(report.findings))
+    return ToTry(choices, refused, {}, jf, diag_dir, 0, estimates_of(report.findings),
+                 estimates_of(report.findings, ms=True))
 
 
 def round_order(k: int, arms: Sequence[T]) -> list[T]:
@@ -369,7 +377,7 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     started = time.time()  # files its runs load that are newer were written by them (judge)
     out = opts.out or runner.default_run_dir() + "-fix"
     os.makedirs(out, exist_ok=True)
-    choices, refused, unknown, jf, diag_dir, code, estimates = _what_to_try(command, opts, out)
+    choices, refused, unknown, jf, diag_dir, code, estimates, estimates_ms = _what_to_try(command, opts, out)
     if code:
         render.failed("the diagnosis run", code, os.path.join(diag_dir or out, "job.log"))
         return code, None
@@ -394,7 +402,7 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
     changes = changes_for(kept, applied)
-    render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir, estimates)
+    render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir, estimates, estimates_ms)
     return 0, outcome
 
 

@@ -72,6 +72,21 @@ def test_no_comparison_without_a_diagnosis_or_a_speed_up():
     assert estimate_vs_measured(o, {"debug.off": 5.0}) is None
 
 
+def test_claims_in_ms_next_to_the_time_per_step_the_a_b_took_off():
+    """trl's SFT script without checkpointing: x1.23 [1.16, 1.30] is 18.7% of the baseline's 527.7 ms step
+    (1.895 steps/s); HW-19 claimed 113.7 ms, 23.1% of the 492 ms profiled step (the A/B's steps also
+    carry the evaluations and saves between them)."""
+    o = outcome([ABRemedy("memory.no_checkpoint", True, geomean=1.23, method="treated / baseline, per round")],
+                geomean=1.23, interval=(1.16, 1.30))
+    o.ab.baseline_steps_per_s = 1.895
+    got = estimate_vs_measured(o, {"memory.no_checkpoint": 23.1}, {"memory.no_checkpoint": 113.7})
+    assert got["estimated_ms"] == 113.7 and got["estimated_pct"] == 23.1
+    assert got["measured_ms"] == 98.7 and got["measured_ms_interval"] == [72.8, 121.8]
+    # Without the claims' ms (an older run directory's findings, or none for this remedy): no ms to compare.
+    assert estimate_vs_measured(o, {"memory.no_checkpoint": 23.1})["estimated_ms"] is None
+    assert estimate_vs_measured(o, {"memory.no_checkpoint": 23.1}, {"debug.off": 1.0})["estimated_ms"] is None
+
+
 def test_without_ablation_only_the_set_is_compared():
     set_method = "treated / baseline, per round"
     got = estimate_vs_measured(outcome([ABRemedy("debug.off", True, geomean=1.6, method=set_method)]),

@@ -37,7 +37,7 @@ REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persisten
             "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap",
             "fsdp.keep_unsharded", "fsdp.prefetch", "optim.foreach", "optim.fused", "cudnn.benchmark", "precision.tf32", "precision.autocast",
             "debug.off", "threads.affinity", "compile", "cudagraphs", "memory.expandable_segments",
-            "memory.host_allocator"]
+            "memory.host_allocator", "memory.no_checkpoint"]
 
 
 def test_catalogue_has_every_id_the_rules_use() -> None:
@@ -45,9 +45,18 @@ def test_catalogue_has_every_id_the_rules_use() -> None:
     for r in REMEDIES:
         assert r.answers and r.changes and r.preconditions and r.safety in ("safe", "numerics", "experimental")
     assert {r.id for r in REMEDIES if r.safety == "experimental"} == {"compile", "cudagraphs"}
-    from torchdoctor.remedies import patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim
+    from torchdoctor.remedies import (
+        patch_checkpoint,
+        patch_data,
+        patch_ddp,
+        patch_flags,
+        patch_fsdp,
+        patch_model,
+        patch_optim,
+    )
 
-    installed = [i for m in (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim) for i in m.IDS]
+    modules = (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim, patch_checkpoint)
+    installed = [i for m in modules for i in m.IDS]
     assert sorted(installed) == sorted(REQUIRED)  # every remedy has exactly one installer
 
 
@@ -107,6 +116,18 @@ def test_choose_by_class_with_followers_and_preconditions() -> None:
     assert [str(c.spec) for c in choose([zero, restarts], "safe")] == ["dataloader.workers=0"]
     gpu = JobFacts([rank(10, 1, 50, device=DeviceFacts(kind="cuda"))])
     assert not finalize([Choice(Spec("dataloader.pin_memory"), "")], gpu)[1]
+
+
+def test_no_checkpoint_is_not_picked_for_a_device_near_full() -> None:
+    """An arm out of memory would end the A/B of every remedy tried with it: `fix` leaves it to --apply."""
+    gib = 2**30
+    near_full = DeviceFacts(kind="cuda", total_memory_bytes=80 * gib, max_memory_allocated_bytes=60 * gib)
+    room = DeviceFacts(kind="cuda", total_memory_bytes=80 * gib, max_memory_allocated_bytes=20 * gib)
+    asked = [Choice(Spec("memory.no_checkpoint"), "HW-19 (info)")]
+    assert "peak was 75% of its memory" in finalize(asked, JobFacts([rank(10, 1, 50, device=near_full)]))[1][
+        "memory.no_checkpoint"]
+    assert not finalize(asked, JobFacts([rank(10, 1, 50, device=room)]))[1]
+    assert not finalize(asked, JobFacts([rank(10, 1, 50)]))[1]  # a CPU job: no device peak to weigh
 
 
 def arm(label: str, kind: str, rate: float, losses: list[float], k: int, specs: list[str] | None = None,

@@ -267,6 +267,18 @@ class MemoryStats(msgspec.Struct):
     batch_scale: float | None = None
 
 
+class Recompute(msgspec.Struct):
+    """Forward work activation checkpointing ran again in the window's backward passes
+    (metrics/recompute.py defines each field)."""
+
+    nodes: int  # autograd nodes that ran a segment's forward again
+    reentrant: int  # of them, reentrant checkpoints (CheckpointFunctionBackward)
+    host_ns: int  # host time of that work over the window
+    device_ns: int | None  # device time of what it launched; None without device activity
+    steps: int  # the window's steps (0: a trace without steps)
+    forward_ops: dict[str, int] = {}  # the forward ops seen again, by count (the most frequent)
+
+
 class AttentionSite(msgspec.Struct):
     """Attention calls of one kind and shape in the window (metrics/choice.py defines the fields)."""
 
@@ -399,6 +411,8 @@ class RankResult(msgspec.Struct):
     choice: KernelChoice | None = None
     # Device memory from the allocator's records (metrics/memory.py); None without profile_memory.
     memory: MemoryStats | None = None
+    # Forward work activation checkpointing ran again in backward (metrics/recompute.py); None without.
+    recompute: Recompute | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

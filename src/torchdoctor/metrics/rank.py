@@ -16,6 +16,7 @@ from .host import comm_ops, host_split, launches, syncs
 from .kernels import kernel_breakdown
 from .memory import memory_stats
 from .model import Headline, RankResult, StepRow, WindowInfo
+from .recompute import recompute
 from .rooflinesum import roofline_summary
 from .signals import rule_signals
 from .steps import choose_window
@@ -60,6 +61,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         compile_regions=compiled_regions(tr), compile_gaps_ms=break_gaps(tr, win), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
         choice=kernel_choice(ctx, work, dev) if work is not None else None, memory=memory_stats(ctx),
+        recompute=recompute(ctx),
     )
 
 

@@ -149,6 +149,16 @@ REMEDIES: tuple[Remedy, ...] = (
            "resident 0.5 -> 1.2-1.5 GiB; `fix` prints both)", "glibc (Linux); a job that sets "
            "its own thresholds or preloads jemalloc/tcmalloc keeps its choice",
            snippet=host_allocator.SNIPPET),
+    Remedy("memory.no_checkpoint", ("HW-19",), "activation checkpointing off: torch.utils.checkpoint.checkpoint "
+           "calls each segment directly, so the backward runs no forward again (the job's own calls, Hugging "
+           "Face's gradient_checkpointing, FSDP's checkpoint_wrapper)", "safe",
+           "the segment's forward runs once on the same inputs and random state, so the activations and "
+           "gradients are the checkpointed run's; it costs memory: the activations stay allocated until "
+           "backward (`fix` prints both arms' peak)",
+           "memory for the activations; checkpointing through torch.utils.checkpoint (DeepSpeed's and "
+           "Megatron's own are not replaced)",
+           snippet="TrainingArguments(..., gradient_checkpointing=False)   # Hugging Face / trl\n"
+                   "# or call the block directly instead of torch.utils.checkpoint.checkpoint(block, x)"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

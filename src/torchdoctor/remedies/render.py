@@ -131,9 +131,16 @@ def gain_pct(speedup: float | None) -> float | None:
     return None if not speedup else round(100.0 * (1.0 - 1.0 / speedup), 1)
 
 
-def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None) -> dict[str, Any] | None:
+def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
+                         estimates_ms: dict[str, float] | None = None) -> dict[str, Any] | None:
     """The diagnosis' estimate next to what the A/B measured: for the treated set (the estimates of
-    its remedies summed) and, with --ablate, for each remedy (its leave-one-out gain)."""
+    its remedies summed) and, with --ablate, for each remedy (its leave-one-out gain). With
+    ``estimates_ms``, also in ms per step: the claims' ms against the measured share of the baseline's
+    time per step (1000 / its steps/s). The shares can differ where the claims' ms are close: the
+    claims are shares of the profiled step, the A/B's of its own steps/s over the whole run, which
+    also spreads an evaluation or a save between steps over them (trl's SFT script: 113.7 ms claimed
+    of a 492 ms profiled step, 23.1%; the A/B's 18.6% of its 527.7 ms baseline step is 98 ms). The ms
+    compare runs made at different times, whose speed a busy machine changes; the shares do not."""
     ab = outcome.ab
     if estimates is None or not ab.speedup_geomean:
         return None
@@ -144,7 +151,18 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None) -
     def estimate(rid: str) -> float | None:  # "dataloader.workers=3" ran; the finding named "dataloader.workers"
         return estimates.get(rid, estimates.get(rid.partition("=")[0]))
 
+    measured_ms = measured_ms_interval = None
+    if ab.baseline_steps_per_s:
+        # The measured share of the baseline's time per step, so that it reads like the claims' ms.
+        base_ms = 1000.0 / ab.baseline_steps_per_s
+        measured_ms = round(base_ms * (1.0 - 1.0 / ab.speedup_geomean), 1)
+        if ab.interval:
+            measured_ms_interval = [round(base_ms * (1.0 - 1.0 / x), 1) for x in ab.interval]
+    claimed_ms = [(estimates_ms or {}).get(i, (estimates_ms or {}).get(i.partition("=")[0])) for i in ids]
     return {
+        "estimated_ms": round(sum(x or 0.0 for x in claimed_ms), 1) if estimates_ms and any(claimed_ms) else None,
+        "measured_ms": measured_ms,
+        "measured_ms_interval": measured_ms_interval,
         "estimated_pct": round(min(100.0, sum(estimate(i) or 0.0 for i in ids)), 1),
         "measured_pct": gain_pct(ab.speedup_geomean),
         "measured_interval_pct": [gain_pct(x) for x in ab.interval] if ab.interval else None,
@@ -156,11 +174,11 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None) -
 
 def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: dict[str, str],
            changes: list[Change], opts: Any, out: str, diag_dir: str | None,
-           estimates: dict[str, float] | None = None) -> None:
+           estimates: dict[str, float] | None = None, estimates_ms: dict[str, float] | None = None) -> None:
     from ..report.model import ABRemedy
 
     outcome.details = _details(outcome, arms, choices, unknown, changes, opts, out, diag_dir)
-    outcome.details["estimate_vs_measured"] = evm = estimate_vs_measured(outcome, estimates)
+    outcome.details["estimate_vs_measured"] = evm = estimate_vs_measured(outcome, estimates, estimates_ms)
     outcome.ab.details = outcome.details
     outcome.ab.remedies.extend(ABRemedy(rid, False, None, f"refused: {why}") for rid, why in unknown.items())
     if opts.quiet:
@@ -185,6 +203,11 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
             print(f"estimate vs measured: the findings behind these remedies claimed {evm['estimated_pct']:.1f}% of "
                   f"the step; the A/B gave back {evm['measured_pct']:.1f}%"
                   + (f" [{iv[0]:.1f}%, {iv[1]:.1f}%]" if iv else "") + " (1 - 1/speed-up)"
+                  + (f"; per step, {evm['estimated_ms']:.1f} ms claimed and {evm['measured_ms']:.1f} ms measured"
+                     + (f" [{evm['measured_ms_interval'][0]:.1f}, {evm['measured_ms_interval'][1]:.1f}]"
+                        if evm.get("measured_ms_interval") else "")
+                     + " (that share of the baseline's time per step)"
+                     if evm.get("estimated_ms") is not None and evm.get("measured_ms") is not None else "")
                   + "".join(f"; {r['id']} {r['estimated_pct'] or 0:.1f}% vs {r['measured_pct']:.1f}%"
                             for r in evm["per_remedy"] if r["measured_pct"] is not None))
     if outcome.resumed:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ..advice import checkpointing
 from ..advice.framework_settings import (
     CLI_OPTIONS,
     CONFIG_DICTS,
@@ -186,6 +187,8 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
         return Change([rid], "start-up", "\n".join(lines) or remedy.snippet, "shell")
     if rid == "memory.expandable_segments":
         return Change([rid], "start-up", remedy.snippet, "shell")
+    if rid == "memory.no_checkpoint":
+        return _no_checkpoint(entries)
     if remedy.target and entries:
         kwargs = {k: v for e in entries for k, v in e["set"].items()}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
@@ -230,3 +233,19 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
                  if all(libraries) else "unknown call site")
         return Change([rid], where, f"{remedy.target}(..., {args})", "python")
     return Change([rid], "start-up", remedy.snippet or remedy.changes, "python")
+
+
+def _no_checkpoint(entries: list[dict[str, Any]]) -> Change:
+    """Where the job checkpoints: the library's setting when a library's code made the calls
+    (advice/checkpointing.py), else the job's own call, made a plain call of the segment."""
+    rid = "memory.no_checkpoint"
+    sites = sorted({e["site"] for e in entries if e.get("site")})
+    libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    if len(libraries) == 1 and not sites and libraries[0] in checkpointing.SETTINGS:
+        return Change([rid], f"{libraries[0]}'s setting ({checkpointing.SETTINGS[libraries[0]][0]})",
+                      checkpointing.SETTINGS[libraries[0]][1], "python")
+    if sites:
+        return Change([rid], ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else ""),
+                      "# call the segment directly where memory allows:\n" + checkpointing.OWN_CALL[1], "python")
+    where = f"inside {', '.join(libraries)} (its activation checkpointing setting)" if libraries else "start-up"
+    return Change([rid], where, BY_ID[rid].snippet, "python")

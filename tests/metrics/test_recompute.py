@@ -1,0 +1,131 @@
+"""Activation checkpointing's recompute on traces the installed torch records (CPU): the nodes it
+runs in and the ops it runs again are torch's own, not a code-built trace's guess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kineto_builder import TraceBuilder
+from torchdoctor.metrics.context import Context
+from torchdoctor.metrics.recompute import recompute
+from torchdoctor.metrics.steps import choose_window
+from torchdoctor.trace.load import load_trace
+from torchdoctor.trace.model import Cat
+
+pytest.importorskip("torch")
+
+BLOCKS, STEPS = 3, 6
+# Three blocks of two large linears, a GELU, a LayerNorm and dropout (checkpointing must replay the
+# dropout mask); checkpointed by torch.utils.checkpoint in the mode of argv[2].
+RECORD = textwrap.dedent("""
+    import sys, torch, torch.nn as nn
+    from torch.profiler import profile, ProfilerActivity
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0); torch.set_num_threads(1)
+    mode, n_blocks, n_steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512), nn.LayerNorm(512),
+                                         nn.Dropout(0.1)) for _ in range(n_blocks))
+    x = torch.randn(256, 512)
+    def step():
+        h = x
+        for b in blocks:
+            if mode == "none":
+                h = b(h)
+            else:
+                h = checkpoint(b, h, use_reentrant=(mode == "reentrant"))
+        h.square().mean().backward()
+    with torch.no_grad():
+        x.requires_grad_(mode == "reentrant")  # a reentrant checkpoint needs an input that requires grad
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(n_steps):
+            step(); p.step()
+    p.export_chrome_trace(sys.argv[1])
+""")
+
+
+def _ctx(tmp_path_factory, mode: str) -> Context:
+    path = tmp_path_factory.mktemp(f"ckpt_{mode}") / "trace.json"
+    subprocess.run([sys.executable, "-c", RECORD, str(path), mode, str(BLOCKS), str(STEPS)], check=True, capture_output=True, timeout=180)
+    tr = load_trace(str(path))
+    return Context(tr, choose_window(tr, None))
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    return {mode: _ctx(tmp_path_factory, mode) for mode in ("none", "non_reentrant", "reentrant")}
+
+
+def _forward_ns(ctx: Context) -> int:
+    """The blocks' forward time on the training thread, outside backward: the work a checkpoint runs twice."""
+    tr = ctx.tr
+    ops = ctx.host & tr.mask(Cat.CPU_OP) & ctx.in_window & tr.name_mask(
+        lambda n: n in ("aten::linear", "aten::gelu", "aten::layer_norm", "aten::dropout"))
+    bwd = ctx.backward_mask & ctx.in_window
+    inside = np.zeros(len(tr), bool)
+    for i in np.flatnonzero(bwd):
+        inside |= (tr.ts >= tr.ts[i]) & (tr.end <= tr.end[i]) & (tr.tid == tr.tid[i])
+    return int((tr.end - tr.ts)[ops & ~inside].sum())
+
+
+def test_no_checkpoint_no_recompute(traces):
+    assert recompute(traces["none"]) is None
+
+
+@pytest.mark.parametrize("mode", ["non_reentrant", "reentrant"])
+def test_every_segment_of_every_step_is_found_and_priced_as_its_forward(traces, mode):
+    ctx = traces[mode]
+    rc = recompute(ctx)
+    steps = len(ctx.win.steps)
+    assert steps >= 2 and rc is not None and rc.steps == steps
+    assert rc.nodes == BLOCKS * steps  # one node per checkpointed block and step
+    assert rc.reentrant == (rc.nodes if mode == "reentrant" else 0)
+    assert rc.device_ns is None  # a CPU trace
+    # The second forward costs about what the first did (same ops, same shapes): not the whole backward,
+    # not a node's own formula.
+    ratio = rc.host_ns / _forward_ns(ctx)
+    assert 0.6 < ratio < 1.6, ratio
+    if mode == "non_reentrant":
+        assert rc.forward_ops["aten::linear"] == 2 * BLOCKS * steps
+        assert rc.forward_ops["aten::layer_norm"] == BLOCKS * steps
+
+
+def _gpu_trace(tmp_path):
+    """Two steps on the autograd thread of a GPU job, each with: a clean MmBackward0 launching 1 ms of
+    kernels; a non-reentrant recompute in another MmBackward0 (an aten::linear launching 5 ms, then
+    the node's own 1 ms); a reentrant CheckpointFunctionBackward whose forward launches 4 ms and whose
+    nested backward (an AddmmBackward0) launches 2 ms."""
+    b, bw = TraceBuilder(), 77  # the device's autograd thread
+    node = "autograd::engine::evaluate_function: "
+    for s in range(2):
+        t = 1_000 + s * 100_000
+        b.step(s, t, 100_000)
+        b.op("aten::linear", t + 100, 1_000)  # the forward's own, outside every node: not recompute
+        b.op(node + "MmBackward0", t + 10_000, 2_000, tid=bw)
+        b.launching("aten::mm", t + 10_100, 500, "gemm", t + 10_200, 1_000, tid=bw)
+        b.op(node + "MmBackward0", t + 20_000, 9_000, tid=bw)
+        b.launching("aten::linear", t + 20_100, 6_000, "gemm", t + 21_000, 5_000, tid=bw)
+        b.launching("aten::mm", t + 26_500, 500, "gemm", t + 27_000, 1_000, tid=bw)
+        b.op(node + "CheckpointFunctionBackward", t + 40_000, 20_000, tid=bw)
+        b.launching("aten::add", t + 40_100, 5_000, "elementwise", t + 41_000, 4_000, tid=bw)
+        b.op(node + "AddmmBackward0", t + 50_000, 6_000, tid=bw)
+        b.launching("aten::mm", t + 50_100, 3_000, "gemm", t + 51_000, 2_000, tid=bw)
+    path = b.write(tmp_path / "gpu.json")
+    tr = load_trace(str(path))
+    return Context(tr, choose_window(tr, "0:2"))
+
+
+def test_device_time_launched_again_less_the_clean_nodes_and_the_nested_backward(tmp_path):
+    rc = recompute(_gpu_trace(tmp_path))
+    assert (rc.nodes, rc.reentrant, rc.steps) == (4, 2, 2)
+    # Non-reentrant: 6 ms launched less the clean MmBackward0's 1 ms; reentrant: 4 ms, the nested 2 ms not.
+    assert rc.device_ns == 2 * (5_000_000 + 4_000_000)
+    # Host: 9 ms less the clean node's 2 ms; the reentrant node's 20 ms less its nested 6 ms.
+    assert rc.host_ns == 2 * (7_000_000 + 14_000_000)
+    assert rc.forward_ops == {"aten::linear": 2}

@@ -1,0 +1,57 @@
+"""HW-19: activation checkpointing runs part of the forward again in every backward pass."""
+
+from __future__ import annotations
+
+from torchdoctor.facts import DataLoaderFacts, DeviceFacts, OptimizerFacts
+from torchdoctor.metrics.model import Recompute
+
+from .conftest import MS, N_STEPS, STEP_MS, cpu_facts, cpu_result, gpu_facts, gpu_result, only, run
+
+GIB = 2**30
+
+
+def _recompute(host_ms: float, device_ms: float | None = None, nodes_per_step: int = 4, reentrant: int = 0):
+    return Recompute(nodes=nodes_per_step * N_STEPS, reentrant=reentrant, host_ns=int(host_ms * N_STEPS * MS),
+                     device_ns=None if device_ms is None else int(device_ms * N_STEPS * MS), steps=N_STEPS,
+                     forward_ops={"aten::linear": 8 * N_STEPS, "aten::layer_norm": 4 * N_STEPS})
+
+
+def test_cpu_job_gets_the_host_time_and_the_trainers_setting():
+    r = cpu_result()
+    r.recompute = _recompute(host_ms=22.0)
+    f = only(run("HW-19", (r, cpu_facts(optimizers=[OptimizerFacts(created_by="transformers")]))), "HW-19")
+    assert f.recoverable_ms == 22.0 and f.recoverable_pct == 22.0 and f.severity == "critical"
+    assert f.claims[0].budget == "step" and f.remedy == "memory.no_checkpoint"
+    assert "forward of 4 segment(s) again" in f.title and "22.0 ms per step (22% of the step)" in f.title
+    assert "gradient_checkpointing=False" in f.fix.snippet and "trl" in f.fix.text
+    assert "linear x40" in f.evidence[0].text and f.evidence[0].values["segments_per_step"] == 4
+
+
+def test_accelerator_claims_device_time_scaled_by_the_busy_share():
+    r = gpu_result(busy=50.0)
+    r.recompute = _recompute(host_ms=3.0, device_ms=30.0, reentrant=4 * N_STEPS)
+    dev = DeviceFacts(kind="cuda", name="NVIDIA A100", capability="8.0", total_memory_bytes=80 * GIB,
+                      max_memory_allocated_bytes=20 * GIB)
+    f = only(run("HW-19", (r, gpu_facts(device=dev))), "HW-19")
+    # The device time it launched, halved: a host-bound half of the step does not shrink with less device work.
+    assert f.recoverable_ms == 15.0 and f.claims[0].budget == "device.busy" and f.severity == "warning"
+    assert "30.0 ms per step" in f.title and "reentrant checkpoints" in f.evidence[0].text
+    assert "peak was 20.0 of 80 GiB (25%)" in f.evidence[0].text
+    assert "torch.utils.checkpoint.checkpoint" in f.fix.text  # no trainer: the job's own calls
+
+
+def test_memory_near_full_is_info_and_says_so():
+    r = gpu_result(busy=90.0)
+    r.recompute = _recompute(host_ms=3.0, device_ms=30.0)
+    dev = DeviceFacts(kind="cuda", name="NVIDIA A100", capability="8.0", total_memory_bytes=80 * GIB,
+                      max_memory_allocated_bytes=70 * GIB)
+    f = only(run("HW-19", (r, gpu_facts(device=dev, dataloaders=[DataLoaderFacts(created_by="lightning")]))),
+             "HW-19")
+    assert f.severity == "info" and "may not fit" in f.fix.text and "activation_checkpointing_policy" in f.fix.snippet
+
+
+def test_small_or_absent_recompute_says_nothing():
+    r = cpu_result()
+    assert run("HW-19", (r, cpu_facts())) == []
+    r.recompute = _recompute(host_ms=0.02 * STEP_MS)  # 2% of the step
+    assert run("HW-19", (r, cpu_facts())) == []
