@@ -108,7 +108,10 @@ def estimates_of(findings: Sequence[Any], ms: bool = False) -> dict[str, float]:
     """Remedy id -> the share of the step (%) its findings say it gives back (summed, at most 100), or
     with ``ms`` the ms per step they claim: what `fix` then measures, so the two can be shown side by side."""
     def claim(f: Any) -> float:
-        return f.recoverable_ms if ms else f.recoverable_pct
+        # A finding of a trace without steps speaks of its window, not of a step: no ms per step.
+        if ms:
+            return (f.recoverable_ms or 0.0) if getattr(f, "per", "step") == "step" else 0.0
+        return f.recoverable_pct or 0.0
 
     cap = float("inf") if ms else 100.0
     out: dict[str, float] = {}

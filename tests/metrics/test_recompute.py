@@ -110,6 +110,9 @@ def _gpu_trace(tmp_path):
         b.op(node + "MmBackward0", t + 10_000, 2_000, tid=bw)
         b.launching("aten::mm", t + 10_100, 500, "gemm", t + 10_200, 1_000, tid=bw)
         b.op(node + "MmBackward0", t + 20_000, 9_000, tid=bw)
+        # FSDP's all-gather of the segment's parameters, before its forward again: needed either way.
+        b.launching("nccl:_all_gather_base", t + 20_010, 80, "ncclDevKernel_AllGather_RING_LL", t + 20_050, 3_000,
+                    tid=bw)
         b.launching("aten::linear", t + 20_100, 6_000, "gemm", t + 21_000, 5_000, tid=bw)
         b.launching("aten::mm", t + 26_500, 500, "gemm", t + 27_000, 1_000, tid=bw)
         b.op(node + "CheckpointFunctionBackward", t + 40_000, 20_000, tid=bw)
@@ -124,8 +127,79 @@ def _gpu_trace(tmp_path):
 def test_device_time_launched_again_less_the_clean_nodes_and_the_nested_backward(tmp_path):
     rc = recompute(_gpu_trace(tmp_path))
     assert (rc.nodes, rc.reentrant, rc.steps) == (4, 2, 2)
-    # Non-reentrant: 6 ms launched less the clean MmBackward0's 1 ms; reentrant: 4 ms, the nested 2 ms not.
+    # Non-reentrant: 6 ms launched less the clean MmBackward0's 1 ms (the all-gather left out); reentrant:
+    # 4 ms, the nested 2 ms not.
     assert rc.device_ns == 2 * (5_000_000 + 4_000_000)
     # Host: 9 ms less the clean node's 2 ms; the reentrant node's 20 ms less its nested 6 ms.
     assert rc.host_ns == 2 * (7_000_000 + 14_000_000)
     assert rc.forward_ops == {"aten::linear": 2}
+
+
+# A gradient penalty (double backward, no checkpoint), and a reentrant checkpoint around a custom autograd
+# Function whose backward is heavy: neither is recompute.
+OTHERS = textwrap.dedent("""
+    import sys, torch, torch.nn as nn
+    from torch.profiler import profile, ProfilerActivity
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0); torch.set_num_threads(1)
+    mode = sys.argv[2]
+    class Heavy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            for _ in range(12):
+                gx = g @ w.t()
+            return gx, x.t() @ g
+    conv, lin = nn.Conv2d(3, 16, 3), nn.Linear(512, 512)
+    w = nn.Parameter(torch.randn(512, 512) / 23)
+    def step():
+        if mode == "penalty":
+            x = torch.randn(8, 3, 32, 32, requires_grad=True)
+            out = conv(x).relu().sum()
+            g, = torch.autograd.grad(out, x, create_graph=True)
+            (out + g.pow(2).sum()).backward()
+        else:
+            x = torch.randn(256, 512, requires_grad=True)
+            h = x
+            for _ in range(2):
+                h = checkpoint(lambda t: Heavy.apply(torch.relu(lin(t)), w), h, use_reentrant=True)
+            h.sum().backward()
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(4):
+            step(); p.step()
+    p.export_chrome_trace(sys.argv[1])
+""")
+
+
+def _other(tmp_path, mode: str) -> Context:
+    path = tmp_path / f"{mode}.json"
+    subprocess.run([sys.executable, "-c", OTHERS, str(path), mode], check=True, capture_output=True, timeout=180)
+    tr = load_trace(str(path))
+    return Context(tr, choose_window(tr, None))
+
+
+def test_a_gradient_penalty_is_not_a_recompute(tmp_path):
+    ctx = _other(tmp_path, "penalty")
+    # The double backward's ConvolutionBackwardBackward0 calls aten::convolution as its own formula.
+    assert any(n.endswith("ConvolutionBackwardBackward0") for n in ctx.tr.names)
+    assert recompute(ctx) is None
+
+
+def test_a_custom_function_s_backward_inside_a_reentrant_segment_is_its_own(tmp_path):
+    ctx = _other(tmp_path, "custom")
+    rc = recompute(ctx)
+    steps = len(ctx.win.steps)
+    assert rc is not None and rc.nodes == rc.reentrant == 2 * steps
+    tr = ctx.tr
+    heavy = ctx.backward_mask & ctx.in_window & tr.name_mask(lambda n: n.endswith(": HeavyBackward"))
+    heavy_ns = int((tr.end - tr.ts)[heavy].sum())
+    # The segment's forward again (a linear, a relu, one matmul) is a fraction of the heavy backward (13
+    # matmuls of the same size) nested in it: that backward is not counted in.
+    assert 0 < rc.host_ns < 0.35 * heavy_ns, (rc.host_ns, heavy_ns)
+    assert rc.forward_ops["aten::matmul"] == 2 * steps  # Heavy's forward again, none of its backward's

@@ -25,6 +25,10 @@ def test_cpu_job_gets_the_host_time_and_the_trainers_setting():
     assert "forward of 4 segment(s) again" in f.title and "22.0 ms per step (22% of the step)" in f.title
     assert "gradient_checkpointing=False" in f.fix.snippet and "trl" in f.fix.text
     assert "linear x40" in f.evidence[0].text and f.evidence[0].values["segments_per_step"] == 4
+    assert "BatchNorm" not in f.evidence[0].text
+    r.recompute.batch_norm = 3 * N_STEPS  # timm's resnet: each block's BatchNorms run again
+    f = only(run("HW-19", (r, cpu_facts())), "HW-19")
+    assert "15 BatchNorm call(s) ran again: each updated its running statistics a second time" in f.evidence[0].text
 
 
 def test_accelerator_claims_device_time_scaled_by_the_busy_share():

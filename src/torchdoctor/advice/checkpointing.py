@@ -19,10 +19,12 @@ MEMORY_TIGHT = 0.70
 # library -> (what turns it on, the change that turns it off)
 SETTINGS: dict[str, tuple[str, str]] = {
     "transformers": (
-        "The Trainer turns it on from TrainingArguments(gradient_checkpointing=True); trl's configs (SFTConfig, "
-        "DPOConfig, GRPOConfig, ...) turn it on by default.",
+        "The Trainer turns it on from TrainingArguments(gradient_checkpointing=True), trl's configs (SFTConfig, "
+        "DPOConfig, GRPOConfig, ...) by default, a loop of its own with model.gradient_checkpointing_enable() "
+        "(PEFT's prepare_model_for_kbit_training calls it too).",
         "TrainingArguments(..., gradient_checkpointing=False)   # trl: SFTConfig(..., gradient_checkpointing=False)\n"
-        "# trl's scripts: --gradient_checkpointing False"),
+        "# trl's scripts: --gradient_checkpointing False; a loop of its own: leave out "
+        "model.gradient_checkpointing_enable()"),
     "timm": (
         "timm's train.py turns it on with --grad-checkpointing (model.set_grad_checkpointing()).",
         "# train.py: leave out --grad-checkpointing; in code:\nmodel.set_grad_checkpointing(False)"),
@@ -32,6 +34,12 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "FSDPStrategy(..., activation_checkpointing_policy=None)"),
 }
 SETTINGS["pytorch_lightning"] = SETTINGS["lightning"]
+# torch's helpers that call torch.utils.checkpoint.checkpoint for the job's line.
+VIA = {
+    "checkpoint_wrapper": "# FSDP's checkpoint_wrapper / apply_activation_checkpointing wraps these blocks: leave it out, "
+                          "or narrow its check_fn\n# apply_activation_checkpointing(model, check_fn=...)",
+    "checkpoint_sequential": "# before: y = checkpoint_sequential(model, segments, x)\ny = model(x)",
+}
 # The job's own call of torch.utils.checkpoint.checkpoint.
 OWN_CALL = ("It is the job's calls of torch.utils.checkpoint.checkpoint (or FSDP's checkpoint_wrapper, "
             "model.gradient_checkpointing_enable()): call the block directly where memory allows.",

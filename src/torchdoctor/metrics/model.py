@@ -277,6 +277,7 @@ class Recompute(msgspec.Struct):
     device_ns: int | None  # device time of what it launched; None without device activity
     steps: int  # the window's steps (0: a trace without steps)
     forward_ops: dict[str, int] = {}  # the forward ops seen again, by count (the most frequent)
+    batch_norm: int = 0  # BatchNorm calls among them (each updates the running statistics once more)
 
 
 class AttentionSite(msgspec.Struct):

@@ -5,25 +5,32 @@ A checkpointed segment (torch.utils.checkpoint.checkpoint, which Hugging Face's
 checkpointing call) keeps only its inputs in the forward; the backward runs its forward again to
 get the activations back. Nothing in the trace names that second forward; where it runs does:
 
-- **non-reentrant** (``use_reentrant=False``, the default of Hugging Face and FSDP): the saved
-  tensors are unpacked inside the first autograd node of the segment that needs one, so the
-  segment's forward ops run inside that node's ``autograd::engine::evaluate_function: XBackward0``.
-  A built-in node (``...Backward<digit>``) never calls a composite forward op (FORWARD_OPS:
-  ``aten::linear``, ``aten::layer_norm``, ``aten::scaled_dot_product_attention``, ...): its
-  formula calls ``mm``, ``*_backward`` kernels. A built-in node holding one is a *recompute node*;
-  what it ran again is its time less the median time of the nodes of the same name that hold
-  none (0 when every node of that name recomputes: the node's own formula is then counted in).
-- **reentrant** (``use_reentrant=True``; DeepSpeed's and Megatron's own checkpointing): the
-  segment is one custom autograd node, ``CheckpointFunctionBackward``, whose backward runs the
-  forward again and then a nested backward over it; what it ran again is its time less the nested
-  nodes inside it.
+- **non-reentrant** (``use_reentrant=False``: FSDP's checkpoint_wrapper, recent transformers,
+  timm): the saved tensors are unpacked inside the first autograd node of the segment that needs
+  one, so the segment's forward ops run inside that node's ``autograd::engine::evaluate_function:
+  XBackward0``. A built-in node (``...Backward<digit>``) never calls a composite forward op
+  (FORWARD_OPS: ``aten::linear``, ``aten::layer_norm``, ``aten::scaled_dot_product_attention``, ...):
+  its formula calls ``mm`` and ``*_backward`` kernels. A built-in node holding one is a *recompute
+  node*; what it ran again is its time less the median time of the nodes of the same name that hold
+  none (0 when every node of that name recomputes: the node's own formula is then counted in). The
+  derivatives of backward formulas are left out (a double backward's ``ConvolutionBackwardBackward0``
+  calls ``aten::convolution`` as its formula: a gradient penalty is not a recompute).
+- **reentrant** (``use_reentrant=True``, torch's default when it is not given, and older
+  transformers'; DeepSpeed's and Megatron's own checkpointing): the segment is one custom autograd
+  node, ``CheckpointFunctionBackward``, whose backward runs the forward again and then a nested
+  backward over it; what it ran again is its time less every autograd node nested inside it.
 
-Per recompute node: ``host_ns`` (its time on the host, as above) and, with device activity,
-``device_ns``: the device time of the kernels, copies and memsets launched inside the node (by
-correlation id from the launching runtime call on the node's thread), less the same-name median or
-the nested nodes' launches alike. ``Recompute`` sums them over the window. Custom autograd nodes
-other than CheckpointFunctionBackward (a compiled graph's CompiledFunctionBackward, which
-rematerialises by its own choice, and library Functions) are not read.
+Work is given to the innermost autograd node holding it, of any kind: what a custom Function's
+node (flash-attention's, a 4-bit matmul's) or AccumulateGrad's hooks run inside a reentrant
+segment's nested backward is theirs, not the recompute's. Per recompute node: ``host_ns`` (its
+time on the host, as above) and, with device activity, ``device_ns``: the device time of the
+kernels, copies and memsets launched inside the node (by correlation id from the launching
+runtime call on the node's thread), less the same-name median or the nested nodes' launches alike;
+collectives are left out (FSDP's all-gather before a segment's backward is needed with or without
+the recompute, and its kernel mostly waits for the other ranks). ``Recompute`` sums them over the
+window. Custom autograd nodes other than CheckpointFunctionBackward (a compiled graph's
+CompiledFunctionBackward, which rematerialises by its own choice, and library Functions) are not
+read.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import re
 import numpy as np
 
 from ..trace.model import Cat
+from .classify import KernelKind
 from .context import Context
 from .model import Recompute
 
@@ -53,15 +61,19 @@ FORWARD_OPS = frozenset({
     "aten::_log_softmax", "aten::gelu", "aten::silu", "aten::relu", "aten::max_pool2d",
     "aten::max_pool2d_with_indices", "aten::adaptive_avg_pool2d",
 })
+BATCH_NORM_OPS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index"})  # one call: the outermost
 _BUILTIN = re.compile(r"Backward\d+$")
-# The node kinds (per interned name).
-_OTHER, _BUILT_IN, _REENTRANT = 0, 1, 2
+# The kinds of events (per interned name): not an autograd node; a node that is not read (a custom
+# Function's, AccumulateGrad, a double backward's) but holds what runs inside it; the two read.
+_NOT_NODE, _OTHER, _BUILT_IN, _REENTRANT = -1, 0, 1, 2
 
 
 def _innermost(starts: np.ndarray, ends: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
     """For each span [t0, t1): the index of the latest-starting node (sorted ``starts``) that holds it,
-    -1 when that node does not (nodes on one thread nest or follow each other: a span between two
-    nested nodes of a reentrant segment is given to none, which is what the reentrant sum wants)."""
+    -1 when that node does not. Every autograd node is a candidate, so work inside a node nested in
+    a reentrant segment's backward (a custom Function's, AccumulateGrad's hooks) is that node's; nodes
+    on one thread nest or follow each other, so a span between two nested nodes of a reentrant segment
+    is given to none (its nested backward's own Python), which is what the reentrant sum wants."""
     k = np.searchsorted(starts, t0, side="right") - 1
     ok = (k >= 0) & (ends[np.maximum(k, 0)] >= t1)
     return np.where(ok, k, -1)
@@ -75,18 +87,18 @@ def recompute(ctx: Context) -> Recompute | None:
     if not kinds.size or not (kinds > _OTHER).any():
         return None
     cpu = ctx.host & tr.mask(Cat.CPU_OP) & ctx.in_window
-    nodes = np.flatnonzero(cpu & (kinds.take(tr.name) > _OTHER))
-    if nodes.size == 0:
-        return None
+    nodes = np.flatnonzero(cpu & (kinds.take(tr.name) >= _OTHER))
     kind = kinds.take(tr.name[nodes])
-    fwd = np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__))
+    if not (kind > _OTHER).any():
+        return None
+    fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
     launch_ns = _launched_device_ns(ctx, launches)
 
     holds = np.zeros(nodes.size, np.int64)  # forward ops held directly (innermost node)
     device = np.zeros(nodes.size, np.int64)  # device ns launched directly inside
     nested = np.zeros(nodes.size, np.int64)  # host ns of the nodes nested inside (reentrant only)
-    op_counts: dict[str, int] = {}
+    seen: list[tuple[np.ndarray, np.ndarray]] = []  # (node, forward op name) of every forward op in a node
     for tid in np.unique(tr.tid[nodes]):
         on = np.flatnonzero(tr.tid[nodes] == tid)
         order = on[np.argsort(tr.ts[nodes[on]], kind="stable")]
@@ -94,8 +106,7 @@ def recompute(ctx: Context) -> Recompute | None:
         f = fwd[tr.tid[fwd] == tid]
         at = _innermost(starts, ends, tr.ts[f], tr.end[f])
         np.add.at(holds, order[at[at >= 0]], 1)
-        for name_id in tr.name[f[at >= 0]]:
-            op_counts[tr.names[name_id]] = op_counts.get(tr.names[name_id], 0) + 1
+        seen.append((order[at[at >= 0]], tr.name[f[at >= 0]]))
         lc = launches[tr.tid[launches] == tid]
         at = _innermost(starts, ends, tr.ts[lc], tr.end[lc])
         np.add.at(device, order[at[at >= 0]], launch_ns[np.searchsorted(launches, lc[at >= 0])])
@@ -115,7 +126,7 @@ def recompute(ctx: Context) -> Recompute | None:
     names = tr.name[nodes]
     for name_id in np.unique(names[built]):
         same = names == name_id
-        clean = same & (kind == _BUILT_IN) & (holds == 0)
+        clean = same & (holds == 0)
         base_h = int(np.median(host[clean])) if clean.any() else 0
         base_d = int(np.median(device[clean])) if clean.any() else 0
         hit = same & (holds > 0)
@@ -124,19 +135,46 @@ def recompute(ctx: Context) -> Recompute | None:
     again = re_nodes | ((kind == _BUILT_IN) & (holds > 0))
     if not again.any():
         return None
-    top = sorted(op_counts.items(), key=lambda kv: -kv[1])[:6]
+    counts: dict[str, int] = {}
+    for node_idx, name_ids in seen:
+        for name_id in name_ids[again[node_idx]]:
+            counts[tr.names[name_id]] = counts.get(tr.names[name_id], 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:6]
     return Recompute(
         nodes=int(again.sum()), reentrant=int(re_nodes.sum()), host_ns=int(host_again[again].sum()),
         device_ns=int(device_again[again].sum()) if ctx.has_device else None,
-        steps=len(ctx.win.steps), forward_ops=dict(top))
+        steps=len(ctx.win.steps), forward_ops=dict(top),
+        batch_norm=sum(n for name, n in counts.items() if name in BATCH_NORM_OPS))
+
+
+def _outermost(tr, idx: np.ndarray) -> np.ndarray:
+    """The ops of ``idx`` not inside another of them on their thread (aten::conv2d, not the
+    aten::convolution it calls): each call of a forward op once."""
+    if idx.size == 0:
+        return idx
+    order = idx[np.lexsort((-tr.end[idx], tr.ts[idx], tr.tid[idx]))]
+    tid, end = tr.tid[order], tr.end[order]
+    before = np.maximum.accumulate(end)  # the latest end so far; reset per thread below
+    first = np.ones(order.size, bool)
+    first[1:] = tid[1:] != tid[:-1]
+    starts = np.flatnonzero(first)
+    for a, b in zip(starts, np.append(starts[1:], order.size), strict=True):
+        before[a:b] = np.maximum.accumulate(end[a:b])
+    inside = np.zeros(order.size, bool)
+    inside[1:] = ~first[1:] & (before[:-1] >= end[1:])
+    return np.sort(order[~inside])
 
 
 def _node_kind(name: str) -> int:
     if not name.startswith(NODE_PREFIX):
-        return _OTHER
+        return _NOT_NODE
     node = name[len(NODE_PREFIX):].strip()
     if node in REENTRANT_NODES:
         return _REENTRANT
+    # A derivative of a backward formula (double backward: a gradient penalty's create_graph=True):
+    # ConvolutionBackwardBackward0 calls aten::convolution as its own formula, not as a recompute.
+    if node.count("Backward") > 1:
+        return _OTHER
     return _BUILT_IN if _BUILTIN.search(node) else _OTHER
 
 
@@ -144,7 +182,9 @@ def _launched_device_ns(ctx: Context, launches: np.ndarray) -> np.ndarray:
     """Device ns (kernels, copies, memsets) of each launch call in ``launches``, joined by correlation id."""
     tr = ctx.tr
     out = np.zeros(launches.size, np.int64)
-    work = np.flatnonzero(ctx.device_work & (tr.correlation >= 0))
+    # Collectives launched inside a node (FSDP's all-gather before a segment's backward) are needed with or
+    # without the recompute, and their kernels' time is mostly waiting for the other ranks.
+    work = np.flatnonzero(ctx.device_work & (tr.correlation >= 0) & (ctx.kind != KernelKind.COMM))
     if not launches.size or not work.size:
         return out
     corr, inv = np.unique(tr.correlation[work], return_inverse=True)

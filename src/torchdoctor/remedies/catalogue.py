@@ -152,9 +152,10 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy("memory.no_checkpoint", ("HW-19",), "activation checkpointing off: torch.utils.checkpoint.checkpoint "
            "calls each segment directly, so the backward runs no forward again (the job's own calls, Hugging "
            "Face's gradient_checkpointing, FSDP's checkpoint_wrapper)", "safe",
-           "the segment's forward runs once on the same inputs and random state, so the activations and "
-           "gradients are the checkpointed run's; it costs memory: the activations stay allocated until "
-           "backward (`fix` prints both arms' peak)",
+           "the segment's forward runs once on the same inputs and random state, so the losses and gradients "
+           "are the checkpointed run's; a BatchNorm inside a segment updates its running statistics once per "
+           "step instead of twice (as without checkpointing), which an evaluation reads; it costs memory: the "
+           "activations stay allocated until backward (`fix` prints both arms' peak)",
            "memory for the activations; checkpointing through torch.utils.checkpoint (DeepSpeed's and "
            "Megatron's own are not replaced)",
            snippet="TrainingArguments(..., gradient_checkpointing=False)   # Hugging Face / trl\n"

@@ -157,7 +157,7 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
         base_ms = 1000.0 / ab.baseline_steps_per_s
         measured_ms = round(base_ms * (1.0 - 1.0 / ab.speedup_geomean), 1)
         if ab.interval:
-            measured_ms_interval = [round(base_ms * (1.0 - 1.0 / x), 1) for x in ab.interval]
+            measured_ms_interval = [round(base_ms * (1.0 - 1.0 / x), 1) if x else None for x in ab.interval]
     claimed_ms = [(estimates_ms or {}).get(i, (estimates_ms or {}).get(i.partition("=")[0])) for i in ids]
     return {
         "estimated_ms": round(sum(x or 0.0 for x in claimed_ms), 1) if estimates_ms and any(claimed_ms) else None,
@@ -205,7 +205,7 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
                   + (f" [{iv[0]:.1f}%, {iv[1]:.1f}%]" if iv else "") + " (1 - 1/speed-up)"
                   + (f"; per step, {evm['estimated_ms']:.1f} ms claimed and {evm['measured_ms']:.1f} ms measured"
                      + (f" [{evm['measured_ms_interval'][0]:.1f}, {evm['measured_ms_interval'][1]:.1f}]"
-                        if evm.get("measured_ms_interval") else "")
+                        if evm.get("measured_ms_interval") and None not in evm["measured_ms_interval"] else "")
                      + " (that share of the baseline's time per step)"
                      if evm.get("estimated_ms") is not None and evm.get("measured_ms") is not None else "")
                   + "".join(f"; {r['id']} {r['estimated_pct'] or 0:.1f}% vs {r['measured_pct']:.1f}%"

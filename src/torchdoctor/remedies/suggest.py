@@ -237,15 +237,21 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
 
 def _no_checkpoint(entries: list[dict[str, Any]]) -> Change:
     """Where the job checkpoints: the library's setting when a library's code made the calls
-    (advice/checkpointing.py), else the job's own call, made a plain call of the segment."""
+    (advice/checkpointing.py); torch's checkpoint_wrapper or checkpoint_sequential, which the job's
+    line reached (the site skips torch's frames); else the job's own call, made a plain call."""
     rid = "memory.no_checkpoint"
     sites = sorted({e["site"] for e in entries if e.get("site")})
     libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    via = {e["set"].get("via") for e in entries} - {None}
     if len(libraries) == 1 and not sites and libraries[0] in checkpointing.SETTINGS:
         return Change([rid], f"{libraries[0]}'s setting ({checkpointing.SETTINGS[libraries[0]][0]})",
                       checkpointing.SETTINGS[libraries[0]][1], "python")
+    where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "")
+    if sites and via:
+        code = "\n".join(checkpointing.VIA[v] for v in sorted(via) if v in checkpointing.VIA)
+        return Change([rid], f"{where} (through torch's {' and '.join(sorted(via))})", code, "python")
     if sites:
-        return Change([rid], ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else ""),
-                      "# call the segment directly where memory allows:\n" + checkpointing.OWN_CALL[1], "python")
+        return Change([rid], where, "# call the segment directly where memory allows:\n" + checkpointing.OWN_CALL[1],
+                      "python")
     where = f"inside {', '.join(libraries)} (its activation checkpointing setting)" if libraries else "start-up"
     return Change([rid], where, BY_ID[rid].snippet, "python")

@@ -99,6 +99,9 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
                       if total else f" The device's peak was {peak / GIB:.1f} GiB.")
         title = (f"Activation checkpointing runs the forward of {per_step:g} segment(s) again in every backward pass: "
                  f"{fmt_ms(ms)} per step ({v.pct(ms):.0f}% of the step) spent computing activations a second time.")
+        if rc.batch_norm:
+            memory += (f" {rc.batch_norm} BatchNorm call(s) ran again: each updated its running statistics a second "
+                       "time, which turning checkpointing off stops (an evaluation then reads other statistics).")
         f = finding(
             v, "HW-19", "hardware", title, gain,
             sev="info" if tight else None,
@@ -108,7 +111,7 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
                 f"that work, less what nodes of the same kind take without it: {fmt_ms(ms)} per step. Forward ops "
                 f"seen again: {ops or 'none recorded'}.{memory}",
                 {"segments_per_step": round(per_step, 2), "recompute_ms": round(ms, 3), "measured": what,
-                 "reentrant": rc.reentrant, "forward_ops": dict(rc.forward_ops),
+                 "reentrant": rc.reentrant, "forward_ops": dict(rc.forward_ops), "batch_norm": rc.batch_norm,
                  **({"peak_bytes": int(mem[0]), "device_bytes": int(mem[1]) if mem[1] else None} if mem else {})})],
             fix=_fix(_trainer(v), tight),
             confidence="medium",
