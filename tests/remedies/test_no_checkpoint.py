@@ -181,4 +181,5 @@ def test_hugging_face_s_layers_get_the_training_arguments() -> None:
     entries = [{"id": "memory.no_checkpoint", "target": "torch.utils.checkpoint", "site": None, "set": {}, "was": {},
                 "library": "transformers", "library_site": "/x/transformers/modeling_layers.py:123"}]
     (change,) = changes_for(["memory.no_checkpoint"], {"memory.no_checkpoint": entries})
-    assert "gradient_checkpointing=False" in change.text and "TrainingArguments" in change.where
+    assert "gradient_checkpointing=False" in change.text and change.where == "the setting that turns it on in transformers"
+    assert change.text.startswith("# The Trainer turns it on from TrainingArguments(gradient_checkpointing=True)")
