@@ -466,6 +466,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     losses_nonfinite: int = 0
     first_nonfinite_step: int | None = None
     last_finite_step: int | None = None
+    # The first finite losses read, as (step, loss): ranks with the same ones train the same model on the
+    # same batches (DI-17).
+    loss_samples: list[tuple[int, float]] = []
     # Tensor parallelism without FSDP (parallelize_module's DTensor parameters); None: none seen.
     tensor_parallel: TensorParallelFacts | None = None
     # The directories it saved into (torch.save, DCP save) once a step had ended: its checkpoints,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from probe.livejob import facts_of, run_wrapped, script
 
 JOB = """
@@ -38,6 +40,7 @@ def test_a_job_training_on_nan_is_told_and_a_finite_one_is_not(tmp_path):
     facts, report, stderr = run(tmp_path, "nan")
     assert (facts["losses_read"], facts["losses_nonfinite"], facts["first_nonfinite_step"]) == (12, 10, 2)
     assert facts["last_finite_step"] == 1
+    assert [s for s, _ in facts["loss_samples"]] == [0, 1]  # the finite ones only
     said = [w["message"] for w in report["warnings"] if "learns nothing" in w["message"]]
     assert said and said[0].startswith("rank 0: the loss was NaN or inf at every step read from step 2 (10 of 12)")
     assert "Warning" not in stderr  # reading the loss adds nothing to the job's output
@@ -45,3 +48,24 @@ def test_a_job_training_on_nan_is_told_and_a_finite_one_is_not(tmp_path):
     assert facts["losses_read"] == 12 and "losses_nonfinite" not in facts and "Warning" not in stderr
     assert not facts.get("host_syncs_per_step")  # the probe's own read is no host sync of the job's
     assert not any("learns nothing" in w["message"] for w in report["warnings"])
+    # The first 8 losses, as the job computed them (DI-17 compares them between ranks).
+    assert [s for s, _ in facts["loss_samples"]] == list(range(8))
+    assert [x for _, x in facts["loss_samples"]] == pytest.approx(_losses(8), rel=1e-6)
+
+
+def _losses(n: int) -> list[float]:
+    """JOB's losses, computed here."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 8)
+    out = []
+    for _ in range(n):
+        loss = model(x).pow(2).mean()
+        out.append(float(loss))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from probe.livejob import PY, load_run, run, script, wrapper_cmd
 
 DDP_JOB = """
+import sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -14,7 +17,10 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,)))
-loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
+if sys.argv[1:] == ["same"]:  # the common mistake: every rank iterates the whole dataset, in the same order
+    loader = DataLoader(data, batch_size=16)
+else:
+    loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
 net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 ddp = DistributedDataParallel(net, bucket_cap_mb=1)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -35,7 +41,7 @@ dist.destroy_process_group()
 def test_two_rank_torchrun(tmp_path):
     job = script(tmp_path, DDP_JOB)
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(job)]
-    result = run(wrapper_cmd(tmp_path / "run", torchrun))
+    result = run(wrapper_cmd(tmp_path / "run", torchrun, "--json", str(tmp_path / "report.json")))
     assert result.returncode == 0, result.stderr
     # Both ranks share the job's stdout, so their prints may interleave ("rank 1 donerank 0 done\n\n"):
     # check each line arrived exactly once and nothing else did.
@@ -59,3 +65,24 @@ def test_two_rank_torchrun(tmp_path):
     # Rank 0 received both summaries over the job's own process group.
     assert sorted(p.name for p in (run_dir / "ranks" / "gathered").iterdir()) == ["rank0.json", "rank1.json"]
     assert sorted(p.name for p in (run_dir / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
+    # Each rank trains on its own share: different losses, and DI-17 says nothing.
+    assert ranks[0]["loss_samples"] != ranks[1]["loss_samples"] and len(ranks[0]["loss_samples"]) == 8
+    findings = json.loads((tmp_path / "report.json").read_text())["findings"]
+    assert "DI-17" not in [f["id"] for f in findings]
+
+
+def test_ddp_without_a_distributed_sampler_repeats_the_first_rank(tmp_path):
+    """DDP over a plain DataLoader: both ranks draw the same batches, so DDP averages two identical
+    gradients; the probe's losses show it, and so does each loader's length."""
+    job = script(tmp_path, DDP_JOB)
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(job), "same"]
+    result = run(wrapper_cmd(tmp_path / "run", torchrun, "--profile-steps", "off", "--json",
+                             str(tmp_path / "report.json")))
+    assert result.returncode == 0, result.stderr
+    ranks = [entry["facts"] for entry in load_run(tmp_path / "run")["ranks"]]
+    assert ranks[0]["loss_samples"] == ranks[1]["loss_samples"]
+    findings = json.loads((tmp_path / "report.json").read_text())["findings"]
+    (dup,) = [f for f in findings if f["id"] == "DI-17"]
+    assert dup["severity"] == "critical" and dup["job_pct"] == 50.0 and findings[0]["id"] == "DI-17"
+    assert "32 batches of 16 per epoch from a 512-sample dataset" in dup["evidence"][1]["text"]
+    assert "DistributedSampler" in dup["fix"]["snippet"]

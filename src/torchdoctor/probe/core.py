@@ -37,6 +37,7 @@ perf_counter = time.perf_counter
 # Levels below the root modules the forward hooks may descend to (probe/hooks.descend_forward_hooks).
 _MAX_DESCENTS = 3
 _DDP_EARLY_STEPS = 12  # DDP samples runtime stats on iterations 1-10, then every 100
+LOSS_SAMPLES = 8  # finite losses kept with their steps (DI-17 compares them between ranks)
 
 
 class Probe:
@@ -74,6 +75,9 @@ class Probe:
         self.first_nonfinite_step: int | None = None
         self.last_finite_step: int | None = None
         self.loss_step = -1  # the step whose loss was read last: one read per step
+        # The first LOSS_SAMPLES finite losses with their steps: ranks that compute the same losses at
+        # the same steps train the same model on the same batches (DI-17).
+        self.loss_samples: list[tuple[int, float]] = []
         # Tensor-parallel facts of the model's roots, read once per set of roots (summary.py).
         self.tp_roots: tuple[int, ...] | None = None
         self.tp_facts: Any = None
@@ -236,6 +240,8 @@ class Probe:
             self.losses_read += 1
             if math.isfinite(value):
                 self.last_finite_step = step
+                if len(self.loss_samples) < LOSS_SAMPLES:
+                    self.loss_samples.append((step, value))
             else:
                 self.losses_nonfinite += 1
                 if self.first_nonfinite_step is None:

@@ -301,6 +301,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         losses_nonfinite=probe.losses_nonfinite,
         first_nonfinite_step=probe.first_nonfinite_step,
         last_finite_step=probe.last_finite_step,
+        loss_samples=list(probe.loss_samples),
         checkpoint_dirs=list(probe.checkpoint_dirs),
         inference_site=probe.inference_site or probe.frozen_site,
         inference_mode=probe.inference_mode if probe.inference_site else probe.frozen_mode,

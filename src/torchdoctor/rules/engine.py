@@ -181,10 +181,19 @@ def run_rules(inputs: RuleInputs, config: RuleConfig | None = None) -> tuple[lis
     # (info: an upper bound, a confounded measurement, a cost below the ladder), as the console's
     # "Fix first" picks; each group by the step share it gives back. Equal shares (0 for one-off
     # costs) are ordered by severity, then by the share of the job's wall time a one-off cost took
-    # (a recompile storm before a harmless break).
-    findings.sort(key=lambda f: (f.severity == "info", -f.recoverable_pct, SEVERITY_ORDER[f.severity],
+    # (a recompile storm before a harmless break). A critical cost of the whole run (``per`` "job": ranks
+    # that repeat each other's work, half of a 2-rank job) ranks by its share of the job, which a share
+    # of the step would otherwise always outrank.
+    findings.sort(key=lambda f: (f.severity == "info", -_ranking_share(f), SEVERITY_ORDER[f.severity],
                                  -(f.job_pct or 0.0), -(f.job_s or 0.0), f.id))
     return findings, problems
+
+
+def _ranking_share(f: Finding) -> float:
+    """The share a finding is ranked by: its step share, or a critical whole-run cost's share of the job."""
+    if f.per == "job" and f.severity == "critical" and f.job_pct:
+        return max(f.recoverable_pct, f.job_pct)
+    return f.recoverable_pct
 
 
 def settle(f: Finding, ledger: Ledger) -> bool:
