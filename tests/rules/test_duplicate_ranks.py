@@ -43,19 +43,36 @@ def test_ranks_that_never_communicate_without_losses_to_compare():
     f = only(run("DI-17", _rank(0, losses=[], dataloaders=own), _rank(1, losses=[], dataloaders=own)), "DI-17")
     assert f.severity == "warning" and f.per == "step" and not f.job_pct
     assert f.title.startswith("The 2 ranks never communicate") and "DistributedDataParallel" in f.fix.snippet
+    assert "(no process group)" in f.evidence[0].text
+    # With a process group and no profiled window, nothing shows the absence of communication (DeepSpeed's
+    # engine or a hand-written all-reduce are invisible to the probe between windows).
+    grouped = [_rank(r, losses=[], dataloaders=own, distributed_backend="gloo") for r in (0, 1)]
+    for r, _ in grouped:
+        r.window.steps = []
+    assert run("DI-17", *grouped) == []
+    # Losses compared and different: separate trainings (a sweep), not repeated work.
+    assert run("DI-17", _rank(0, dataloaders=own), _rank(1, dataloaders=own,
+                                                          losses=[(s, x + 1.0) for s, x in LOSSES])) == []
 
 
 def test_proper_data_parallelism_says_nothing():
     other = [(s, x * 1.01) for s, x in LOSSES]
     ddp = [DDPFacts(find_unused_parameters=False)]
     assert run("DI-17", _rank(0, ddp=ddp), _rank(1, losses=other, ddp=ddp)) == []
-    # Communication seen by the probe alone (a hand-written all-reduce of the gradients) is enough too.
+    # Communication DDP's own timings saw is enough too.
     talking = _rank(1, losses=other)
     talking[1].steps[3].comm_ms = 2.0
     assert run("DI-17", _rank(0), talking) == []
     # Identical losses at fewer than 3 common steps prove nothing; one rank, nothing to compare.
     assert run("DI-17", _rank(0, losses=LOSSES[:2], ddp=ddp), _rank(1, losses=LOSSES[:2], ddp=ddp)) == []
     assert run("DI-17", _rank(0, world=1)) == []
+    # A loss gathered from every rank (open_clip's ClipLoss) is the same on all of them under DDP with a
+    # DistributedSampler: the loader's share says the batches differ.
+    sharded = [DataLoaderFacts(batches=30, batches_per_epoch=48, batch_size=4, dataset_len=380)]
+    assert run("DI-17", _rank(0, ddp=ddp, dataloaders=sharded), _rank(1, ddp=ddp, dataloaders=sharded)) == []
+    # A loss that does not move (0 in a GRPO group without advantage) says nothing of the batches.
+    flat = [(s, 2.5) for s, _ in LOSSES]
+    assert run("DI-17", _rank(0, losses=flat, ddp=ddp), _rank(1, losses=flat, ddp=ddp)) == []
     # Tensor-parallel ranks compute the same loss by design.
     tp = TensorParallelFacts()
     assert run("DI-17", _rank(0, tensor_parallel=tp), _rank(1, tensor_parallel=tp)) == []
@@ -63,3 +80,15 @@ def test_proper_data_parallelism_says_nothing():
     model_parallel = _rank(1)
     model_parallel[1].steps[0].comm_ms = 3.0
     assert run("DI-17", _rank(0), model_parallel) == []
+
+
+def test_ranks_that_did_not_report_or_do_not_train():
+    # 2 of 4 ranks reported: a warning that says so, priced on what was compared.
+    f = only(run("DI-17", _rank(0, world=4), _rank(1, world=4)), "DI-17")
+    assert f.severity == "warning" and "2 of the job's 4 ranks reported" in f.evidence[0].text
+    assert f.title.startswith("2 ranks computed the same loss")
+    # An evaluation-only rank (no training step) is not a rank that repeats the work.
+    idle = _rank(1)
+    idle[1].steps = []
+    assert run("DI-17", _rank(0), idle) == []
+

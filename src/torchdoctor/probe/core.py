@@ -78,6 +78,7 @@ class Probe:
         # The first LOSS_SAMPLES finite losses with their steps: ranks that compute the same losses at
         # the same steps train the same model on the same batches (DI-17).
         self.loss_samples: list[tuple[int, float]] = []
+        self.full_precision = (torch.float32, torch.float64)
         # Tensor-parallel facts of the model's roots, read once per set of roots (summary.py).
         self.tp_roots: tuple[int, ...] | None = None
         self.tp_facts: Any = None
@@ -240,7 +241,11 @@ class Probe:
             self.losses_read += 1
             if math.isfinite(value):
                 self.last_finite_step = step
-                if len(self.loss_samples) < LOSS_SAMPLES:
+                if self.loss_samples and step <= self.loss_samples[-1][0]:
+                    self.loss_samples.clear()  # the clock restarted its count with a stronger step source
+                # float32/float64 only: a bf16 loss's spacing (0.0625 near 10) makes different batches'
+                # losses equal; an exact 0 (no advantage in a GRPO group) says nothing of the batch.
+                if len(self.loss_samples) < LOSS_SAMPLES and value != 0.0 and loss.dtype in self.full_precision:
                     self.loss_samples.append((step, value))
             else:
                 self.losses_nonfinite += 1

@@ -50,16 +50,21 @@ UNSHARDED_SHARE = 0.9
 
 
 def _same(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> int:
-    """Steps at which both ranks read a loss, when they all agree; 0 when any differs."""
+    """Steps at which both ranks read a loss, when they all agree and the losses vary over them (a
+    constant loss, a first backward that does not depend on the batch, says nothing); 0 otherwise."""
     mine = dict(a)
     common = [(mine[s], x) for s, x in b if s in mine]
     if any(abs(x - y) > LOSS_RTOL * max(abs(x), abs(y), 1e-12) for x, y in common):
+        return 0
+    if len({x for x, _ in common}) < 2:
         return 0
     return len(common)
 
 
 def _talks(v: View) -> bool:
-    """The rank wraps its model for data or model parallelism, or communicated (trace or probe)."""
+    """The rank wraps its model for data or model parallelism, or its trace or DDP's own timings show a
+    collective (the probe times communication only through DDP's logging data: a hand-written
+    all-reduce shows in a profiled window alone)."""
     f = v.f
     if f is not None and (f.ddp or f.fsdp or f.tensor_parallel is not None
                           or any(s.comm_ms > 0 for s in [*f.steps, *f.profiled_steps])):
@@ -68,26 +73,45 @@ def _talks(v: View) -> bool:
     return r is not None and (bool(r.comm_ops) or bool(r.metrics.comm_pct))
 
 
+def _silent(v: View) -> bool:
+    """Known not to communicate: no process group at all, or a profiled window of training steps
+    without any collective (absence of evidence elsewhere proves nothing: DeepSpeed's engine, a
+    hand-written gradient all-reduce, local SGD are invisible to the probe between windows)."""
+    if _talks(v):
+        return False
+    if v.f is not None and v.f.distributed_backend in (None, ""):
+        return True
+    return v.r is not None and bool(v.r.window.steps)
+
+
 def _training_loader(v: View) -> DataLoaderFacts | None:
     """The loader the training loop drew most batches from."""
     loaders = [d for d in (v.f.dataloaders if v.f is not None else []) if d.batches]
     return max(loaders, key=lambda d: d.batches or 0, default=None)
 
 
-def _unsharded(d: DataLoaderFacts | None) -> str | None:
+def _coverage(d: DataLoaderFacts | None) -> float | None:
+    """The share of its dataset each rank's training loader yields per epoch; None when unknown."""
     if d is None or not (d.batches_per_epoch and d.batch_size and d.dataset_len):
         return None
-    covers = d.batches_per_epoch * d.batch_size
-    if covers < UNSHARDED_SHARE * d.dataset_len:
+    return d.batches_per_epoch * d.batch_size / d.dataset_len
+
+
+def _unsharded(d: DataLoaderFacts | None) -> str | None:
+    share = _coverage(d)
+    if d is None or share is None or share < UNSHARDED_SHARE:
         return None
     return (f"each rank's loader yields {d.batches_per_epoch} batches of {d.batch_size} per epoch from a "
             f"{d.dataset_len}-sample dataset: the whole dataset, not a share of it")
 
 
-def _fix(wrapped: bool, trainer: str | None, accel: bool) -> Fix:
+def _fix(wrapped: bool, trainer: str | None, accel: bool, loader: DataLoaderFacts | None) -> Fix:
+    iterable = loader is not None and loader.batches_per_epoch is None and loader.dataset_len is None
+    stream = (" The loader's dataset is iterable (no length): it has to skip the other ranks' samples itself, "
+              "e.g. yield every world_size-th sample from the rank-th on." if iterable else "")
     if wrapped:
         return Fix("Give every rank its own share of the batches: a DistributedSampler for the training loader, "
-                   "with set_epoch(epoch) at each epoch so that the shuffle changes.",
+                   f"with set_epoch(epoch) at each epoch so that the shuffle changes.{stream}",
                    "sampler = DistributedSampler(dataset, shuffle=True)\n"
                    "loader = DataLoader(dataset, batch_size=B, sampler=sampler)\n"
                    "for epoch in range(E):\n    sampler.set_epoch(epoch)")
@@ -96,9 +120,13 @@ def _fix(wrapped: bool, trainer: str | None, accel: bool) -> Fix:
                    "Trainer trains in parallel only with use_cpu=True, which makes it wrap the model in DDP over "
                    "gloo and give each rank its share of the batches.",
                    "TrainingArguments(..., use_cpu=True)   # a script of its own arguments: --use_cpu True")
+    if trainer == "accelerate" and not accel:
+        return Fix("accelerate found no accelerator and set up no distributed training: on a CPU machine it runs "
+                   "DDP over gloo, and shards the prepared loaders, only when told to use the CPU.",
+                   "accelerator = Accelerator(cpu=True)   # or: accelerate launch --cpu ..., or ACCELERATE_USE_CPU=1")
     return Fix("Wrap the model in DistributedDataParallel (or FSDP) after init_process_group, and give the training "
                "loader a DistributedSampler (set_epoch(epoch) each epoch). If the ranks are meant to run separate "
-               "trainings (a sweep), give each its own seed and data.",
+               f"trainings (a sweep), give each its own seed and data.{stream}",
                "model = DistributedDataParallel(model)\n"
                "loader = DataLoader(dataset, batch_size=B, sampler=DistributedSampler(dataset))")
 
@@ -106,43 +134,55 @@ def _fix(wrapped: bool, trainer: str | None, accel: bool) -> Fix:
 @rule("DI-17")
 def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
     """The ranks of a job do the same work: no data parallelism, or the same batches on every rank."""
-    vs = [v for v in views(inputs) if v.f is not None]
-    world = max((v.f.world_size for v in vs if v.f is not None), default=1)
+    every = views(inputs)
+    world = max((v.f.world_size for v in every if v.f is not None), default=1)
+    # The ranks that train (an evaluation-only or waiting rank repeats nothing).
+    vs = [v for v in every if v.f is not None and v.f.steps]
     if len(vs) < 2 or world < 2:
         return []
     first = vs[0]
     assert first.f is not None
     agree = [_same(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f is not None]
-    talks = any(_talks(v) for v in vs)
-    wrapped = any(v.f is not None and (v.f.ddp or v.f.fsdp) for v in vs)
+    talks = any(_talks(v) for v in every)
+    wrapped = [w for w, on in (("DistributedDataParallel", any(v.f is not None and v.f.ddp for v in vs)),
+                               ("FSDP", any(v.f is not None and v.f.fsdp for v in vs))) if on]
     # Tensor-parallel ranks share their loss by design, and so may ranks that communicate without a
-    # data-parallel wrapper (Megatron-style model parallelism): identical losses mean repeated work only
-    # under DDP/FSDP (the same batches) or without any communication.
+    # data-parallel wrapper (Megatron-style model parallelism); under DDP/FSDP a loss gathered from every
+    # rank (open_clip's ClipLoss) or all-reduced before backward is the same on every rank too: a loader
+    # that yields each rank its share says the batches differ.
     model_parallel = any(v.f is not None and v.f.tensor_parallel is not None for v in vs)
-    identical = (bool(agree) and min(agree) >= MIN_COMMON and not model_parallel and (wrapped or not talks))
-    if not identical and talks:
+    loader = _training_loader(first)
+    coverage = _coverage(loader)
+    sharded = coverage is not None and coverage < UNSHARDED_SHARE
+    identical = (bool(agree) and min(agree) >= MIN_COMMON and not model_parallel and not sharded
+                 and (bool(wrapped) or not talks))
+    compared = any(agree) or any(_common(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f)
+    silent = not compared and all(_silent(v) for v in vs) and not talks
+    if not identical and not silent:
         return []
     n = len(vs)
-    loader = _training_loader(first)
+    seen_all = len(every) >= world and n == world
     sharding = _unsharded(loader)
     trainer = loader.created_by if loader is not None else None
     evidence = []
     if identical:
         steps = sorted(dict(first.f.loss_samples))
-        title = (f"All {n} ranks computed the same loss at every step compared ({min(agree)} steps): they train "
-                 f"the same model on the same batches, so {n - 1} of the {n} ranks {'repeats' if n == 2 else 'repeat'} the "
-                 "first one's work.")
+        title = (f"{'All ' if seen_all else ''}{n} ranks computed the same loss at every step compared ({min(agree)} "
+                 f"steps): they train the same model on the same batches, so {n - 1} of the {n} ranks "
+                 f"{'repeats' if n == 2 else 'repeat'} the first one's work.")
         evidence.append(Evidence(
             f"Losses read by the probe at steps {steps[0]}–{steps[-1]} are identical on every rank "
-            f"(rank {first.rank}: {', '.join(f'{x:.6g}' for _, x in first.f.loss_samples[:4])}...).",
-            {"ranks": n, "steps_compared": min(agree)}))
+            f"(rank {first.rank}: {', '.join(f'{x:.6g}' for _, x in first.f.loss_samples[:4])}...)"
+            + ("." if seen_all else f"; {n} of the job's {world} ranks reported (the others were not compared)."),
+            {"ranks": n, "world_size": world, "steps_compared": min(agree)}))
     else:
         title = (f"The {n} ranks never communicate: no DDP, FSDP or tensor-parallel wrapper and no collective, so "
                  "each trains a model of its own.")
     evidence.append(Evidence(
-        ("DistributedDataParallel wraps the model, so gradients are averaged, but over identical batches"
-         if wrapped else "No rank wrapped its model (DDP, FSDP, tensor parallel) and none ran a collective in the "
-                         "trace or in any step the probe timed")
+        (f"{' and '.join(wrapped)} wraps the model, so gradients are averaged, but over identical batches"
+         if wrapped else "No rank wrapped its model (DDP, FSDP, tensor parallel) and none ran a collective "
+                         + ("(no process group)" if all(v.f is not None and not v.f.distributed_backend for v in vs)
+                            else "in its profiled steps"))
         + (f"; {sharding}." if sharding else "."),
         {"wrapped": wrapped, "world_size": world,
          "batches_per_epoch": loader.batches_per_epoch if loader else None,
@@ -154,14 +194,20 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
             f"With the batches split {n} ways each rank does 1/{n} of the work: at most {job_pct:.0f}% of the job's "
             f"training time{f' ({wall * (n - 1) / n:.1f} s of {wall:.1f} s)' if wall else ''} comes back, less the "
             "all-reduce every step then pays.", {"job_pct_upper_bound": round(job_pct, 1)}))
-    f = finding(first, "DI-17", "distributed", title, 0.0, sev="critical" if identical else "warning",
-                evidence=evidence, fix=_fix(wrapped, trainer, first.accel),
-                confidence="high" if identical else "medium",
+    # Critical when the loader confirms every rank reads the whole dataset and every rank reported.
+    critical = identical and sharding is not None and seen_all
+    f = finding(first, "DI-17", "distributed", title, 0.0, sev="critical" if critical else "warning",
+                evidence=evidence, fix=_fix(bool(wrapped), trainer, first.accel, loader),
+                confidence="high" if critical else "medium",
                 confirm=("compare the ranks' losses in their logs: the same values at the same steps"
                          if identical else "print the loss on every rank: different values mean different models"),
                 source="the probe's loss samples and wrappers on every rank; the trace's collectives")
     f.ranks = sorted(v.rank for v in vs if v.rank is not None)
-    if identical:
-        f.job_pct, f.per = round(job_pct, 1), "job"
-        f.job_s = round(wall * (n - 1) / n, 3) if wall else 0.0
+    if identical and wall:
+        f.job_pct, f.per, f.job_s = round(job_pct, 1), "job", round(wall * (n - 1) / n, 3)
     return [f]
+
+
+def _common(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> bool:
+    """The two ranks read a loss at a common step."""
+    return bool({s for s, _ in a} & {s for s, _ in b})

@@ -181,17 +181,22 @@ def run_rules(inputs: RuleInputs, config: RuleConfig | None = None) -> tuple[lis
     # (info: an upper bound, a confounded measurement, a cost below the ladder), as the console's
     # "Fix first" picks; each group by the step share it gives back. Equal shares (0 for one-off
     # costs) are ordered by severity, then by the share of the job's wall time a one-off cost took
-    # (a recompile storm before a harmless break). A critical cost of the whole run (``per`` "job": ranks
-    # that repeat each other's work, half of a 2-rank job) ranks by its share of the job, which a share
-    # of the step would otherwise always outrank.
+    # (a recompile storm before a harmless break). A cost of the whole run that its fix gives back
+    # (JOB_GAIN_RULES: ranks that repeat each other's work, half of a 2-rank job) ranks by its share of
+    # the job, which a share of the step would otherwise always outrank.
     findings.sort(key=lambda f: (f.severity == "info", -_ranking_share(f), SEVERITY_ORDER[f.severity],
                                  -(f.job_pct or 0.0), -(f.job_s or 0.0), f.id))
     return findings, problems
 
 
+# Findings whose job_pct is what their fix gives back of the job (DI-17: the work the other ranks repeat),
+# not the time a cost took (HO-16's evaluations, HO-17's loop: part of it is the job's own work).
+JOB_GAIN_RULES = frozenset({"DI-17"})
+
+
 def _ranking_share(f: Finding) -> float:
-    """The share a finding is ranked by: its step share, or a critical whole-run cost's share of the job."""
-    if f.per == "job" and f.severity == "critical" and f.job_pct:
+    """The share a finding is ranked by: its step share, or for JOB_GAIN_RULES its share of the job."""
+    if f.id in JOB_GAIN_RULES and f.per == "job" and f.job_pct:
         return max(f.recoverable_pct, f.job_pct)
     return f.recoverable_pct
 
