@@ -54,6 +54,9 @@ class DataLoaderFacts(msgspec.Struct, omit_defaults=True):
     # Batches one epoch of this rank yields: len() of its batch sampler, so a DistributedSampler's
     # share and drop_last count (None for an IterableDataset, whose length only its end tells).
     batches_per_epoch: int | None = None
+    # (index among the batches drawn, fingerprint) of the first batches drawn outside the profiler's window
+    # (probe/batches.py): ranks with the same ones drew the same batches (DI-17).
+    batch_samples: list[tuple[int, float]] = []
     # Mean wall time per batch spent in __next__ (ms), measured by the probe.
     next_ms_mean: float | None = None
     # Batches this process drew from it (its __next__ calls on the training thread): the training

@@ -67,6 +67,8 @@ def test_two_rank_torchrun(tmp_path):
     assert sorted(p.name for p in (run_dir / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
     # Each rank trains on its own share: different losses, and DI-17 says nothing.
     assert ranks[0]["loss_samples"] != ranks[1]["loss_samples"] and len(ranks[0]["loss_samples"]) == 8
+    fingerprints = [dict(f["dataloaders"][0]["batch_samples"]) for f in ranks]
+    assert len(fingerprints[0]) == 8 and all(fingerprints[0][i] != fingerprints[1][i] for i in fingerprints[0])
     findings = json.loads((tmp_path / "report.json").read_text())["findings"]
     assert "DI-17" not in [f["id"] for f in findings]
 
@@ -81,8 +83,10 @@ def test_ddp_without_a_distributed_sampler_repeats_the_first_rank(tmp_path):
     assert result.returncode == 0, result.stderr
     ranks = [entry["facts"] for entry in load_run(tmp_path / "run")["ranks"]]
     assert ranks[0]["loss_samples"] == ranks[1]["loss_samples"]
+    assert ranks[0]["dataloaders"][0]["batch_samples"] == ranks[1]["dataloaders"][0]["batch_samples"]
     findings = json.loads((tmp_path / "report.json").read_text())["findings"]
     (dup,) = [f for f in findings if f["id"] == "DI-17"]
     assert dup["severity"] == "critical" and dup["job_pct"] == 50.0 and findings[0]["id"] == "DI-17"
+    assert dup["title"].startswith("All 2 ranks drew the same batches (8 batches)")
     assert "32 batches of 16 per epoch from a 512-sample dataset" in dup["evidence"][1]["text"]
     assert "DistributedSampler" in dup["fix"]["snippet"]

@@ -92,3 +92,26 @@ def test_ranks_that_did_not_report_or_do_not_train():
     idle[1].steps = []
     assert run("DI-17", _rank(0), idle) == []
 
+
+
+def test_a_loop_of_its_own_under_accelerate_on_a_cpu_is_told_to_use_the_cpu():
+    prepared = [DataLoaderFacts(batches=30, batches_per_epoch=95, batch_size=4, dataset_len=380, created_by="accelerate")]
+    f = only(run("DI-17", _rank(0, dataloaders=prepared), _rank(1, dataloaders=prepared)), "DI-17")
+    assert "Accelerator(cpu=True)" in f.fix.snippet and "ACCELERATE_USE_CPU=1" in f.fix.snippet
+
+
+def test_the_same_batches_on_a_gpu_job_whose_losses_are_never_read():
+    """DDP over a plain DataLoader on GPUs: the loss lives on the device (never read), but the batches'
+    host fingerprints are the same on both ranks."""
+    fps = [(i, 1000.0 + 7 * i) for i in range(1, 9)]
+    loader = [DataLoaderFacts(batches=30, batches_per_epoch=32, batch_size=16, dataset_len=512, batch_samples=fps)]
+    ddp = [DDPFacts(find_unused_parameters=False)]
+    ranks = [_rank(r, losses=[], ddp=ddp, dataloaders=loader) for r in (0, 1)]
+    f = only(run("DI-17", *ranks), "DI-17")
+    assert f.severity == "critical" and f.title.startswith("All 2 ranks drew the same batches (8 batches)")
+    assert f.evidence[0].text.startswith("The first batches each rank drew outside the profiled steps (batches 1–8)")
+    # Different batches overrule equal losses (a loss gathered from every rank, without a loader length to go by).
+    other = [DataLoaderFacts(batches=30, batch_samples=[(i, x + 1.0) for i, x in fps])]
+    mine = [DataLoaderFacts(batches=30, batch_samples=fps)]
+    assert run("DI-17", _rank(0, ddp=ddp, dataloaders=mine), _rank(1, ddp=ddp, dataloaders=other)) == []
+

@@ -54,7 +54,7 @@ from typing import Any
 
 from torchdoctor.callsite import Site, library_of
 from torchdoctor.facts import ZeroGradFacts
-from torchdoctor.probe import collect, imphook, shims, unseen, workers
+from torchdoctor.probe import batches, collect, imphook, shims, unseen, workers
 from torchdoctor.probe.clock import Phase, Source
 from torchdoctor.probe.core import Probe, perf_counter
 from torchdoctor.probe.errors import ERRORS, fault_point
@@ -376,6 +376,14 @@ def _dataloader(probe: Probe) -> None:
             return
         record.drawn += 1
         if not probe.window_active:
+            if len(record.batch_samples) < batches.BATCH_SAMPLES and "dataloader.fingerprint" not in BROKEN:
+                try:
+                    fp = batches.fingerprint(probe.torch, result)
+                except Exception as exc:  # the batch is the job's: never let reading it break the loader's timing
+                    ERRORS.record("dataloader.fingerprint", exc)
+                    fp = None
+                if fp is not None:
+                    record.batch_samples.append((record.drawn, fp))
             record.batches += 1
             record.next_s += seconds
             if ready is not None:

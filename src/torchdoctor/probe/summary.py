@@ -53,6 +53,8 @@ class LoaderRecord:
     ready_batches: int = 0  # batches already produced by workers when asked for
     ready_s: float = 0.0
     polled_batches: int = 0  # batches whose readiness could be read
+    # (the batch's index among those drawn, its fingerprint) of the first batches: probe/batches.py
+    batch_samples: list[tuple[int, float]] = field(default_factory=list)
     # In-process fetches (num_workers=0) tried, checked for random-number draws, and those that drew.
     rng_tries: int = 0
     rng_checked: int = 0
@@ -74,6 +76,8 @@ class LoaderRecord:
                 inside(facts, workers.read(run_dir, set(self.worker_pids)))
         if self.drawn:
             facts.batches = self.drawn
+        if self.batch_samples:
+            facts.batch_samples = list(self.batch_samples)
         if self.rng_checked:
             facts.dataset_random_draws = self.rng_drawn > 0
         if self.batches:

@@ -12,9 +12,13 @@ process's):
 - **the same batches on every rank**: DDP without a DistributedSampler averages N identical
   gradients.
 
-Measured, not assumed: the probe keeps each rank's first finite losses with their steps
-(``facts.loss_samples``: plain CPU scalars, read for free); ranks whose losses are the same at the
-same steps (to LOSS_RTOL) train the same model on the same batches: N−1 of N ranks' compute
+Measured, not assumed: the probe keeps a fingerprint of the first batches each rank's loaders hand
+over (``DataLoaderFacts.batch_samples``, probe/batches.py: read on the host, so GPU jobs too) and
+each rank's first finite float32/float64 losses with their steps (``facts.loss_samples``: plain CPU
+scalars, read for free). Ranks whose training loaders handed over the same batches, or, without
+fingerprints to compare, whose losses are the same at the same steps (to LOSS_RTOL), train the same
+model on the same batches (different fingerprints overrule equal losses: a loss gathered from every
+rank is the same on all of them): N−1 of N ranks' compute
 repeats the first rank's (critical), when they are data-parallel (DDP, FSDP) or never communicate:
 tensor-parallel ranks, and ranks that communicate without a data-parallel wrapper (Megatron-style
 model parallelism), share their loss by design. Without losses to compare (losses on a device are never read),
@@ -142,7 +146,15 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
         return []
     first = vs[0]
     assert first.f is not None
-    agree = [_same(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f is not None]
+    # The same batches (their fingerprints, read on the host: GPU jobs too), else the same losses (CPU scalars).
+    mine = _training_loader(first)
+    theirs = [_training_loader(v) for v in vs[1:]]
+    batch_agree = [_same(mine.batch_samples, d.batch_samples) if mine and d else 0 for d in theirs]
+    batches_differ = any(mine and d and not a and _common(mine.batch_samples, d.batch_samples)
+                         for a, d in zip(batch_agree, theirs, strict=True))
+    loss_agree = [_same(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f is not None]
+    by_batches = bool(batch_agree) and min(batch_agree) >= MIN_COMMON
+    agree = batch_agree if by_batches else ([0] * len(loss_agree) if batches_differ else loss_agree)
     talks = any(_talks(v) for v in every)
     wrapped = [w for w, on in (("DistributedDataParallel", any(v.f is not None and v.f.ddp for v in vs)),
                                ("FSDP", any(v.f is not None and v.f.fsdp for v in vs))) if on]
@@ -151,12 +163,13 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
     # rank (open_clip's ClipLoss) or all-reduced before backward is the same on every rank too: a loader
     # that yields each rank its share says the batches differ.
     model_parallel = any(v.f is not None and v.f.tensor_parallel is not None for v in vs)
-    loader = _training_loader(first)
+    loader = mine
     coverage = _coverage(loader)
     sharded = coverage is not None and coverage < UNSHARDED_SHARE
     identical = (bool(agree) and min(agree) >= MIN_COMMON and not model_parallel and not sharded
                  and (bool(wrapped) or not talks))
-    compared = any(agree) or any(_common(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f)
+    compared = (any(agree) or batches_differ
+                or any(_common(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f))
     silent = not compared and all(_silent(v) for v in vs) and not talks
     if not identical and not silent:
         return []
@@ -166,15 +179,22 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
     trainer = loader.created_by if loader is not None else None
     evidence = []
     if identical:
-        steps = sorted(dict(first.f.loss_samples))
-        title = (f"{'All ' if seen_all else ''}{n} ranks computed the same loss at every step compared ({min(agree)} "
-                 f"steps): they train the same model on the same batches, so {n - 1} of the {n} ranks "
-                 f"{'repeats' if n == 2 else 'repeat'} the first one's work.")
+        what = "drew the same batches" if by_batches else "computed the same loss at every step compared"
+        title = (f"{'All ' if seen_all else ''}{n} ranks {what} ({min(agree)} "
+                 f"{'batches' if by_batches else 'steps'}): they train the same model on the same batches, so "
+                 f"{n - 1} of the {n} ranks {'repeats' if n == 2 else 'repeat'} the first one's work.")
+        if by_batches:
+            assert mine is not None
+            seen = (f"The first batches each rank drew outside the profiled steps (batches {mine.batch_samples[0][0]}–"
+                    f"{mine.batch_samples[-1][0]}) have the same fingerprints on every rank (a position-weighted sum of their "
+                    "first host tensors' leading elements)")
+        else:
+            steps = sorted(dict(first.f.loss_samples))
+            seen = (f"Losses read by the probe at steps {steps[0]}–{steps[-1]} are identical on every rank "
+                    f"(rank {first.rank}: {', '.join(f'{x:.6g}' for _, x in first.f.loss_samples[:4])}...)")
         evidence.append(Evidence(
-            f"Losses read by the probe at steps {steps[0]}–{steps[-1]} are identical on every rank "
-            f"(rank {first.rank}: {', '.join(f'{x:.6g}' for _, x in first.f.loss_samples[:4])}...)"
-            + ("." if seen_all else f"; {n} of the job's {world} ranks reported (the others were not compared)."),
-            {"ranks": n, "world_size": world, "steps_compared": min(agree)}))
+            seen + ("." if seen_all else f"; {n} of the job's {world} ranks reported (the others were not compared)."),
+            {"ranks": n, "world_size": world, "compared": min(agree), "by": "batches" if by_batches else "losses"}))
     else:
         title = (f"The {n} ranks never communicate: no DDP, FSDP or tensor-parallel wrapper and no collective, so "
                  "each trains a model of its own.")

@@ -91,6 +91,9 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
         per_step = rc.nodes / max(rc.steps, 1)
         kind = ("reentrant checkpoints (CheckpointFunctionBackward)" if rc.reentrant == rc.nodes else
                 "non-reentrant checkpoints" if not rc.reentrant else "checkpoints of both kinds")
+        how = ("each segment's node less the backward nested in it" if rc.reentrant == rc.nodes else
+               "each node less what nodes of the same name take without forward ops" if not rc.reentrant else
+               "reentrant nodes less the backward nested in them, the others less their same-name nodes' time")
         ops = ", ".join(f"{name.removeprefix('aten::')} x{n}" for name, n in rc.forward_ops.items())
         memory = ""
         if mem is not None:
@@ -108,7 +111,7 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
             budget="device.busy" if on_device else "step",
             evidence=[Evidence(
                 f"{rc.nodes} backward node(s) over {max(rc.steps, 1)} step(s) ran forward ops ({kind}); the {what} of "
-                f"that work, less what nodes of the same kind take without it: {fmt_ms(ms)} per step. Forward ops "
+                f"that work ({how}): {fmt_ms(ms)} per step. Forward ops "
                 f"seen again: {ops or 'none recorded'}.{memory}",
                 {"segments_per_step": round(per_step, 2), "recompute_ms": round(ms, 3), "measured": what,
                  "reentrant": rc.reentrant, "forward_ops": dict(rc.forward_ops), "batch_norm": rc.batch_norm,
