@@ -64,7 +64,7 @@ def _losses(n: int) -> list[float]:
     out = []
     for _ in range(n):
         loss = model(x).pow(2).mean()
-        out.append(float(loss))
+        out.append(float(loss.detach()))
         opt.zero_grad()
         loss.backward()
         opt.step()

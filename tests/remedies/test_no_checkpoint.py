@@ -45,7 +45,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch):
         names = getattr(mod, "__dict__", None)
         if isinstance(names, dict) and str(getattr(mod, "__name__", "")).startswith("torch"):
             for key, value in list(names.items()):
-                if isinstance(value, types.FunctionType) and value.__dict__.get("__wrapped__") is orig:
+                if type(value) is types.FunctionType and value.__dict__.get("__wrapped__") is orig:
                     names[key] = orig
     assert tuc.checkpoint is orig
 
