@@ -115,3 +115,11 @@ def test_the_same_batches_on_a_gpu_job_whose_losses_are_never_read():
     mine = [DataLoaderFacts(batches=30, batch_samples=fps)]
     assert run("DI-17", _rank(0, ddp=ddp, dataloaders=mine), _rank(1, ddp=ddp, dataloaders=other)) == []
 
+
+def test_lightning_is_told_to_let_it_put_the_sampler_in():
+    """Lightning's BoringModel under Trainer(strategy="ddp", devices=2, use_distributed_sampler=False)."""
+    ddp = [DDPFacts(find_unused_parameters=False, created_by="lightning")]
+    own = [DataLoaderFacts(batches=60, batches_per_epoch=200, batch_size=32, dataset_len=6400)]
+    f = only(run("DI-17", _rank(0, ddp=ddp, dataloaders=own), _rank(1, ddp=ddp, dataloaders=own)), "DI-17")
+    assert "use_distributed_sampler=True" in f.fix.snippet and f.severity == "critical"
+

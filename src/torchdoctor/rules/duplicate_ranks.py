@@ -109,10 +109,18 @@ def _unsharded(d: DataLoaderFacts | None) -> str | None:
             f"{d.dataset_len}-sample dataset: the whole dataset, not a share of it")
 
 
-def _fix(wrapped: bool, trainer: str | None, accel: bool, loader: DataLoaderFacts | None) -> Fix:
+def _fix(wrapped: bool, trainer: str | None, accel: bool, loader: DataLoaderFacts | None,
+         wrapper: str | None = None) -> Fix:
     iterable = loader is not None and loader.batches_per_epoch is None and loader.dataset_len is None
     stream = (" The loader's dataset is iterable (no length): it has to skip the other ranks' samples itself, "
               "e.g. yield every world_size-th sample from the rank-th on." if iterable else "")
+    if wrapped and wrapper in ("lightning", "pytorch_lightning"):
+        # Lightning injects a DistributedSampler itself (Trainer(use_distributed_sampler=True), the default;
+        # replace_sampler_ddp before 2.0) unless the job turned that off or gave the loader a sampler of its own.
+        return Fix("Lightning wraps the model in DDP but the loader gives every rank the whole dataset: let Lightning "
+                   "put a DistributedSampler in (use_distributed_sampler=True, its default), or make the loader's "
+                   f"own sampler a distributed one.{stream}",
+                   "Trainer(..., use_distributed_sampler=True)   # the default; replace_sampler_ddp=True before 2.0")
     if wrapped:
         return Fix("Give every rank its own share of the batches: a DistributedSampler for the training loader, "
                    f"with set_epoch(epoch) at each epoch so that the shuffle changes.{stream}",
@@ -217,7 +225,7 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
     # Critical when the loader confirms every rank reads the whole dataset and every rank reported.
     critical = identical and sharding is not None and seen_all
     f = finding(first, "DI-17", "distributed", title, 0.0, sev="critical" if critical else "warning",
-                evidence=evidence, fix=_fix(bool(wrapped), trainer, first.accel, loader),
+                evidence=evidence, fix=_fix(bool(wrapped), trainer, first.accel, loader, _wrapper_library(vs)),
                 confidence="high" if critical else "medium",
                 confirm=("compare the ranks' losses in their logs: the same values at the same steps"
                          if identical else "print the loss on every rank: different values mean different models"),
@@ -231,3 +239,13 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
 def _common(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> bool:
     """The two ranks read a loss at a common step."""
     return bool({s for s, _ in a} & {s for s, _ in b})
+
+
+def _wrapper_library(vs: list[View]) -> str | None:
+    """The installed package that wrapped the model in DDP/FSDP ("lightning"), if any."""
+    for v in vs:
+        for w in [*(v.f.ddp if v.f else []), *(v.f.fsdp if v.f else [])]:
+            if getattr(w, "created_by", None):
+                return w.created_by
+    return None
+
