@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchdoctor.facts import DataLoaderFacts, DDPFacts, StepTiming, TensorParallelFacts
+from torchdoctor.facts import DataLoaderFacts, DDPFacts, FSDPFacts, StepTiming, TensorParallelFacts
 
 from .conftest import cpu_facts, cpu_result, only, run, run_all
 
@@ -109,7 +109,7 @@ def test_the_same_batches_on_a_gpu_job_whose_losses_are_never_read():
     ranks = [_rank(r, losses=[], ddp=ddp, dataloaders=loader) for r in (0, 1)]
     f = only(run("DI-17", *ranks), "DI-17")
     assert f.severity == "critical" and f.title.startswith("All 2 ranks drew the same batches (8 batches)")
-    assert f.evidence[0].text.startswith("The first batches each rank drew outside the profiled steps (batches 1–8)")
+    assert f.evidence[0].text.startswith("8 of the first batches each rank drew have the same fingerprints")
     # Different batches overrule equal losses (a loss gathered from every rank, without a loader length to go by).
     other = [DataLoaderFacts(batches=30, batch_samples=[(i, x + 1.0) for i, x in fps])]
     mine = [DataLoaderFacts(batches=30, batch_samples=fps)]
@@ -122,4 +122,21 @@ def test_lightning_is_told_to_let_it_put_the_sampler_in():
     own = [DataLoaderFacts(batches=60, batches_per_epoch=200, batch_size=32, dataset_len=6400)]
     f = only(run("DI-17", _rank(0, ddp=ddp, dataloaders=own), _rank(1, ddp=ddp, dataloaders=own)), "DI-17")
     assert "use_distributed_sampler=True" in f.fix.snippet and f.severity == "critical"
+
+
+def test_the_same_batches_with_other_losses_or_under_fsdp_alone():
+    fps = [(i, 1000.0 + 7 * i) for i in range(1, 9)]
+    loader = [DataLoaderFacts(batches=30, batches_per_epoch=32, batch_size=16, dataset_len=512, batch_samples=fps)]
+    # A sweep: the same batches, another seed each, so other losses: separate trainings, not repeated work.
+    other = [(s, x + 0.5) for s, x in LOSSES]
+    assert run("DI-17", _rank(0, dataloaders=loader), _rank(1, dataloaders=loader, losses=other)) == []
+    # The same batch every time says nothing (a loader over one batch, a constant input).
+    flat = [DataLoaderFacts(batches=30, batch_samples=[(i, 5.0) for i in range(1, 9)])]
+    ddp = [DDPFacts(find_unused_parameters=False)]
+    assert run("DI-17", _rank(0, losses=[], ddp=ddp, dataloaders=flat), _rank(1, losses=[], ddp=ddp,
+                                                                             dataloaders=flat)) == []
+    # FSDP known only by its batches may be context parallelism (its ranks load the same batch): a warning.
+    fsdp = [FSDPFacts(version=2)]
+    f = only(run("DI-17", *[_rank(r, losses=[], fsdp=fsdp, dataloaders=loader) for r in (0, 1)]), "DI-17")
+    assert f.severity == "warning" and f.evidence[1].text.startswith("FSDP wraps the model")
 

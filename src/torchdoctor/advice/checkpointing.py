@@ -16,6 +16,14 @@ from __future__ import annotations
 # remedy by itself (an out-of-memory arm would end the A/B of every remedy tried with it).
 MEMORY_TIGHT = 0.70
 
+
+def memory_full(peak: float | None, total: float | None) -> float | None:
+    """The device's peak as a share of its memory when above MEMORY_TIGHT; None otherwise or unknown."""
+    if not peak or not total:
+        return None
+    share = peak / total
+    return share if share > MEMORY_TIGHT else None
+
 # library -> (what turns it on, the change that turns it off)
 SETTINGS: dict[str, tuple[str, str]] = {
     "transformers": (

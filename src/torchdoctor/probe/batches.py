@@ -8,12 +8,17 @@ FINGERPRINT_ELEMENTS elements of its first few host tensors, each weighted by it
 microseconds of work on the first BATCH_SAMPLES batches outside the profiler's window, and equal
 sums at the same batch index on two ranks mean the same batch.
 
-Only plain contiguous strided CPU tensors are read (a view of a non-contiguous tensor would copy it;
-a device tensor would sync); anything else gives no fingerprint.
+Only plain contiguous strided CPU tensors of torch.Tensor itself are read (a view of a non-contiguous
+tensor would copy it; a device tensor would sync; a subclass's __torch_function__ runs the job's code;
+a nested tensor has no flat view), and nothing while the job runs under a dispatch or torch-function
+mode of its own (a FlopCounterMode would count our ops, a FakeTensorMode would hand back fakes); a
+fingerprint that is not finite (a NaN in the batch) is none. Anything else gives no fingerprint.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 BATCH_SAMPLES = 8
@@ -23,6 +28,9 @@ TENSORS = 3  # the first tensors of a batch read (inputs, then masks or labels)
 
 def fingerprint(torch: Any, batch: Any) -> float | None:
     """The batch's fingerprint, or None when it holds no readable host tensor."""
+    modes = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_len_torch_function_stack", None))
+    if any(count is not None and count() for count in modes):
+        return None
     tensors = _tensors(torch, batch, [])
     if not tensors:
         return None
@@ -33,7 +41,7 @@ def fingerprint(torch: Any, batch: Any) -> float | None:
             flat = t.view(-1)[:FINGERPRINT_ELEMENTS]
             # Weighted by position: the same samples in another order are another batch.
             total += (i + 1) * float(flat.to(torch.float64).dot(weights[:flat.numel()]))
-    return total
+    return total if math.isfinite(total) else None
 
 
 _WEIGHTS: list[Any] = []
@@ -41,7 +49,8 @@ _WEIGHTS: list[Any] = []
 
 def _weights(torch: Any) -> Any:
     if not _WEIGHTS:
-        _WEIGHTS.append(torch.arange(FINGERPRINT_ELEMENTS, dtype=torch.float64).remainder_(251).add_(1))
+        # On the CPU whatever the job's default device (set_default_device, a `with torch.device(...)`).
+        _WEIGHTS.append(torch.arange(FINGERPRINT_ELEMENTS, dtype=torch.float64, device="cpu").remainder_(251).add_(1))
     return _WEIGHTS[0]
 
 
@@ -49,11 +58,12 @@ def _tensors(torch: Any, x: Any, out: list[Any], depth: int = 0) -> list[Any]:
     if len(out) >= TENSORS or depth > 4:
         return out
     if isinstance(x, torch.Tensor):
-        if (x.device.type == "cpu" and x.layout == torch.strided and x.numel() and x.is_contiguous()
-                and not x.is_complex() and not x.is_quantized and x.dtype != torch.bool):
+        if (type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided and not x.is_nested
+                and x.numel() and x.is_contiguous() and not x.is_complex() and not x.is_quantized
+                and x.dtype != torch.bool):
             out.append(x)
         return out
-    if isinstance(x, dict):  # a dict, or a BatchEncoding (a dict subclass)
+    if isinstance(x, Mapping):  # a dict, or transformers' BatchEncoding (a UserDict)
         items: Any = list(x.values())
     elif isinstance(x, (list, tuple)):
         items = x

@@ -221,7 +221,8 @@ class Probe:
 
     # ------------------------------------------------------------ boundaries
     def read_loss(self, loss: Any) -> None:
-        """Note whether the loss a step's first backward starts from is finite: a plain 0-dim
+        """Note whether the loss a step's first backward starts from is finite, and keep the first
+        LOSS_SAMPLES finite non-zero float32/float64 ones with their steps (DI-17): a plain 0-dim
         floating-point CPU tensor only, free to read (a device tensor's value would wait for its
         queue: never read), and never under a job's own torch function or dispatch mode (the read
         would show in it)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..advice.checkpointing import MEMORY_TIGHT
+from ..advice.checkpointing import memory_full
 from ..advice.workers import WORKERS_PER_CPU_CAP, advise_workers, training_busy_pct
 from ..facts import RankFacts, sampled_comm_median
 from ..rules.model import Finding
@@ -101,9 +101,9 @@ def precondition(spec: Spec, jf: JobFacts, specs: list[Spec]) -> str | None:
     if r.id == "ddp.static_graph" and any(d.can_set_static_graph is False for d in ddps):
         return "DDP reports the graph is not static (can_set_static_graph=False)"
     if r.id == "memory.no_checkpoint":
-        full = max((rf.device.max_memory_allocated_bytes / rf.device.total_memory_bytes for rf in jf.ranks
-                    if rf.device.max_memory_allocated_bytes and rf.device.total_memory_bytes), default=0.0)
-        if full > MEMORY_TIGHT:
+        full = max((share for rf in jf.ranks if (share := memory_full(rf.device.max_memory_allocated_bytes,
+                                                                     rf.device.total_memory_bytes))), default=None)
+        if full is not None:
             return (f"the device's peak was {full:.0%} of its memory: the activations checkpointing drops may not "
                     "fit, and an arm out of memory would end the A/B of every remedy tried with it (`--apply "
                     "memory.no_checkpoint` tries it alone)")

@@ -15,17 +15,23 @@ process's):
 Measured, not assumed: the probe keeps a fingerprint of the first batches each rank's loaders hand
 over (``DataLoaderFacts.batch_samples``, probe/batches.py: read on the host, so GPU jobs too) and
 each rank's first finite float32/float64 losses with their steps (``facts.loss_samples``: plain CPU
-scalars, read for free). Ranks whose training loaders handed over the same batches, or, without
-fingerprints to compare, whose losses are the same at the same steps (to LOSS_RTOL), train the same
-model on the same batches (different fingerprints overrule equal losses: a loss gathered from every
-rank is the same on all of them): N−1 of N ranks' compute
-repeats the first rank's (critical), when they are data-parallel (DDP, FSDP) or never communicate:
-tensor-parallel ranks, and ranks that communicate without a data-parallel wrapper (Megatron-style
-model parallelism), share their loss by design. Without losses to compare (losses on a device are never read),
-ranks with no DDP, FSDP or tensor-parallel wrapper and no collective in the trace or in the probe's
-steps never communicate (warning: independent trainings, such as a sweep, would do the same on
-purpose). What each rank's loader yields tells whether it was sharded: ``batches_per_epoch x
-batch_size`` against ``dataset_len``.
+scalars, read for free). Two ranks *agree* when they share at least MIN_COMMON indices whose
+values vary over them (a constant loss or batch says nothing) and are the same at each
+(fingerprints exactly, losses to LOSS_RTOL); they *disagree* when they share indices whose values
+differ. Every rank agreeing with the first on its batches or its losses, and none disagreeing on
+either, means the same model trained on the same batches: different losses over the same batches
+are separate trainings (a sweep's seeds, or context parallelism splitting each batch), different
+batches with the same loss a loss gathered from every rank (open_clip's ClipLoss). That is
+repeated work when the ranks are data-parallel (DDP, FSDP) or never communicate: tensor-parallel
+ranks, and ranks that communicate without a data-parallel wrapper (Megatron-style model
+parallelism), share their batch and loss by design, and a training loader that yields each rank a
+share of its dataset (``batches_per_epoch x batch_size`` against ``dataset_len``) says the batches
+differ. Critical when every rank of the world reported, each loader yields the whole dataset, and
+it is not FSDP known only by its batches (FSDP composes with context parallelism, whose ranks load
+the same batch); a warning otherwise. Without batches or losses to compare, ranks known not to
+communicate (no process group, or profiled steps without a collective on every rank; the probe
+sees no communication outside DDP's logging data) train a model each (a warning: a sweep does
+that on purpose).
 
 Priced against the job (``per`` "job"): with the work split N ways the run would take about 1/N of
 its training time at the same step time, less the all-reduce it then needs: ``job_pct`` = 100 x
@@ -53,16 +59,30 @@ MIN_COMMON = 3
 UNSHARDED_SHARE = 0.9
 
 
-def _same(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> int:
-    """Steps at which both ranks read a loss, when they all agree and the losses vary over them (a
-    constant loss, a first backward that does not depend on the batch, says nothing); 0 otherwise."""
+def _compare(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], exact: bool = False
+             ) -> tuple[bool, int] | None:
+    """(agree, indices compared) of two ranks' samples at their common indices; None when that says
+    nothing: no common index, or a value that does not vary over them (a constant loss, a first
+    backward that does not depend on the batch, the same batch every time)."""
     mine = dict(a)
-    common = [(mine[s], x) for s, x in b if s in mine]
-    if any(abs(x - y) > LOSS_RTOL * max(abs(x), abs(y), 1e-12) for x, y in common):
-        return 0
+    common = [(mine[i], x) for i, x in b if i in mine]
     if len({x for x, _ in common}) < 2:
+        return None
+    tol = 0.0 if exact else LOSS_RTOL
+    agree = all(x == y or abs(x - y) <= tol * max(abs(x), abs(y)) for x, y in common)
+    return agree, len(common)
+
+
+def _agree(results: list[tuple[bool, int] | None]) -> int:
+    """Indices compared when every pair agrees on at least MIN_COMMON of them; 0 otherwise."""
+    if not results or any(r is None or not r[0] for r in results):
         return 0
-    return len(common)
+    least = min(r[1] for r in results if r is not None)
+    return least if least >= MIN_COMMON else 0
+
+
+def _disagree(results: list[tuple[bool, int] | None]) -> bool:
+    return any(r is not None and not r[0] for r in results)
 
 
 def _talks(v: View) -> bool:
@@ -117,7 +137,7 @@ def _fix(wrapped: bool, trainer: str | None, accel: bool, loader: DataLoaderFact
     if wrapped and wrapper in ("lightning", "pytorch_lightning"):
         # Lightning injects a DistributedSampler itself (Trainer(use_distributed_sampler=True), the default;
         # replace_sampler_ddp before 2.0) unless the job turned that off or gave the loader a sampler of its own.
-        return Fix("Lightning wraps the model in DDP but the loader gives every rank the whole dataset: let Lightning "
+        return Fix("Lightning wraps the model but the loader gives every rank the whole dataset: let Lightning "
                    "put a DistributedSampler in (use_distributed_sampler=True, its default), or make the loader's "
                    f"own sampler a distributed one.{stream}",
                    "Trainer(..., use_distributed_sampler=True)   # the default; replace_sampler_ddp=True before 2.0")
@@ -154,33 +174,31 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
         return []
     first = vs[0]
     assert first.f is not None
-    # The same batches (their fingerprints, read on the host: GPU jobs too), else the same losses (CPU scalars).
+    # The same batches (their fingerprints, read on the host: GPU jobs too), or the same losses (CPU scalars).
     mine = _training_loader(first)
     theirs = [_training_loader(v) for v in vs[1:]]
-    batch_agree = [_same(mine.batch_samples, d.batch_samples) if mine and d else 0 for d in theirs]
-    batches_differ = any(mine and d and not a and _common(mine.batch_samples, d.batch_samples)
-                         for a, d in zip(batch_agree, theirs, strict=True))
-    loss_agree = [_same(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f is not None]
-    by_batches = bool(batch_agree) and min(batch_agree) >= MIN_COMMON
-    agree = batch_agree if by_batches else ([0] * len(loss_agree) if batches_differ else loss_agree)
+    by_batch = [_compare(mine.batch_samples, d.batch_samples, exact=True) if mine and d else None for d in theirs]
+    by_loss = [_compare(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f is not None]
+    same_batches, same_losses = _agree(by_batch), _agree(by_loss)
     talks = any(_talks(v) for v in every)
-    wrapped = [w for w, on in (("DistributedDataParallel", any(v.f is not None and v.f.ddp for v in vs)),
-                               ("FSDP", any(v.f is not None and v.f.fsdp for v in vs))) if on]
+    ddp = any(v.f is not None and v.f.ddp for v in vs)
+    fsdp = any(v.f is not None and v.f.fsdp for v in vs)
+    wrapped = [w for w, on in (("DistributedDataParallel", ddp), ("FSDP", fsdp)) if on]
     # Tensor-parallel ranks share their loss by design, and so may ranks that communicate without a
-    # data-parallel wrapper (Megatron-style model parallelism); under DDP/FSDP a loss gathered from every
-    # rank (open_clip's ClipLoss) or all-reduced before backward is the same on every rank too: a loader
-    # that yields each rank its share says the batches differ.
+    # data-parallel wrapper (Megatron-style model parallelism); a loader that yields each rank its share
+    # says the batches differ (module docstring).
     model_parallel = any(v.f is not None and v.f.tensor_parallel is not None for v in vs)
     loader = mine
     coverage = _coverage(loader)
     sharded = coverage is not None and coverage < UNSHARDED_SHARE
-    identical = (bool(agree) and min(agree) >= MIN_COMMON and not model_parallel and not sharded
-                 and (bool(wrapped) or not talks))
-    compared = (any(agree) or batches_differ
-                or any(_common(first.f.loss_samples, v.f.loss_samples) for v in vs[1:] if v.f))
+    identical = ((same_batches or same_losses) and not _disagree(by_batch) and not _disagree(by_loss)
+                 and not model_parallel and not sharded and (bool(wrapped) or not talks))
+    compared = any(r is not None for r in [*by_batch, *by_loss])
     silent = not compared and all(_silent(v) for v in vs) and not talks
     if not identical and not silent:
         return []
+    by_batches = bool(same_batches)
+    agreed = same_batches or same_losses
     n = len(vs)
     seen_all = len(every) >= world and n == world
     sharding = _unsharded(loader)
@@ -188,21 +206,20 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
     evidence = []
     if identical:
         what = "drew the same batches" if by_batches else "computed the same loss at every step compared"
-        title = (f"{'All ' if seen_all else ''}{n} ranks {what} ({min(agree)} "
+        title = (f"{'All ' if seen_all else ''}{n} ranks {what} ({agreed} "
                  f"{'batches' if by_batches else 'steps'}): they train the same model on the same batches, so "
                  f"{n - 1} of the {n} ranks {'repeats' if n == 2 else 'repeat'} the first one's work.")
         if by_batches:
             assert mine is not None
-            seen = (f"The first batches each rank drew outside the profiled steps (batches {mine.batch_samples[0][0]}–"
-                    f"{mine.batch_samples[-1][0]}) have the same fingerprints on every rank (a position-weighted sum of their "
-                    "first host tensors' leading elements)")
+            seen = (f"{agreed} of the first batches each rank drew have the same fingerprints on every rank (a "
+                    "position-weighted sum of their first host tensors' leading elements)")
         else:
             steps = sorted(dict(first.f.loss_samples))
             seen = (f"Losses read by the probe at steps {steps[0]}–{steps[-1]} are identical on every rank "
                     f"(rank {first.rank}: {', '.join(f'{x:.6g}' for _, x in first.f.loss_samples[:4])}...)")
         evidence.append(Evidence(
             seen + ("." if seen_all else f"; {n} of the job's {world} ranks reported (the others were not compared)."),
-            {"ranks": n, "world_size": world, "compared": min(agree), "by": "batches" if by_batches else "losses"}))
+            {"ranks": n, "world_size": world, "compared": agreed, "by": "batches" if by_batches else "losses"}))
     else:
         title = (f"The {n} ranks never communicate: no DDP, FSDP or tensor-parallel wrapper and no collective, so "
                  "each trains a model of its own.")
@@ -210,7 +227,8 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
         (f"{' and '.join(wrapped)} wraps the model, so gradients are averaged, but over identical batches"
          if wrapped else "No rank wrapped its model (DDP, FSDP, tensor parallel) and none ran a collective "
                          + ("(no process group)" if all(v.f is not None and not v.f.distributed_backend for v in vs)
-                            else "in its profiled steps"))
+                            else "in its profiled steps" if all(v.r is not None and v.r.window.steps for v in vs)
+                            else "that the probe saw"))
         + (f"; {sharding}." if sharding else "."),
         {"wrapped": wrapped, "world_size": world,
          "batches_per_epoch": loader.batches_per_epoch if loader else None,
@@ -222,23 +240,20 @@ def ranks_repeat_each_other(inputs: RuleInputs) -> list[Finding]:
             f"With the batches split {n} ways each rank does 1/{n} of the work: at most {job_pct:.0f}% of the job's "
             f"training time{f' ({wall * (n - 1) / n:.1f} s of {wall:.1f} s)' if wall else ''} comes back, less the "
             "all-reduce every step then pays.", {"job_pct_upper_bound": round(job_pct, 1)}))
-    # Critical when the loader confirms every rank reads the whole dataset and every rank reported.
-    critical = identical and sharding is not None and seen_all
+    # Critical when the loader confirms every rank reads the whole dataset and every rank reported; FSDP
+    # known only by its batches may be context parallelism (its ranks load the same batch).
+    critical = identical and sharding is not None and seen_all and not (fsdp and not same_losses)
     f = finding(first, "DI-17", "distributed", title, 0.0, sev="critical" if critical else "warning",
                 evidence=evidence, fix=_fix(bool(wrapped), trainer, first.accel, loader, _wrapper_library(vs)),
                 confidence="high" if critical else "medium",
-                confirm=("compare the ranks' losses in their logs: the same values at the same steps"
+                confirm=("print the loss (or the first batch's sum) on every rank: the same values at the same steps"
                          if identical else "print the loss on every rank: different values mean different models"),
-                source="the probe's loss samples and wrappers on every rank; the trace's collectives")
+                source="the probe's batch fingerprints, loss samples and wrappers on every rank; the trace's "
+                       "collectives")
     f.ranks = sorted(v.rank for v in vs if v.rank is not None)
     if identical and wall:
         f.job_pct, f.per, f.job_s = round(job_pct, 1), "job", round(wall * (n - 1) / n, 3)
     return [f]
-
-
-def _common(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> bool:
-    """The two ranks read a loss at a common step."""
-    return bool({s for s, _ in a} & {s for s, _ in b})
 
 
 def _wrapper_library(vs: list[View]) -> str | None:

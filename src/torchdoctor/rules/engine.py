@@ -195,8 +195,9 @@ JOB_GAIN_RULES = frozenset({"DI-17"})
 
 
 def _ranking_share(f: Finding) -> float:
-    """The share a finding is ranked by: its step share, or for JOB_GAIN_RULES its share of the job."""
-    if f.id in JOB_GAIN_RULES and f.per == "job" and f.job_pct:
+    """The share a finding is ranked by: its step share, or for a critical one of JOB_GAIN_RULES its share
+    of the job (a warning's job share is an upper bound on what may not be repeated work at all)."""
+    if f.id in JOB_GAIN_RULES and f.per == "job" and f.severity == "critical" and f.job_pct:
         return max(f.recoverable_pct, f.job_pct)
     return f.recoverable_pct
 
