@@ -209,6 +209,29 @@ def test_cg3_a_dynamic_dimension_pinned_to_a_value_is_the_codes_doing():
     assert "0/1 specialization" not in got.fix.text and "to 0 or 1" not in got.title
 
 
+def test_cg3_frames_of_a_library_are_told_dynamic_true_together():
+    """torchvision's Faster R-CNN: box_iou and the Matcher recompiled for each new box count, functions the
+    job never calls itself, so mark_dynamic(boxes1, 0) had no line of the job's to go on; one snippet."""
+    site = "/venv/lib/python3.11/site-packages/torchvision/"
+    iou = RecompileFacts("box_iou", location=site + "ops/boxes.py:271", count=4, kind="size",
+                         guard="tensor 'boxes1' size mismatch at index 0. expected 2, actual 3", tensor="boxes1",
+                         dim=0, values=["1", "2", "3"])
+    matcher = RecompileFacts("__call__", location=site + "models/detection/_utils.py:363", count=3, kind="size",
+                             guard="tensor 'match_quality_matrix' size mismatch at index 0. expected 2, actual 3",
+                             tensor="match_quality_matrix", dim=0, values=["1", "2", "3"])
+    own = RecompileFacts("forward", location="/job/train.py:30", count=2, kind="size",
+                         guard="tensor 'x' size mismatch at index 0. expected 8, actual 4", tensor="x", dim=0,
+                         values=["4", "8"])
+    facts = gpu_facts(compile=CompileFacts(used=True, recompiles=9, recompile_frames=[iou, matcher, own]))
+    got = only(run("CG-3", (None, facts)), "CG-3")
+    assert ("box_iou, __call__: torchvision's own code, called from inside torchvision: the job has no line where "
+            "its input could be marked dynamic") in got.fix.text
+    assert "Sizes 0 and 1 still compile apart" in got.fix.text
+    lines = got.fix.snippet.splitlines()
+    assert lines.count("model = torch.compile(model, dynamic=True)   # sizes dynamic from the first compile") == 1
+    assert any(line.startswith("torch._dynamo.mark_dynamic(x, 0)") for line in lines)  # the job's own frame
+
+
 def test_cg3_trace_only_variants_are_info_and_silent_without_recompiles():
     r = gpu_result()
     r.compile_regions = {"0/0": 5, "0/1": 5}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from torchdoctor.callsite import library_of
 from torchdoctor.compile.guards import below_two, first_line, local_name, pinned
 from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import CompileFacts, RecompileFacts
@@ -127,6 +128,16 @@ def fix_for(r: RecompileFacts) -> tuple[str, str]:
                 "apart (0/1 specialization): mark it unbacked before the call, or keep it at 2 or more (pad it).")
         snippet = (f"torch._dynamo.decorators.mark_unbacked({name}, {r.dim if r.dim is not None else 0})   "
                    f"# {name}: {words} of {frame_name(r)}, before the call")
+    elif r.kind == "size" and (lib := _library(r)):
+        # torchvision's Faster R-CNN: box_iou recompiled for every new box count, a function the job never
+        # calls itself; mark_dynamic(boxes1, 0) has no line of the job's to go on.
+        # One text for every such frame (their sizes are in the evidence), so that the fix names them together.
+        text = (f"{lib}'s own code, called from inside {lib}: the job has no line where its input could be marked "
+                "dynamic. Compile with dynamic=True, which treats sizes as dynamic from the first compile, or mark "
+                "the job's own input that carries this size.")
+        if any(v in ("0", "1") for v in r.values):
+            text += " Sizes 0 and 1 still compile apart (0/1 specialization)."
+        snippet = "model = torch.compile(model, dynamic=True)   # sizes dynamic from the first compile"
     elif r.kind == "size":
         snippet = (f"torch._dynamo.mark_dynamic({name}, {r.dim if r.dim is not None else 0})   "
                    f"# {name}: {words} of {frame_name(r)}, before the call; or torch.compile(..., dynamic=True)")
@@ -140,6 +151,12 @@ def fix_for(r: RecompileFacts) -> tuple[str, str]:
         text += (" Until then, raising torch._dynamo.config.recompile_limit only delays the cliff; "
                  "torch.compiler.set_stance('fail_on_recompile') in a test catches it early.")
     return text, snippet
+
+
+def _library(r: RecompileFacts) -> str | None:
+    """The installed library whose code the frame is (not torch's, whose frames inline into the caller's)."""
+    lib = library_of(r.location.rsplit(":", 1)[0]) if r.location else None
+    return lib if lib and lib != "torch" else None
 
 
 def _job(c: CompileFacts, v: View, seconds: float) -> tuple[float | None, str]:
@@ -209,7 +226,7 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
                                      {"recompiles": total}, [{"guard": g} for g in c.recompile_reasons[:5]]))
         roots = {r.frame for r in shown if not RESUME.fullmatch(r.frame)}
         by_fix: dict[str, list[str]] = {}
-        snippets: dict[str, None] = {}
+        snippets: dict[str, str] = {}  # the change (the snippet's code) -> the snippet
         for r in shown:
             m = RESUME.fullmatch(r.frame)
             if m and m.group(1) in roots:
@@ -218,12 +235,13 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
             names = by_fix.setdefault(text, [])
             if frame_name(r) not in names:  # a frame's causes with one fix: named once
                 names.append(frame_name(r))
-            if snippet:
-                snippets[snippet] = None
+            code = snippet.split("   #", 1)[0]
+            if snippet and code not in snippets:  # one line per change: the same input seen by two frames
+                snippets[code] = snippet
         texts = [f"{', '.join(names)}: {text}" for text, names in by_fix.items()]
         f = finding(
             v, "CG-3", "compile", title, 0.0, sev=sev, evidence=evidence,
-            fix=Fix(" ".join(texts) or _KINDS["other"][1], "\n".join(snippets)),
+            fix=Fix(" ".join(texts) or _KINDS["other"][1], "\n".join(snippets.values())),
             confidence="high" if frames else "medium",
             confirm="TORCH_LOGS=recompiles prints every failing guard"
             + ("; `torchdoctor fix --apply compile` measures what eager costs" if limit else ""),
