@@ -86,7 +86,11 @@ def test_ddp_without_a_distributed_sampler_repeats_the_first_rank(tmp_path):
     assert ranks[0]["dataloaders"][0]["batch_samples"] == ranks[1]["dataloaders"][0]["batch_samples"]
     findings = json.loads((tmp_path / "report.json").read_text())["findings"]
     (dup,) = [f for f in findings if f["id"] == "DI-17"]
-    assert dup["severity"] == "critical" and dup["job_pct"] == 50.0 and findings[0]["id"] == "DI-17"
+    assert dup["severity"] == "critical" and dup["job_pct"] == 50.0
+    # Ranked by its share of the job: only a finding that gives back more of the step can come first (a
+    # straggler's wait, DI-5, on a busy machine).
+    ahead = findings[:findings.index(dup)]
+    assert all(f["severity"] != "info" and f["recoverable_pct"] >= 50.0 for f in ahead), ahead
     assert dup["title"].startswith("All 2 ranks drew the same batches (8 batches)")
     assert "32 batches of 16 per epoch from a 512-sample dataset" in dup["evidence"][1]["text"]
     assert "DistributedSampler" in dup["fix"]["snippet"]
