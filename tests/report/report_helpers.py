@@ -7,6 +7,7 @@ import gzip
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -112,10 +113,13 @@ class Page:
 
 def _flags(tmp: Path) -> list[str]:
     # No sandbox: CI runs as root in a container. Virtual time lets the page's async work (inflating
-    # plotly.js, drawing) finish before the DOM is dumped or the screenshot is taken.
+    # plotly.js, drawing) finish before the DOM is dumped or the screenshot is taken. A profile of its own
+    # for every run: a second Chromium on the profile the first one's children still hold waited on its
+    # lock until the 180 s timeout (test_multi_rank_in_chromium, a screenshot right after a DOM dump).
+    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp)
     return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-extensions", "--no-first-run", "--hide-scrollbars", "--mute-audio",
-            f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=30000",
+            f"--user-data-dir={profile}", "--virtual-time-budget=30000",
             "--enable-logging=stderr", "--v=0"]
 
 
