@@ -40,8 +40,10 @@ import re
 import numpy as np
 
 from ..trace.model import Cat
+from . import intervals as iv
 from .classify import KernelKind
 from .context import Context
+from .device import lookup
 from .model import Recompute
 
 NODE_PREFIX = "autograd::engine::evaluate_function: "
@@ -115,7 +117,7 @@ def recompute(ctx: Context) -> Recompute | None:
             inner = (starts > starts[j]) & (ends <= ends[j])
             inner[j] = False
             if inner.any():
-                nested[order[j]] = _union_ns(starts[inner], ends[inner])
+                nested[order[j]] = iv.total(iv.union(starts[inner], ends[inner]))
     host = tr.end[nodes] - tr.ts[nodes]
     host_again = np.zeros(nodes.size, np.int64)
     device_again = np.zeros(nodes.size, np.int64)
@@ -190,15 +192,4 @@ def _launched_device_ns(ctx: Context, launches: np.ndarray) -> np.ndarray:
     corr, inv = np.unique(tr.correlation[work], return_inverse=True)
     per = np.zeros(corr.size, np.int64)
     np.add.at(per, inv, tr.end[work] - tr.ts[work])
-    pos = np.clip(np.searchsorted(corr, tr.correlation[launches]), 0, corr.size - 1)
-    return np.where(corr[pos] == tr.correlation[launches], per[pos], 0)
-
-
-def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    new = np.ones(s.size, bool)
-    new[1:] = s[1:] > e[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], s.size) - 1
-    return int((e[last] - s[first]).sum())
+    return lookup(corr, per, tr.correlation[launches], missing=0)

@@ -17,9 +17,12 @@ fingerprint that is not finite (a NaN in the batch) is none. Anything else gives
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from torchdoctor.probe import unseen
 
 BATCH_SAMPLES = 8
 FINGERPRINT_ELEMENTS = 4096
@@ -28,8 +31,7 @@ TENSORS = 3  # the first tensors of a batch read (inputs, then masks or labels)
 
 def fingerprint(torch: Any, batch: Any) -> float | None:
     """The batch's fingerprint, or None when it holds no readable host tensor."""
-    modes = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_len_torch_function_stack", None))
-    if any(count is not None and count() for count in modes):
+    if unseen.in_job_mode(torch):
         return None
     tensors = _tensors(torch, batch, [])
     if not tensors:
@@ -44,14 +46,10 @@ def fingerprint(torch: Any, batch: Any) -> float | None:
     return total if math.isfinite(total) else None
 
 
-_WEIGHTS: list[Any] = []
-
-
+@functools.cache
 def _weights(torch: Any) -> Any:
-    if not _WEIGHTS:
-        # On the CPU whatever the job's default device (set_default_device, a `with torch.device(...)`).
-        _WEIGHTS.append(torch.arange(FINGERPRINT_ELEMENTS, dtype=torch.float64, device="cpu").remainder_(251).add_(1))
-    return _WEIGHTS[0]
+    # On the CPU whatever the job's default device (set_default_device, a `with torch.device(...)`).
+    return torch.arange(FINGERPRINT_ELEMENTS, dtype=torch.float64, device="cpu").remainder_(251).add_(1)
 
 
 def _tensors(torch: Any, x: Any, out: list[Any], depth: int = 0) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from torchdoctor.callsite import Site, caller_frame, creation_site, library_of, user_frames
-from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo, workers
+from torchdoctor.probe import collect, nvml, output, postprocess, summary, sysinfo, unseen, workers
 from torchdoctor.probe.clock import Source, StepClock
 from torchdoctor.probe.config import ProbeConfig
 from torchdoctor.probe.errors import ERRORS, fault_point, set_fault
@@ -233,9 +233,7 @@ class Probe:
             if not (type(loss) is torch.Tensor and loss.dim() == 0 and loss.device.type == "cpu"
                      and loss.dtype.is_floating_point):
                 return
-            modes = (getattr(torch._C, "_len_torch_dispatch_stack", None),
-                     getattr(torch._C, "_len_torch_function_stack", None))
-            if any(count is not None and count() for count in modes):
+            if unseen.in_job_mode(torch):
                 return
             step = self.loss_step = self.clock.index
             value = float(loss.detach())  # float() of a tensor that requires grad warns (2.13)

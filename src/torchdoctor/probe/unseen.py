@@ -92,3 +92,11 @@ def compiling() -> Callable[[], bool]:
 
 def _never() -> bool:
     return False
+
+
+def in_job_mode(torch: Any) -> bool:
+    """The job runs under a torch dispatch or torch-function mode of its own (a FlopCounterMode, a
+    FakeTensorMode, ``with torch.device(...)``): any op of the probe's would run through it."""
+    modes = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_len_torch_function_stack", None))
+    return any(count is not None and count() for count in modes)
+

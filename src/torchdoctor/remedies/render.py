@@ -148,8 +148,9 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
     ids = [r.id for r in applied]
     own = {r.id: r for r in applied if r.method and "without" in r.method}
 
-    def estimate(rid: str) -> float | None:  # "dataloader.workers=3" ran; the finding named "dataloader.workers"
-        return estimates.get(rid, estimates.get(rid.partition("=")[0]))
+    def estimate(rid: str, table: dict[str, float] = estimates) -> float | None:
+        # "dataloader.workers=3" ran; the finding named "dataloader.workers"
+        return table.get(rid, table.get(rid.partition("=")[0]))
 
     measured_ms = measured_ms_interval = None
     if ab.baseline_steps_per_s:
@@ -158,7 +159,7 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
         measured_ms = round(base_ms * (1.0 - 1.0 / ab.speedup_geomean), 1)
         if ab.interval:
             measured_ms_interval = [round(base_ms * (1.0 - 1.0 / x), 1) if x else None for x in ab.interval]
-    claimed_ms = [(estimates_ms or {}).get(i, (estimates_ms or {}).get(i.partition("=")[0])) for i in ids]
+    claimed_ms = [estimate(i, estimates_ms or {}) for i in ids]
     return {
         "estimated_ms": round(sum(x or 0.0 for x in claimed_ms), 1) if estimates_ms and any(claimed_ms) else None,
         "measured_ms": measured_ms,
