@@ -482,6 +482,9 @@ class RankFacts(msgspec.Struct, omit_defaults=True):
     inference_site: str | None = None
     # Whether that forward ran under torch.inference_mode() (None: no such forward seen).
     inference_mode: bool | None = None
+    # Top-level modules the forward timing could not hook because they are TorchScript modules
+    # (torch.jit.script / torch.jit.trace), which refuse forward hooks: their forward is untimed.
+    script_roots: int = 0
     # Probe problems, logged once each: the job carried on.
     probe_errors: list[str] = []
     # Path of the profiler-window trace this rank wrote, relative to the run directory.

@@ -345,6 +345,8 @@ if CALL == "leaf":  # a module without children, its forward() called directly: 
     model = torch.nn.Linear(64, 8)
 elif CALL == "lightning":
     model = Lit()
+elif CALL == "script":  # TorchScript modules refuse forward hooks
+    model = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
 else:
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -362,7 +364,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("call", ["leaf", "forward", "lightning", "module"])
+@pytest.mark.parametrize("call", ["leaf", "forward", "lightning", "script", "module"])
 def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
     from torchdoctor.session import report_from_run_dir
 
@@ -381,6 +383,9 @@ def test_a_forward_the_hooks_cannot_see_is_said(tmp_path, call):
         # parameters, and every later step times its forward.
         assert steady[0].get("forward_ms", 0) == 0 and all(s["forward_ms"] > 0 for s in steady[1:])
         assert not said, remarks
+    elif call == "script":
+        assert all(s.get("forward_ms", 0) == 0 for s in steady)
+        assert len(said) == 1 and "TorchScript module" in said[0] and "model.forward(x)" not in said[0]
     elif call == "lightning":
         # The module the root wraps (its body: all of its parameters) is hooked with the root.
         assert all(s["forward_ms"] > 0 for s in steady)

@@ -230,3 +230,37 @@ def test_an_iterator_dropped_early_is_freed_as_without_the_probe(tmp_path):
     assert plain.stdout == "closed\ndropped\n", plain.stderr
     result = run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
     assert result.returncode == 0 and result.stdout == plain.stdout, result.stderr
+
+
+SCRIPTED = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+model = torch.jit.script(net)
+side = torch.nn.Linear(16, 4)  # a second root, plain: still timed
+opt = torch.optim.SGD(list(model.parameters()) + list(side.parameters()), lr=0.1)
+data = TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
+for x, y in DataLoader(data, batch_size=16):
+    loss = torch.nn.functional.cross_entropy(model(x) + side(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(f"loss {loss.item():.6f}")
+"""
+
+
+def test_a_torchscript_model_is_left_unhooked_and_the_other_roots_timed(tmp_path):
+    """TorchScript modules refuse forward hooks (RuntimeError): one scripted root used to abort the
+    hooking of every root at step 0's boundary, logged as a probe error. It is skipped and counted,
+    the plain root beside it is timed, and the job's output is the same."""
+    job = script(tmp_path, SCRIPTED)
+    plain, wrapped = run_plain(job), run_wrapped(tmp_path / "run", job, options=("--profile-steps", "off"))
+    assert wrapped.returncode == plain.returncode == 0, wrapped.stderr
+    assert wrapped.stdout == plain.stdout
+    facts = facts_of(tmp_path / "run")
+    assert "probe_errors" not in facts, facts.get("probe_errors")
+    assert facts["script_roots"] == 1
+    steady = [s for s in facts["steps"] if s["step"] >= 1]
+    assert len(steady) == 15 and all(s.get("forward_ms", 0) > 0 for s in steady)

@@ -70,19 +70,21 @@ def cpu_facts(rank: int = 0, **kw) -> RankFacts:
     return RankFacts(rank=rank, **kw)
 
 
-def inputs(*ranks: tuple[RankResult | None, RankFacts | None], cross=None) -> RuleInputs:
+def inputs(*ranks: tuple[RankResult | None, RankFacts | None], cross=None, job: dict | None = None) -> RuleInputs:
+    """``job``: a live run's context (``{"command": [...]}``), as session.py passes it."""
     out = []
     for i, (r, f) in enumerate(ranks):
         rank = r.rank if r is not None else (f.rank if f is not None else i)
         out.append(RankInputs(rank, result=r, facts=f))
-    return RuleInputs(ranks=out, cross=cross)
+    return RuleInputs(ranks=out, cross=cross, run=job or {})
 
 
-def run(rule_id: str, *ranks: tuple[RankResult | None, RankFacts | None], cross=None) -> list[Finding]:
+def run(rule_id: str, *ranks: tuple[RankResult | None, RankFacts | None], cross=None,
+        job: dict | None = None) -> list[Finding]:
     """What one rule says inside the engine: the rules before it in the ledger's order run first
     and claim their share; its own findings come back as the engine grants them."""
     load_all()
-    inp = inputs(*ranks, cross=cross)
+    inp = inputs(*ranks, cross=cross, job=job)
     for rid in order():
         got = list(REGISTRY[rid](inp))
         for f in got:

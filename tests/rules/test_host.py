@@ -365,6 +365,19 @@ def test_ho13_threads_oversubscribe_cpus():
     assert got.remedy == "threads.affinity" and abs(got.recoverable_ms - 20.0) < 1e-6  # 80 x (1 - 1/2) / 2
 
 
+def test_ho13_advice_starts_the_job_the_way_the_user_started_it():
+    """A job of torch.multiprocessing.spawn, started as `python spawn_ddp.py`, was told to run
+    `torchrun --nproc-per-node 2 train.py`: a live run's advice shows its own command; a trace
+    (no command) keeps the torchrun template."""
+    f = cpu_facts(cpu=CpuFacts(affinity=[0, 1], torch_num_threads=2, local_world_size=2))
+    r = cpu_result()
+    r.host.phases_ms = {"forward": 30.0, "backward": 50.0, "optimizer": 0.0}
+    live = only(run("HO-13", (r, f), job={"command": ["/venv/bin/python", "spawn_ddp.py", "--epochs", "2"]}), "HO-13")
+    assert live.fix.snippet.startswith("OMP_NUM_THREADS=1 /venv/bin/python spawn_ddp.py --epochs 2   #")
+    trace = only(run("HO-13", (r, f)), "HO-13")
+    assert trace.fix.snippet.startswith("OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 train.py   #")
+
+
 def test_ho13_claims_the_run_delay_its_own_threads_cause_not_the_barrier_time():
     # 100 ms steps: 40 ms on a CPU, 5 ms data wait, 5 ms exposed comm, 20 ms waiting for a core:
     # 30 ms blocked at barriers. Over the run the process used 140% of a core (its training thread

@@ -115,6 +115,7 @@ class Probe:
         self.root_hooks: list[tuple[weakref.ref[Any], int, int]] = []
         self.root_hook_fns: tuple[Any, ...] = ()
         self.roots_attached = False
+        self.script_roots = 0  # TorchScript modules among the roots: they take no hooks (hooks.attach_root_hooks)
         # Forward/backward calls seen in the current step, and how many levels below the roots the
         # forward hooks went looking (a root whose own forward is never called: Lightning).
         self.fwd_calls = self.bwd_calls = 0

@@ -997,13 +997,19 @@ def attach_root_hooks(probe: Probe) -> None:
     # Step 0 may close at its backward, before the optimizer's first step: the optimizers that exist.
     optimized = [_optimized_params([opt]) for opt in optimizers]
     roots = []
+    script = _script_module_class(torch)
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
+            continue
+        if script is not None and isinstance(module, script):
+            # TorchScript refuses forward hooks (RuntimeError): one such root took every root's
+            # timing, and the step boundary's housekeeping, down with it.
+            probe.script_roots += 1
             continue
         _hook_pair(probe, module, pre, post)
         roots.append(weakref.ref(module))
         inner = _wrapped_model(module, optimized)
-        if inner is not None:
+        if inner is not None and not (script is not None and isinstance(inner, script)):
             # The loop may call the wrapped model itself (timm evaluates the model its training
             # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
             # Inside the wrapper's forward the nested call counts once (the depth counter).
@@ -1052,6 +1058,12 @@ def _wrapped_again(probe: Probe, opt: Any) -> None:
                 probe.root_alias[id(inner)] = id(root)
     except Exception as exc:
         ERRORS.record(_WRAPPED, exc)
+
+
+def _script_module_class(torch: Any) -> type | None:
+    """torch.jit.ScriptModule, or None where this torch has none (then nothing is skipped)."""
+    script = getattr(getattr(torch, "jit", None), "ScriptModule", None)
+    return script if isinstance(script, type) else None
 
 
 def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
@@ -1118,6 +1130,7 @@ def descend_forward_hooks(probe: Probe) -> None:
     hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
     if any(getattr(ref(), "_compiled_call_impl", None) is not None for ref in level):
         return  # Module.compile(): its forward runs compiled, where the hooks fold away; going down adds nothing
+    script = _script_module_class(sys.modules.get("torch"))
     frontier = []
     for ref in level:
         module = ref()
@@ -1126,6 +1139,8 @@ def descend_forward_hooks(probe: Probe) -> None:
         for child in module.children():
             if id(child) in hooked or not any(p.requires_grad for p in child.parameters()):
                 continue
+            if script is not None and isinstance(child, script):
+                continue  # a scripted submodule takes no hooks
             hooked.add(id(child))
             _hook_pair(probe, child, pre, post)
             frontier.append(weakref.ref(child))

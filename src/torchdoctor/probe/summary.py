@@ -309,6 +309,7 @@ def rank_facts(probe: Probe) -> RankFacts:
         checkpoint_dirs=list(probe.checkpoint_dirs),
         inference_site=probe.inference_site or probe.frozen_site,
         inference_mode=probe.inference_mode if probe.inference_site else probe.frozen_mode,
+        script_roots=probe.script_roots,
         probe_errors=list(ERRORS.messages),
         trace_file=probe.trace_file,
         step_source=probe.clock.source.name.lower() if probe.clock.source else None,

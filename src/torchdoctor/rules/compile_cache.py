@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ..advice.command import job_command
 from ._common import View, finding, per_rank
 from .compile_cost import _job
 from .engine import RuleInputs, rule
@@ -79,7 +80,7 @@ def cold_start(inputs: RuleInputs) -> list[Finding]:
                     "machines (CI, many nodes), pack this run's caches and load them before the next run compiles.",
                     "export TORCHINDUCTOR_CACHE_DIR=/persistent/inductor-cache\n"
                     "torchdoctor cache pack td-runs/<this run> compile-cache.zip   # then, on the next machine:\n"
-                    "torchdoctor run --cache compile-cache.zip -- python train.py", language="shell"),
+                    f"torchdoctor run --cache compile-cache.zip -- {job_command(inputs.run)}", language="shell"),
             confidence="high", confirm="run again with the same TORCHINDUCTOR_CACHE_DIR: the FX graph cache hits",
             source="PT FX graph cache (default on, cache_dir under tempfile.gettempdir()); Mega-Cache (2.7+)")
         f.job_s, f.job_pct = round(seconds, 3), (round(pct, 1) if pct is not None else None)

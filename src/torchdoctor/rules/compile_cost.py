@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from torchdoctor.advice.command import GENERIC as GENERIC_COMMAND
+from torchdoctor.advice.command import job_command
 from torchdoctor.callsite import library_of
 from torchdoctor.compile.guards import below_two, first_line, local_name, pinned
 from torchdoctor.compile.records import RESUME
@@ -110,8 +112,9 @@ def _cause(r: RecompileFacts) -> str:
     return what
 
 
-def fix_for(r: RecompileFacts) -> tuple[str, str]:
-    """(what to do, snippet) for one frame's recompiles, naming the input and dimension."""
+def fix_for(r: RecompileFacts, command: str = GENERIC_COMMAND) -> tuple[str, str]:
+    """(what to do, snippet) for one frame's recompiles, naming the input and dimension; ``command``
+    starts the job (advice/command.py)."""
     text = _KINDS.get(r.kind, _KINDS["other"])[1]
     if _expected(r):
         text = ("Expected once: the evaluation's graph is compiled at its first call and reused after; "
@@ -121,7 +124,7 @@ def fix_for(r: RecompileFacts) -> tuple[str, str]:
         text = (f"The dimension is dynamic, but the code pins it to one value ({first_line(r.guard)}): an int() of "
                 "the size, or a branch on it, specializes it. TORCH_LOGS=+dynamic names the line; keep the size "
                 "a tensor expression there.")
-        snippet = "TORCH_LOGS=+dynamic python train.py   # logs the line that specializes the size"
+        snippet = f"TORCH_LOGS=+dynamic {command}   # logs the line that specializes the size"
     elif r.kind == "size" and below_two(r.guard):
         # torchvision's Faster R-CNN under torch.compile: an image with one box recompiled 4 frames.
         text = ("The dimension is dynamic already, but was 0 or 1 on some calls, and Dynamo compiles sizes 0 and 1 "
@@ -231,7 +234,7 @@ def recompiles(inputs: RuleInputs) -> list[Finding]:
             m = RESUME.fullmatch(r.frame)
             if m and m.group(1) in roots:
                 continue  # the rest of a function after a break recompiles with it: its fix covers both
-            text, snippet = fix_for(r)
+            text, snippet = fix_for(r, job_command(inputs.run))
             names = by_fix.setdefault(text, [])
             if frame_name(r) not in names:  # a frame's causes with one fix: named once
                 names.append(frame_name(r))

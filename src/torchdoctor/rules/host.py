@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from ..advice.command import job_command
 from ..callsite import library_of, package_relative
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
@@ -824,7 +825,8 @@ def threads_vs_cpus(inputs: RuleInputs) -> list[Finding]:
                                 "advised_threads": want,
                                 "OMP_NUM_THREADS": v.f.env.get("OMP_NUM_THREADS") if v.f else None})],
             fix=Fix(f"Give each rank its own cores: {want} thread(s) per rank and a matching affinity mask.",
-                    f"OMP_NUM_THREADS={want} torchrun --nproc-per-node {lws} train.py   # or torch.set_num_threads({want})",
+                    f"OMP_NUM_THREADS={want} {job_command(inputs.run, f'torchrun --nproc-per-node {lws} train.py')}"
+                    f"   # or torch.set_num_threads({want})",
                     "shell"),
             confidence="medium" if rd is not None else "low",
             confirm="`torchdoctor fix --apply threads.affinity` measures the gain",

@@ -9,6 +9,7 @@ remedy measures); on a host with one NUMA node nothing is raised.
 
 from __future__ import annotations
 
+from torchdoctor.advice.command import job_command, torchrun_with
 from torchdoctor.hardware.topology import cpulist, near_cpus_per_rank
 
 from ._common import View, finding, views
@@ -48,12 +49,13 @@ def numa_placement(inputs: RuleInputs) -> list[Finding]:
         where = ", ".join(f"node {k}: {n}" for k, n in sorted(counts.items()))
         if f.cpu.numa_binding_available:
             fix = Fix("Bind each rank to the CPUs of its accelerator's NUMA node with torchrun.",
-                      "torchrun --numa-binding=node --nproc-per-node=N train.py", language="shell")
+                      torchrun_with(inputs.run, "--numa-binding=node",
+                                    "torchrun --numa-binding=node --nproc-per-node=N train.py"), language="shell")
         else:
             fix = Fix(f"Pin rank {v.rank} to CPUs {cpulist(cpus)} (node {node}'s CPUs split among its "
                       f"{ranks_on_node} local rank(s)); this torch's torchrun has no --numa-binding.",
                       f"os.sched_setaffinity(0, {{{', '.join(map(str, cpus[:16]))}{', ...' if len(cpus) > 16 else ''}}})"
-                      if cpus else f"taskset -c <node {node} CPUs> python train.py")
+                      if cpus else f"taskset -c <node {node} CPUs> {job_command(inputs.run)}")
         out.append(finding(
             v, "HW-12", "hardware",
             f"Rank {v.rank} runs on CPUs of NUMA node(s) {sorted(k for k, n in counts.items() if n)} while its "

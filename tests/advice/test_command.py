@@ -1,0 +1,36 @@
+"""advice/command.py: snippets that start the job the way the user started it."""
+
+from torchdoctor.advice.command import cprofile, is_launcher, job_command, py_spy, torchrun_with
+
+
+def test_job_command_quotes_the_live_command_and_falls_back_for_a_trace():
+    assert job_command({"command": ["python", "train.py", "--name", "a b"]}) == "python train.py --name 'a b'"
+    assert job_command({}) == "python train.py"
+    assert job_command({"command": "python train.py"}) == "python train.py"  # not an argv: the generic text
+    assert job_command({"command": ["python", 3]}, fallback="X") == "X"
+
+
+def test_launchers_are_followed_by_py_spy():
+    assert is_launcher(["torchrun", "--nproc-per-node", "2", "train.py"])
+    assert is_launcher(["/usr/bin/python3.11", "-m", "torch.distributed.run", "train.py"])
+    assert is_launcher(["accelerate", "launch", "train.py"])
+    assert not is_launcher(["python", "spawn_ddp.py"])
+    assert py_spy({"command": ["python", "t.py"]}, "x.svg") == "py-spy record -o x.svg -- python t.py"
+    assert (py_spy({"command": ["torchrun", "--nproc-per-node", "2", "t.py"]}, "x.svg")
+            == "py-spy record --subprocesses -o x.svg -- torchrun --nproc-per-node 2 t.py")
+
+
+def test_cprofile_runs_a_script_but_not_a_launcher():
+    assert cprofile({"command": ["python3", "t.py", "--lr", "1"]}) == "python3 -m cProfile -s cumtime t.py --lr 1"
+    assert cprofile({"command": ["torchrun", "t.py"]}) is None
+    assert cprofile({"command": ["python", "-m", "pkg.train"]}) is None
+    assert cprofile({}) == "python -m cProfile -s cumtime train.py"
+
+
+def test_torchrun_with_adds_the_flag_to_torchrun_itself():
+    got = torchrun_with({"command": ["torchrun", "--nproc-per-node", "2", "t.py", "--x"]}, "--numa-binding=node", "F")
+    assert got == "torchrun --numa-binding=node --nproc-per-node 2 t.py --x"
+    got = torchrun_with({"command": ["python", "-m", "torch.distributed.run", "t.py"]}, "--numa-binding=node", "F")
+    assert got == "python -m torch.distributed.run --numa-binding=node t.py"
+    assert torchrun_with({"command": ["python", "t.py"]}, "--numa-binding=node", "F") == "F"
+    assert torchrun_with({}, "--numa-binding=node", "F") == "F"
