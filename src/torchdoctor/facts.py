@@ -144,6 +144,15 @@ class OptimizerFacts(msgspec.Struct, omit_defaults=True):
     capturable: bool | None = None
     num_params: int | None = None
     num_param_tensors: int | None = None
+    # The device type of its parameters ("cpu", "cuda"...), the first parameter's.
+    param_device: str | None = None
+    # Whether this torch has a fused update for this class and these parameters (the device check
+    # torch makes at the first fused step, and a `fused` argument in the constructor); None: not
+    # known (a torch without the check, or an optimizer that is not torch.optim's).
+    fused_available: bool | None = None
+    # The first parameter group's settings that change the update's work: weight_decay, momentum,
+    # nesterov, amsgrad, maximize, differentiable (those the class has).
+    settings: dict[str, float | bool] = {}
     call_site: str | None = None
     # The installed package that created it ("transformers": Trainer.create_optimizer), if not the user.
     created_by: str | None = None

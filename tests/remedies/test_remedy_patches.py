@@ -332,14 +332,34 @@ def train(opt_cls: type, steps: int = 6, **kw: object) -> tuple[list[float], tor
     return out, opt
 
 
-def test_foreach_is_bit_identical_and_explicit_choices_stay(runtime: Runtime) -> None:
+def test_foreach_is_bit_identical_and_replaces_the_choice_the_finding_is_about(runtime: Runtime) -> None:
     plain, _ = train(torch.optim.Adam)
     patch_optim.install(torch, want(runtime, "optim.foreach"))
     losses, opt = train(torch.optim.Adam)
     assert opt.defaults["foreach"] is True
     assert losses == plain  # the catalogue's claim for `safe`
-    _, mine = train(torch.optim.SGD, foreach=False)
-    assert mine.defaults["foreach"] is False
+    # HO-9's live case is an explicit foreach=False on an accelerator: the remedy must change it.
+    _, loop = train(torch.optim.SGD, foreach=False)
+    assert loop.defaults["foreach"] is True
+    assert runtime.applied[-1]["was"] == {"foreach": False} and runtime.applied[-1]["set"] == {"foreach": True}
+    _, mine = train(torch.optim.SGD, fused=True)  # a fused update is left alone
+    assert mine.defaults["fused"] is True and not mine.defaults["foreach"]
+
+
+def test_fused_replaces_fused_false_and_foreach_true(runtime: Runtime) -> None:
+    """llm.c and nanoGPT pass fused=(device_type == "cuda"): on a CPU that is fused=False, the choice
+    HO-18 is about. A foreach=True the code passed gives way (both True is an error)."""
+    patch_optim.install(torch, want(runtime, "optim.fused"))
+    _, opt = train(torch.optim.AdamW, fused=False)
+    assert opt.defaults["fused"] is True
+    assert runtime.applied[-1]["id"] == "optim.fused" and runtime.applied[-1]["was"] == {"fused": False}
+    _, opt = train(torch.optim.Adam, foreach=True)
+    assert opt.defaults["fused"] is True and not opt.defaults["foreach"]
+    assert runtime.applied[-1]["set"] == {"fused": True, "foreach": None}
+    # fused cannot differentiate the update (built only: a differentiable step needs its own loop)
+    before = len(runtime.applied)
+    opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters(), differentiable=True)
+    assert not opt.defaults["fused"] and len(runtime.applied) == before
 
 
 def test_fused_checks_the_parameters_first(runtime: Runtime) -> None:

@@ -126,3 +126,18 @@ def test_a_library_built_loader_keeps_its_snippet_when_the_users_loaders_were_id
     assert snippet.text == ("NeuralNetRegressor(..., iterator_train__persistent_workers=True, "
                             "iterator_valid__persistent_workers=True)")
     assert note.where == "left out" and "/job/train.py:9" in note.text
+
+
+def test_a_fused_optimizer_a_library_built_is_made_permanent_through_its_setting() -> None:
+    """timm's create_optimizer_v2 built the SGD fix made fused: no line of the user's to edit, and
+    `optimizer(..., fused=True)` at an "unknown call site" said nothing useful."""
+    entry = {"id": "optim.fused", "target": "SGD", "site": None, "set": {"fused": True}, "was": {"fused": None},
+             "library": "timm"}
+    (change,) = changes_for(["optim.fused"], {"optim.fused": [entry]})
+    assert "--opt-kwargs fused=True" in change.text and change.where.startswith("timm's setting")
+    hf = dict(entry, target="AdamW", library="transformers")
+    (change,) = changes_for(["optim.fused"], {"optim.fused": [hf]})
+    assert 'optim="adamw_torch_fused"' in change.text
+    other = dict(entry, library="somelib")
+    (change,) = changes_for(["optim.fused"], {"optim.fused": [other]})
+    assert change.text == "optimizer(..., fused=True)"

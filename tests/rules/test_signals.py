@@ -104,6 +104,19 @@ def test_single_tensor_optimizer_and_zero_grad_fills(tmp_path):
     assert sig.optimizer_launches_per_step == 30 and sig.zero_grad_fills_per_step == 10
 
 
+def test_optimizer_step_host_time_and_the_device_time_it_launched(tmp_path):
+    """HO-18's inputs: Optimizer.step's ranges (5 ms a step) and its 30 kernels of 5 µs a step; the
+    zero_grad fills outside it launch nothing and count in neither."""
+    t = optimizer_trace(["aten::add_"] * 30)
+    r = analyze_rank(load_trace(t.write(tmp_path / "t.json.gz")))
+    n = len(r.window.steps)
+    assert n >= 1
+    assert r.signals.optimizer_step_ns == n * 5_000_000
+    assert r.signals.optimizer_device_ns == n * 30 * 5_000
+    cpu = signals(optimizer_trace(["aten::add_"] * 30, launch=False), tmp_path / "cpu")
+    assert cpu.optimizer_step_ns == n * 5_000_000 and cpu.optimizer_device_ns == 0
+
+
 def test_nested_same_name_ops_count_once(tmp_path):
     # Traces of torch <= 1.9 (kineto's tb_plugin ResNet-50 samples) record the autograd layer's
     # op around the kernel's op of the same name: 161 gradients read as 322 fills, 484 ops as 967.

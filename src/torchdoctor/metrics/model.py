@@ -534,6 +534,10 @@ class RuleSignals(msgspec.Struct):
     optimizer_ops_per_step: float | None = None
     optimizer_impl: str | None = None  # "foreach" | "fused" | "single_tensor" | None
     optimizer_classes: list[str] = []
+    # Optimizer.step in the window: its ranges' host time (outermost ranges, clipped to the window),
+    # and the device time of the kernels, copies and memsets launched inside them (by correlation).
+    optimizer_step_ns: int = 0
+    optimizer_device_ns: int = 0
     # aten::zero_ calls inside Optimizer.zero_grad per step (set_to_none=False).
     zero_grad_fills_per_step: float = 0.0
     # Notable host ops: name -> [count, total ns] in the window.

@@ -41,9 +41,8 @@ import numpy as np
 
 from ..trace.model import Cat
 from . import intervals as iv
-from .classify import KernelKind
 from .context import Context
-from .device import lookup
+from .device import launched_device_ns
 from .model import Recompute
 
 NODE_PREFIX = "autograd::engine::evaluate_function: "
@@ -95,7 +94,7 @@ def recompute(ctx: Context) -> Recompute | None:
         return None
     fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
-    launch_ns = _launched_device_ns(ctx, launches)
+    launch_ns = launched_device_ns(ctx, launches)
 
     holds = np.zeros(nodes.size, np.int64)  # forward ops held directly (innermost node)
     device = np.zeros(nodes.size, np.int64)  # device ns launched directly inside
@@ -178,18 +177,3 @@ def _node_kind(name: str) -> int:
     if node.count("Backward") > 1:
         return _OTHER
     return _BUILT_IN if _BUILTIN.search(node) else _OTHER
-
-
-def _launched_device_ns(ctx: Context, launches: np.ndarray) -> np.ndarray:
-    """Device ns (kernels, copies, memsets) of each launch call in ``launches``, joined by correlation id."""
-    tr = ctx.tr
-    out = np.zeros(launches.size, np.int64)
-    # Collectives launched inside a node (FSDP's all-gather before a segment's backward) are needed with or
-    # without the recompute, and their kernels' time is mostly waiting for the other ranks.
-    work = np.flatnonzero(ctx.device_work & (tr.correlation >= 0) & (ctx.kind != KernelKind.COMM))
-    if not launches.size or not work.size:
-        return out
-    corr, inv = np.unique(tr.correlation[work], return_inverse=True)
-    per = np.zeros(corr.size, np.int64)
-    np.add.at(per, inv, tr.end[work] - tr.ts[work])
-    return lookup(corr, per, tr.correlation[launches], missing=0)

@@ -14,7 +14,7 @@ from ..trace.model import Cat, RankTrace
 from . import intervals as iv
 from .classify import KernelKind, MathPath, math_path, memcpy_kind
 from .context import Context
-from .device import lookup, top_by_name
+from .device import launched_device_ns, lookup, top_by_name
 from .gemm import misaligned_gemms
 from .host import enclosing_ops
 from .model import CommLayout, CopySite, NamedTime, RuleSignals
@@ -221,6 +221,10 @@ def optimizer_internals(ctx: Context, out: RuleSignals) -> None:
     # kernel's op of the same name (aten::add_ inside aten::add_), which counted every op twice.
     aten = _outermost_mask(tr, inside_step & tr.mask(Cat.CPU_OP) & tr.name_mask(lambda n: n.startswith("aten::")))
     out.optimizer_launches_per_step = round(int(launches.sum()) / steps, 2)
+    ranges = outermost(tr, opt[is_step])
+    lo, hi = np.maximum(tr.ts[ranges], ctx.win.start), np.minimum(tr.end[ranges], ctx.win.end)
+    out.optimizer_step_ns = int(np.maximum(hi - lo, 0).sum())
+    out.optimizer_device_ns = int(launched_device_ns(ctx, np.flatnonzero(launches)).sum())
     out.optimizer_ops_per_step = round(int(aten.sum()) / steps, 2)
     op_names = {tr.names[n] for n in np.unique(tr.name[aten])}
     inplace = aten & tr.name_mask(lambda n: n.endswith("_") and not n.startswith("aten::_foreach_"))

@@ -194,6 +194,7 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
         tensors = [p for g in groups for p in g.get("params", ())]
     else:  # fastai's Optimizer: lists of parameters, one per group
         tensors = [p for group in getattr(opt, "param_lists", ()) for p in group]
+    first = groups[0] if groups else {}
     return OptimizerFacts(
         cls=type(opt).__name__,
         foreach=defaults.get("foreach"),
@@ -201,9 +202,39 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
         capturable=defaults.get("capturable"),
         num_params=sum(p.numel() for p in tensors),
         num_param_tensors=len(tensors),
+        param_device=attempt(lambda: str(tensors[0].device.type)) if tensors else None,
+        fused_available=attempt(lambda: fused_available(opt, tensors)),
+        settings={k: v for k in UPDATE_SETTINGS if isinstance(v := first.get(k), bool | int | float)},
         call_site=site.user if site else None,
         created_by=site.library if site else None,
     )
+
+
+# The settings of a parameter group that change how much work an update does (advice/optimizer.py).
+UPDATE_SETTINGS = ("weight_decay", "momentum", "nesterov", "amsgrad", "maximize", "differentiable")
+
+
+def fused_available(opt: Any, tensors: list[Any]) -> bool | None:
+    """Whether ``fused=True`` would run for this optimizer: its class is torch.optim's (None for
+    another class, a subclass too) and takes ``fused``, and every parameter passes the device and dtype check torch makes at the first fused
+    step (``_get_fused_kernels_supported_devices``, a private API: None where this torch lacks it).
+    Read once, at the optimizer's first step."""
+    import inspect
+
+    import torch
+    from torch.optim import optimizer as optim
+
+    cls = type(opt)
+    if not cls.__module__.startswith("torch.optim."):
+        return None  # a subclass may step its own way
+    if "fused" not in inspect.signature(cls.__init__).parameters:
+        return False
+    supported = getattr(optim, "_get_fused_kernels_supported_devices", None)
+    if supported is None:
+        return None
+    devices = set(supported())
+    return all(t.device.type in devices and t.is_floating_point() and not t.is_sparse
+               for t in tensors if isinstance(t, torch.Tensor))
 
 
 def ddp_facts(ddp: Any, site: Site, logging_data: dict[str, Any] | None = None) -> DDPFacts:

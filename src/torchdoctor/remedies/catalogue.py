@@ -111,7 +111,7 @@ REMEDIES: tuple[Remedy, ...] = (
            "instead of a Python loop over parameters", "safe",
            "bit-identical updates (checked for Adam and SGD on torch 2.13 CPU)",
            "an optimizer that takes foreach; fused not asked for", target="optimizer"),
-    Remedy("optim.fused", ("HO-9",), "optimizer(fused=True): one fused kernel for the whole update",
+    Remedy("optim.fused", ("HO-9", "HO-18"), "optimizer(fused=True): one fused kernel for the whole update",
            "numerics", "fused kernels round differently (2e-7 on Adam, torch 2.13 CPU)",
            "an optimizer that takes fused; floating-point parameters on a device with fused kernels",
            target="optimizer"),

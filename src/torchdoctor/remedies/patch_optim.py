@@ -47,13 +47,18 @@ def fused_problem(torch: Any, params: list[Any]) -> str | None:
 
 
 def plan(torch: Any, rt: Runtime, cls: type, a: dict[str, Any]) -> dict[str, Any]:
+    """The arguments to change. An explicit choice of the remedy's own kind is left alone (fused=True
+    for either, foreach=True for optim.foreach, differentiable=True); the choice the finding is
+    about is replaced: fused=False or foreach=True for optim.fused (llm.c and nanoGPT pass
+    fused=(device == "cuda"), so a CPU run keeps the per-parameter loop), foreach=False for
+    optim.foreach (HO-9's "AdamW(foreach=False) on an accelerator")."""
     names = inspect.signature(cls.__init__).parameters
-    if a.get("foreach") is not None or a.get("fused") is not None or a.get("differentiable"):
+    fused, foreach = rt.active("optim.fused"), rt.active("optim.foreach")
+    if a.get("fused") or a.get("differentiable"):
         for rid in IDS:
             if rt.active(rid):
-                rt.skip(rid, f"{cls.__name__} was given foreach/fused/differentiable explicitly")
+                rt.skip(rid, f"{cls.__name__} was given {'fused' if a.get('fused') else 'differentiable'}=True")
         return {}
-    fused, foreach = rt.active("optim.fused"), rt.active("optim.foreach")
     if fused is not None:
         problem = fused_problem(torch, a.get("params", []))
         if "fused" not in names:
@@ -61,10 +66,13 @@ def plan(torch: Any, rt: Runtime, cls: type, a: dict[str, Any]) -> dict[str, Any
         elif problem:
             rt.refuse(fused.id, problem)
         else:
-            return {"fused": True}
+            # fused and foreach cannot both be True: a foreach=True the code passed gives way.
+            return {"fused": True, **({"foreach": None} if a.get("foreach") else {})}
     if foreach is not None:
         if "foreach" not in names:
             rt.skip(foreach.id, f"{cls.__name__} has no foreach implementation")
+        elif a.get("foreach"):
+            rt.skip(foreach.id, f"{cls.__name__} was given foreach=True")
         else:
             return {"foreach": True}
     return {}
@@ -86,10 +94,10 @@ def _wrap(torch: Any, rt: Runtime, cls: type) -> None:
         plain = (bound.args, bound.kwargs)
         if not new:
             return (plain, plain) if listed else None  # the generator is spent: pass the list on
-        site = last["site"] = runtime.user_site()
-        for key, value in new.items():
-            rid = last["id"] = f"optim.{key}"
-            rt.did(rid, cls.__name__, site, {key: value}, {key: bound.arguments.get(key)})
+        where = runtime.creation_site(cls.__name__)
+        site = last["site"] = where.user
+        rid = last["id"] = "optim.fused" if new.get("fused") else "optim.foreach"
+        rt.did(rid, cls.__name__, site, new, {key: bound.arguments.get(key) for key in new}, library=where.library)
         bound.arguments.update(new)
         return (bound.args, bound.kwargs), plain
 

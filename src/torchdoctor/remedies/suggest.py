@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..advice import checkpointing
+from ..advice import checkpointing, optimizer
 from ..advice.framework_settings import (
     CLI_OPTIONS,
     CONFIG_DICTS,
@@ -189,6 +189,12 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
         return Change([rid], "start-up", remedy.snippet, "shell")
     if rid == "memory.no_checkpoint":
         return _no_checkpoint(entries)
+    if rid == "optim.fused" and entries and not any(e.get("site") for e in entries):
+        libraries = {e.get("library") for e in entries}
+        lib = optimizer.LIBRARY_SETTINGS.get(next(iter(libraries)) or "") if len(libraries) == 1 else None
+        if lib is not None and {e.get("target") for e in entries} <= lib[0]:
+            return Change([rid], f"{next(iter(libraries))}'s setting (it builds the optimizer)",
+                          f"# {lib[1]}\n{lib[2]}", "python")
     if remedy.target and entries:
         kwargs = {k: v for e in entries for k, v in e["set"].items()}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

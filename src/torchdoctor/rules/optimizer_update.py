@@ -1,0 +1,132 @@
+"""Host layer, the optimizer's update: a fused implementation left unused (HO-18).
+
+Adam, AdamW, SGD and Adagrad have a fused update in torch.optim, on CUDA and, since torch 2.4, on
+the CPU, but it is never the default: on a CPU torch runs the per-parameter loop, on CUDA the
+foreach lists. Scripts written for GPUs often pass ``fused=(device_type == "cuda")`` (nanoGPT,
+llm.c), so a CPU run keeps the loop. The update is memory-bound and the unfused paths make one
+pass per operation, the fused one a single pass: advice/optimizer.py counts both, and the claim
+is the update's time times the share of its memory traffic fused saves.
+
+Measured with `torchdoctor fix --apply optim.fused` (3 ABBA pairs, losses within tolerance) on
+this machine's 2 CPUs: karpathy/llm.c's train_gpt2.py (GPT-2 124M, AdamW, fused=False on a CPU)
+claimed 13.7% (320.5 ms), measured x1.16 [1.12, 1.19], 13.5% (279.0 ms); timm's train.py (resnet18,
+SGD with Nesterov momentum) claimed 9.8%, measured x1.10 [1.08, 1.11], 8.8%. The time is the trace's Optimizer.step ranges (host time on a CPU; on an accelerator,
+the device time of what they launched, scaled by the busy share), else the probe's median
+optimizer time. Where HO-9 speaks (the per-parameter loop on an accelerator) it advises fused too.
+"""
+
+from __future__ import annotations
+
+from ..advice.optimizer import FUSED_CLASSES, LIBRARY_SETTINGS, fused_saving, update_traffic
+from ..facts import OptimizerFacts
+from ._common import View, device_bound, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+from .host import single_tensor
+from .model import Evidence, Finding, Fix
+
+# Below this share of the step the update is not worth a finding.
+MIN_PCT = 1.0
+
+
+# Trace only: classes whose fused CUDA update every torch a trace comes from has (Adam and AdamW
+# since torch 2.0), with their constructors' default weight decay (the group's is not in a trace).
+TRACE_DEFAULTS = {"Adam": {"weight_decay": 0.0}, "AdamW": {"weight_decay": 0.01}}
+
+
+def _candidate(v: View) -> OptimizerFacts | None:
+    """The rank's optimizer that could run fused and does not: the live facts say torch has a
+    fused update for its class and parameters, and nothing set it (fused not True, no
+    differentiable update, which fused cannot do). Without live facts, a trace of an accelerator
+    whose Optimizer.step runs Adam's or AdamW's foreach ops."""
+    if v.f is not None and v.f.optimizers:
+        for o in v.f.optimizers:
+            if (o.cls in FUSED_CLASSES and o.fused is not True and o.fused_available
+                    and not o.settings.get("differentiable")):
+                return o
+        return None
+    s = v.r.signals if v.r is not None else None
+    if v.f is None and v.accel and s is not None and s.optimizer_impl == "foreach":
+        known = [c for c in s.optimizer_classes if c in TRACE_DEFAULTS]
+        if len(known) == len(s.optimizer_classes) == 1:
+            return OptimizerFacts(cls=known[0], foreach=True, settings=dict(TRACE_DEFAULTS[known[0]]))
+    return None
+
+
+def _update_ms(v: View) -> tuple[float, str] | None:
+    """(ms per step of the update, where it was read): the trace's Optimizer.step ranges (their
+    device work on an accelerator), else the probe's median optimizer time on a CPU."""
+    s = v.r.signals if v.r is not None else None
+    if s is not None and v.accel and s.optimizer_device_ns:
+        return v.ms(s.optimizer_device_ns), "device time of the kernels Optimizer.step launched (profiler window)"
+    if s is not None and not v.accel and s.optimizer_step_ns:
+        return v.ms(s.optimizer_step_ns), "Optimizer.step's time (profiler window)"
+    if not v.accel and (ms := v.facts_median("optimizer_ms")):
+        return ms, "the probe's median optimizer time over the steady steps"
+    return None
+
+
+def _fix(o: OptimizerFacts) -> Fix:
+    lib = LIBRARY_SETTINGS.get(o.created_by or "")
+    if lib is not None and o.cls in lib[0]:
+        return Fix(f"{lib[1]}: one pass over each parameter's state instead of one per operation. It rounds "
+                   "differently from the loop (about 1e-7 relative).", lib[2])
+    where = f" (created at {o.call_site})" if o.call_site else ""
+    text = (f"Pass fused=True to {o.cls}{where}: one pass over each parameter's state instead of one per "
+            f"operation. It rounds differently from the loop (about 1e-7 relative).")
+    if o.fused is False:
+        text += " The code passes fused=False now: scripts written for GPUs often pass fused=(device == 'cuda')."
+    return Fix(text, f"torch.optim.{o.cls}(params, lr=..., fused=True)")
+
+
+@rule("HO-18", budgets=("step", "device.busy"))
+def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
+    """Adam, AdamW, SGD or Adagrad running their per-parameter or foreach update where torch has a
+    fused one for the job's parameters.
+
+    Claim: the update's time per step (``_update_ms``) x ``fused_saving`` (the share of memory
+    traffic the fused update saves, advice/optimizer.py), on an accelerator scaled by the busy
+    share and claimed from ``device.busy``; on a CPU from ``step``. Medium confidence on a CPU,
+    where the model was checked against measured updates; low on an accelerator, not yet measured
+    there. Without live facts, a trace of an accelerator whose Optimizer.step runs Adam's or AdamW's
+    foreach ops (fused on CUDA since torch 2.0) is priced with the class's default weight decay.
+    Silent where HO-9 speaks (its fix is fused already) and where fused saves nothing (SGD
+    without momentum moves the same memory either way).
+    """
+    def one(v: View) -> Finding | None:
+        o = _candidate(v)
+        if o is None or o.cls is None or (v.accel and single_tensor(v)[0]):
+            return None
+        saving = fused_saving(o.cls, o.settings)
+        read = _update_ms(v)
+        if not saving or read is None:
+            return None
+        update_ms, where = read
+        scale = device_bound(v) if v.accel else 1.0
+        gain = update_ms * saving * scale
+        if v.pct(gain) < MIN_PCT:
+            return None
+        impl = "foreach" if o.foreach or (v.accel and o.foreach is None) else "per-parameter"
+        unfused, fused = update_traffic(o.cls, o.settings, False), update_traffic(o.cls, o.settings, True)
+        settings = ", ".join(f"{k}={val}" for k, val in sorted(o.settings.items()) if val)
+        if v.f is None:
+            settings = f"{settings or 'no weight decay'}, its constructor's default: a trace does not record it"
+        return finding(
+            v, "HO-18", "host",
+            f"{o.cls} runs its {impl} update ({fmt_ms(update_ms)} per step) where torch has a fused one for "
+            f"these parameters: fused=True would save about {saving:.0%} of it.",
+            gain, evidence=[Evidence(
+                (f"{o.cls} on {o.param_device or 'its device'} with fused={o.fused}, foreach={o.foreach}"
+                 if v.f is not None else f"{o.cls}'s Optimizer.step runs foreach ops (aten::_foreach_*) in the trace")
+                + (f" ({settings})" if settings else "") + f"; the update took {fmt_ms(update_ms)} per step, "
+                f"read from {where}. It is memory-bound: the {impl} update reads and writes about {unfused} "
+                f"parameter-sized tensors per parameter, the fused one {fused}"
+                + (f"; scaled by the device's busy share ({scale:.0%})" if v.accel else "") + ".",
+                {"optimizer": o.cls, "update_ms": round(update_ms, 3), "saving": round(saving, 3),
+                 "traffic_unfused": unfused, "traffic_fused": fused, "fused": o.fused, "foreach": o.foreach,
+                 "device": o.param_device})],
+            fix=_fix(o), confidence="low" if v.accel else "medium",
+            confirm="`torchdoctor fix --apply optim.fused` measures the gain and checks the losses",
+            remedy="optim.fused", budget="device.busy" if v.accel else "step",
+            source="torch.optim fused implementations (CPU since 2.4); memory traffic of the update, "
+                   "advice/optimizer.py")
+    return per_rank(inputs, one)

@@ -1,0 +1,100 @@
+"""HO-18: a fused optimizer update left unused (rules/optimizer_update.py, advice/optimizer.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.advice.optimizer import fused_saving, update_traffic
+from torchdoctor.facts import OptimizerFacts, StepTiming
+
+from .conftest import MS, N_STEPS, cpu_facts, cpu_result, gpu_facts, gpu_result, only, run
+
+ADAMW = dict(cls="AdamW", fused=False, fused_available=True, param_device="cpu", call_site="train_gpt2.py:269",
+             settings={"weight_decay": 0.1, "amsgrad": False, "differentiable": False})
+
+
+def test_traffic_model_counts_the_passes_of_each_update():
+    assert update_traffic("AdamW", {"weight_decay": 0.1}, False) == 21
+    assert update_traffic("Adam", {}, False) == 19 and update_traffic("Adam", {"weight_decay": 0.1}, False) == 22
+    assert update_traffic("Adam", {"amsgrad": True}, True) == 9
+    assert fused_saving("AdamW", {"weight_decay": 0.1}) == pytest.approx(1 - 7 / 21)
+    assert fused_saving("SGD", {"momentum": 0.9}) == pytest.approx(1 - 5 / 8)
+    assert fused_saving("SGD", {"momentum": 0.0}) == 0.0  # one pass either way
+    assert fused_saving("Adagrad", {}) == pytest.approx(1 - 5 / 12)
+    assert fused_saving("RMSprop", {}) is None
+
+
+def test_cpu_update_priced_from_the_trace_optimizer_step():
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS  # 30 ms of a 100 ms step
+    f = cpu_facts(optimizers=[OptimizerFacts(**ADAMW)])
+    got = only(run("HO-18", (r, f)), "HO-18")
+    assert got.recoverable_ms == pytest.approx(30 * (1 - 7 / 21), abs=1e-3)
+    assert got.remedy == "optim.fused" and got.confidence == "medium" and got.severity == "critical"  # 20% of the step
+    assert "per-parameter update (30.0 ms per step)" in got.title
+    assert "train_gpt2.py:269" in got.fix.text and "fused=False now" in got.fix.text
+
+
+def test_cpu_without_a_trace_uses_the_probes_optimizer_time():
+    steps = [StepTiming(step=i, total_ms=100.0, optimizer_ms=20.0) for i in range(1, 12)]
+    f = cpu_facts(optimizers=[OptimizerFacts(**ADAMW)], steps=steps)
+    got = only(run("HO-18", (None, f)), "HO-18")
+    assert got.recoverable_ms == pytest.approx(20 * (1 - 7 / 21), abs=1e-3)
+
+
+def test_accelerator_prices_the_device_time_by_the_busy_share_with_low_confidence():
+    r = gpu_result(busy=80.0)
+    r.signals.optimizer_impl = "foreach"
+    r.signals.optimizer_device_ns = 10 * MS * N_STEPS
+    f = gpu_facts(optimizers=[OptimizerFacts(**{**ADAMW, "fused": None, "param_device": "cuda"})])
+    got = only(run("HO-18", (r, f)), "HO-18")
+    assert got.recoverable_ms == pytest.approx(10 * (1 - 7 / 21) * 0.8, abs=1e-3)
+    assert "foreach update" in got.title and got.confidence == "low"
+
+
+@pytest.mark.parametrize("change", [
+    {"fused": True},  # already fused
+    {"fused_available": False},  # this torch has no fused kernel for these parameters
+    {"fused_available": None},  # not known (a subclass, an older torch)
+    {"cls": "RMSprop"},  # no fused implementation
+    {"settings": {"differentiable": True}},  # fused cannot differentiate the update
+])
+def test_silent_where_fused_cannot_or_does_already(change):
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    assert run("HO-18", (r, cpu_facts(optimizers=[OptimizerFacts(**{**ADAMW, **change})]))) == []
+
+
+def test_silent_for_plain_sgd_and_a_small_update_and_where_ho9_speaks():
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    sgd = OptimizerFacts(cls="SGD", fused_available=True, settings={"momentum": 0.0})
+    assert run("HO-18", (r, cpu_facts(optimizers=[sgd]))) == []  # one pass either way: nothing to save
+    r.signals.optimizer_step_ns = int(0.5 * MS * N_STEPS)  # 0.33 ms of a 100 ms step
+    assert run("HO-18", (r, cpu_facts(optimizers=[OptimizerFacts(**ADAMW)]))) == []
+    g = gpu_result()
+    g.signals.optimizer_device_ns = 10 * MS * N_STEPS
+    loop = gpu_facts(optimizers=[OptimizerFacts(**{**ADAMW, "foreach": False, "param_device": "cuda"})])
+    assert run("HO-18", (g, loop)) == []  # HO-9's: the per-parameter loop on an accelerator
+
+
+@pytest.mark.parametrize("library, said", [("transformers", 'optim="adamw_torch_fused"'),
+                                           ("timm", "--opt-kwargs fused=True")])
+def test_a_librarys_optimizer_is_changed_through_its_own_setting(library, said):
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    o = OptimizerFacts(**{**ADAMW, "fused": None, "call_site": None, "created_by": library})
+    got = only(run("HO-18", (r, cpu_facts(optimizers=[o]))), "HO-18")
+    assert said in got.fix.snippet and "fused=False now" not in got.fix.text
+
+
+def test_a_trace_of_adamw_foreach_on_an_accelerator_is_priced_with_its_default_weight_decay():
+    r = gpu_result(busy=100.0)
+    r.signals.optimizer_impl, r.signals.optimizer_classes = "foreach", ["AdamW"]
+    r.signals.optimizer_device_ns = 6 * MS * N_STEPS
+    got = only(run("HO-18", (r, None)), "HO-18")
+    assert got.recoverable_ms == pytest.approx(6 * (1 - 7 / 21), abs=1e-3) and got.confidence == "low"
+    assert "constructor's default" in got.evidence[0].text
+    # SGD's momentum is not in a trace, and plain SGD saves nothing: no claim from a trace.
+    r.signals.optimizer_classes = ["SGD"]
+    assert run("HO-18", (r, None)) == []
