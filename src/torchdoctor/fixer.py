@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -404,7 +405,7 @@ def fix(command: Sequence[str], opts: FixOptions) -> tuple[int, Outcome | None]:
     outcome.compile_modes = loop.compile_modes
     kept = [v.spec.id for v in outcome.verdicts if v.status == "kept"]
     applied = {rid: e for a in arms if a.kind == "treated" for rid, e in a.applied.items()}
-    changes = changes_for(kept, applied)
+    changes = changes_for(kept, applied, shlex.join(command))
     render.finish(outcome, arms, choices, unknown, changes, opts, out, diag_dir, estimates, estimates_ms)
     return 0, outcome
 

@@ -406,13 +406,17 @@ def unseen_forward_remark(ranks: list[RankInputs], warnings: list[ErrorEntry]) -
     blind = [ri.rank for ri in ranks if ri.facts is not None and forward_unseen(ri.facts.steps)]
     if not blind:
         return
-    names = ", ".join(str(r) for r in blind[:8]) + (" …" if len(blind) > 8 else "")
-    if any(ri.facts.script_roots for ri in ranks if ri.facts is not None and ri.rank in blind):
+    scripted = [ri.rank for ri in ranks if ri.facts is not None and ri.rank in blind and ri.facts.script_roots]
+    if scripted:
+        names = ", ".join(str(r) for r in scripted[:8]) + (" …" if len(scripted) > 8 else "")
         warnings.append(ErrorEntry("torchdoctor", (
             f"rank {names}: the probe timed no forward: the model is a TorchScript module (torch.jit.script or "
             "torch.jit.trace), and TorchScript modules take no forward hooks. The probe's per-step split counts "
             "that forward as 'other'; a profiler trace's split does not.")))
-        return
+        blind = [r for r in blind if r not in scripted]
+        if not blind:
+            return
+    names = ", ".join(str(r) for r in blind[:8]) + (" …" if len(blind) > 8 else "")
     warnings.append(ErrorEntry("torchdoctor", (
         f"rank {names}: the probe timed no forward, although backward passes ran. Its hooks sit on the "
         "top-level modules that exist at the end of step 0 and run only when a module is called as "

@@ -115,7 +115,8 @@ def test_single_process_facts(tmp_path):
     # HO-18's facts: torch has a fused AdamW for these CPU parameters (torch >= 2.4), and the group's
     # settings that change the update's work.
     assert opt["param_device"] == "cpu" and opt["fused_available"] is True
-    assert opt["settings"] == {"weight_decay": 0.01, "amsgrad": False, "maximize": False, "differentiable": False}
+    assert opt["settings"] == {"weight_decay": 0.01, "amsgrad": False, "maximize": False, "differentiable": False,
+                               "decoupled_weight_decay": True, "capturable": False}
     # loss.item() once per step, at its line; the collate's syncs are counted on the loader instead.
     assert 0.9 <= facts["host_syncs_per_step"] <= 1.2
     # 12 calls, 3 of them while the profiler window ran (not counted: profiling inflates them).

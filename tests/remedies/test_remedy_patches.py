@@ -372,6 +372,33 @@ def test_fused_checks_the_parameters_first(runtime: Runtime) -> None:
     assert "floating-point" in runtime.refused["optim.fused"]
 
 
+def test_fused_is_refused_where_the_first_step_would_fail(runtime: Runtime) -> None:
+    """An SGD over an nn.Embedding(sparse=True) gets sparse gradients, which torch's fused SGD
+    rejects at the first step ("does not support sparse gradients"): refused at construction, the
+    job trains as written."""
+    patch_optim.install(torch, want(runtime, "optim.fused"))
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1, fused=False)
+    assert not opt.defaults["fused"] and "sparse gradients" in runtime.refused["optim.fused"]
+    emb(torch.tensor([1, 2])).sum().backward()
+    opt.step()  # the loop it was given
+
+
+def test_fused_problem_reads_the_kernel_table_dtypes_and_gradients() -> None:
+    from torchdoctor.advice.optimizer import fused_problem
+
+    w = torch.nn.Parameter(torch.randn(3))
+    assert fused_problem(torch, "AdamW", [w]) is None
+    assert "floating-point" in fused_problem(torch, "SGD", [torch.zeros(3, dtype=torch.int64)])
+    assert "no fused implementation" in fused_problem(torch, "RMSprop", [w])
+    w.grad = torch.randn(3).to_sparse()
+    assert "sparse gradients" in fused_problem(torch, "Adagrad", [w])
+    w.grad = None
+    assert "sparse gradients" in fused_problem(torch, "SGD", [w], frozenset({id(w)}))
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))  # no fused kernel registered for it
+    assert "no fused AdamW kernel for parameters on meta" in fused_problem(torch, "AdamW", [meta])
+
+
 # In a fresh process: freeing the DDP model in pytest's own process deadlocked a full-suite run
 # (gdb: ProcessGroupGloo's destructor, holding the GIL, joined a gloo thread that waited for the GIL
 # to drop a Python object, a mode stack entry, from the thread-local state of earlier tests).

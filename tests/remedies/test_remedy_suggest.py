@@ -133,8 +133,9 @@ def test_a_fused_optimizer_a_library_built_is_made_permanent_through_its_setting
     `optimizer(..., fused=True)` at an "unknown call site" said nothing useful."""
     entry = {"id": "optim.fused", "target": "SGD", "site": None, "set": {"fused": True}, "was": {"fused": None},
              "library": "timm"}
-    (change,) = changes_for(["optim.fused"], {"optim.fused": [entry]})
-    assert "--opt-kwargs fused=True" in change.text and change.where.startswith("timm's setting")
+    (change,) = changes_for(["optim.fused"], {"optim.fused": [entry]}, "python train.py --model resnet18")
+    assert change.text.endswith("\npython train.py --model resnet18 --opt-kwargs fused=True")
+    assert change.language == "shell" and change.where.startswith("timm's setting")
     hf = dict(entry, target="AdamW", library="transformers")
     (change,) = changes_for(["optim.fused"], {"optim.fused": [hf]})
     assert 'optim="adamw_torch_fused"' in change.text

@@ -14,9 +14,14 @@ ADAMW = dict(cls="AdamW", fused=False, fused_available=True, param_device="cpu",
 
 
 def test_traffic_model_counts_the_passes_of_each_update():
-    assert update_traffic("AdamW", {"weight_decay": 0.1}, False) == 21
-    assert update_traffic("Adam", {}, False) == 19 and update_traffic("Adam", {"weight_decay": 0.1}, False) == 22
-    assert update_traffic("Adam", {"amsgrad": True}, True) == 9
+    loop = "single_tensor"
+    assert update_traffic("AdamW", {"weight_decay": 0.1}, loop) == 21
+    assert update_traffic("Adam", {}, loop) == 19 and update_traffic("Adam", {"weight_decay": 0.1}, loop) == 22
+    assert update_traffic("Adam", {"weight_decay": 0.1, "decoupled_weight_decay": True}, loop) == 21
+    assert update_traffic("Adam", {"amsgrad": True}, "fused") == 9
+    assert update_traffic("Adam", {"capturable": True}, "foreach") == 21  # step sizes as lists
+    assert update_traffic("Adam", {"maximize": True}, loop) == 21  # the negated gradient
+    assert update_traffic("Adagrad", {}, loop) == 12 and update_traffic("Adagrad", {}, "foreach") == 14
     assert fused_saving("AdamW", {"weight_decay": 0.1}) == pytest.approx(1 - 7 / 21)
     assert fused_saving("SGD", {"momentum": 0.9}) == pytest.approx(1 - 5 / 8)
     assert fused_saving("SGD", {"momentum": 0.0}) == 0.0  # one pass either way
@@ -78,14 +83,40 @@ def test_silent_for_plain_sgd_and_a_small_update_and_where_ho9_speaks():
     assert run("HO-18", (g, loop)) == []  # HO-9's: the per-parameter loop on an accelerator
 
 
-@pytest.mark.parametrize("library, said", [("transformers", 'optim="adamw_torch_fused"'),
-                                           ("timm", "--opt-kwargs fused=True")])
-def test_a_librarys_optimizer_is_changed_through_its_own_setting(library, said):
+@pytest.mark.parametrize("library, said, language", [
+    ("transformers", 'optim="adamw_torch_fused"', "python"),
+    ("timm", "python train.py --model resnet18 --opt-kwargs fused=True", "shell"),  # the job's own command
+])
+def test_a_librarys_optimizer_is_changed_through_its_own_setting(library, said, language):
     r = cpu_result()
     r.signals.optimizer_step_ns = 30 * MS * N_STEPS
     o = OptimizerFacts(**{**ADAMW, "fused": None, "call_site": None, "created_by": library})
-    got = only(run("HO-18", (r, cpu_facts(optimizers=[o]))), "HO-18")
-    assert said in got.fix.snippet and "fused=False now" not in got.fix.text
+    got = only(run("HO-18", (r, cpu_facts(optimizers=[o])),
+                   job={"command": ["python", "train.py", "--model", "resnet18"]}), "HO-18")
+    assert said in got.fix.snippet and got.fix.language == language and "fused=False now" not in got.fix.text
+
+
+def test_with_several_optimizers_the_candidate_gets_its_parameters_share_of_the_time():
+    """SAC-style: AdamW(fused=True) over the networks and a small Adam over one temperature
+    parameter. Every Optimizer.step range is in the trace's time: the Adam's share is 1 parameter
+    in 1,000,001, so nothing is claimed."""
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    big = OptimizerFacts(**{**ADAMW, "fused": True, "num_params": 1_000_000})
+    alpha = OptimizerFacts(cls="Adam", fused_available=True, num_params=1, param_device="cpu")
+    assert run("HO-18", (r, cpu_facts(optimizers=[big, alpha]))) == []
+    half = OptimizerFacts(**{**ADAMW, "num_params": 1_000_000})
+    got = only(run("HO-18", (r, cpu_facts(optimizers=[half, OptimizerFacts(**{**ADAMW, "fused": True,
+                                                                                "num_params": 1_000_000})]))), "HO-18")
+    assert got.recoverable_ms == pytest.approx(15 * (1 - 7 / 21), abs=1e-3)
+
+
+def test_an_optimizer_kept_on_the_cpu_by_a_gpu_job_is_priced_by_its_host_time():
+    r = gpu_result(busy=50.0)
+    r.signals.optimizer_step_ns, r.signals.optimizer_device_ns = 30 * MS * N_STEPS, 0
+    got = only(run("HO-18", (r, gpu_facts(optimizers=[OptimizerFacts(**ADAMW)]))), "HO-18")
+    assert got.recoverable_ms == pytest.approx(30 * (1 - 7 / 21), abs=1e-3)  # not scaled by the busy share
+    assert "per-parameter update" in got.title and got.confidence == "medium"
 
 
 def test_a_trace_of_adamw_foreach_on_an_accelerator_is_priced_with_its_default_weight_decay():

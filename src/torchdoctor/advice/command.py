@@ -16,7 +16,10 @@ from collections.abc import Mapping, Sequence
 GENERIC = "python train.py"
 
 # Launchers that start the ranks as child processes: a profiler must follow the children.
-_LAUNCHERS = frozenset({"torchrun", "accelerate", "deepspeed", "lightning", "mpirun", "srun", "composer"})
+_LAUNCHERS = frozenset({"torchrun", "accelerate", "deepspeed", "lightning", "composer"})
+# Launchers whose tasks are not their children (srun's are slurmstepd's, mpirun's the daemons'):
+# the profiler goes inside each task.
+_REMOTE = frozenset({"srun", "mpirun", "mpiexec"})
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
 
 
@@ -46,20 +49,30 @@ def is_launcher(argv: Sequence[str]) -> bool:
         "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
 
 
-def py_spy(run: Mapping, svg: str) -> str:
-    """A ``py-spy record`` of the job, following its children when a launcher starts the ranks."""
+def py_spy(run: Mapping, svg: str, processes: int = 1) -> str:
+    """A ``py-spy record`` of the job, following its children where the ranks are child processes
+    (a launcher, torch.multiprocessing.spawn: ``processes`` > 1, or a command that is not Python
+    itself, such as a shell script); inside each task under srun or mpirun."""
     argv = job_argv(run)
-    follow = "--subprocesses " if argv is None or is_launcher(argv) else ""
-    return f"py-spy record {follow}-o {svg} -- {job_command(run)}"
+    if argv and os.path.basename(argv[0]) in _REMOTE:
+        stem = svg.rsplit(".", 1)[0]
+        return f"{argv[0]} ... py-spy record -o {stem}-%p.svg -- python train.py ...   # py-spy inside each task"
+    follow = argv is None or processes > 1 or is_launcher(argv) or not _is_python(argv[0])
+    return f"py-spy record {'--subprocesses ' if follow else ''}-o {svg} -- {job_command(run)}"
 
 
-def cprofile(run: Mapping) -> str | None:
-    """``python -m cProfile -s cumtime SCRIPT ARGS`` for a job started as ``python SCRIPT ARGS``;
-    None for a launcher or an installed entry point (cProfile cannot run those by name)."""
+def cprofile(run: Mapping, processes: int = 1) -> str | None:
+    """``python -m cProfile -s cumtime SCRIPT ARGS`` (or ``-m MODULE``) for a one-process job started
+    as ``python SCRIPT ARGS``; None for several processes (cProfile sees only the parent), a launcher
+    or an installed entry point."""
     argv = job_argv(run)
     if argv is None:
         return f"python -m cProfile -s cumtime {GENERIC.split()[-1]}"
-    if len(argv) < 2 or not _is_python(argv[0]) or argv[1].startswith("-"):
+    if processes > 1 or len(argv) < 2 or not _is_python(argv[0]):
+        return None
+    if argv[1] == "-m" and len(argv) > 2 and not is_launcher(argv):
+        return shlex.join([argv[0], "-m", "cProfile", "-s", "cumtime", *argv[1:]])
+    if argv[1].startswith("-"):
         return None
     return shlex.join([argv[0], "-m", "cProfile", "-s", "cumtime", *argv[1:]])
 
@@ -68,16 +81,26 @@ def _is_python(arg: str) -> bool:
     return bool(_PYTHON.match(os.path.basename(arg)))
 
 
+def _torchrun_at(argv: Sequence[str]) -> int | None:
+    """Where torchrun's own options start in ``argv``, or None when torchrun did not start the job."""
+    if os.path.basename(argv[0]) == "torchrun":
+        return 1
+    if _is_python(argv[0]) and list(argv[1:3]) == ["-m", "torch.distributed.run"]:
+        return 3
+    return None
+
+
+def started_by_torchrun(run: Mapping) -> bool | None:
+    """Whether torchrun started the job; None when the command is not known (a trace)."""
+    argv = job_argv(run)
+    return None if argv is None else _torchrun_at(argv) is not None
+
+
 def torchrun_with(run: Mapping, flag: str, fallback: str) -> str:
     """The job's torchrun command with ``flag`` added to torchrun's own options; ``fallback`` when
     the job was not started by torchrun (or the command is not known)."""
     argv = job_argv(run)
-    if not argv:
-        return fallback
-    if os.path.basename(argv[0]) == "torchrun":
-        at = 1
-    elif _is_python(argv[0]) and argv[1:3] == ["-m", "torch.distributed.run"]:
-        at = 3
-    else:
+    at = _torchrun_at(argv) if argv else None
+    if argv is None or at is None:
         return fallback
     return shlex.join([*argv[:at], flag, *argv[at:]])

@@ -194,7 +194,8 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
         tensors = [p for g in groups for p in g.get("params", ())]
     else:  # fastai's Optimizer: lists of parameters, one per group
         tensors = [p for group in getattr(opt, "param_lists", ()) for p in group]
-    first = groups[0] if groups else {}
+    first = attempt(lambda: dict(groups[0])) if groups else None
+    first = first if isinstance(first, dict) else {}
     return OptimizerFacts(
         cls=type(opt).__name__,
         foreach=defaults.get("foreach"),
@@ -211,30 +212,28 @@ def optimizer_facts(opt: Any, site: Site | None) -> OptimizerFacts:
 
 
 # The settings of a parameter group that change how much work an update does (advice/optimizer.py).
-UPDATE_SETTINGS = ("weight_decay", "momentum", "nesterov", "amsgrad", "maximize", "differentiable")
+UPDATE_SETTINGS = ("weight_decay", "momentum", "nesterov", "amsgrad", "maximize", "differentiable",
+                   "decoupled_weight_decay", "capturable")
 
 
 def fused_available(opt: Any, tensors: list[Any]) -> bool | None:
     """Whether ``fused=True`` would run for this optimizer: its class is torch.optim's (None for
-    another class, a subclass too) and takes ``fused``, and every parameter passes the device and dtype check torch makes at the first fused
-    step (``_get_fused_kernels_supported_devices``, a private API: None where this torch lacks it).
-    Read once, at the optimizer's first step."""
+    another class, a subclass too) and takes ``fused``, and its parameters pass advice/optimizer.
+    fused_problem (the class's kernel registered for their device, floating point, dense
+    gradients, DTensor only for Adam and AdamW). Read once, at the optimizer's first step, when
+    the gradients exist."""
     import inspect
 
     import torch
-    from torch.optim import optimizer as optim
+
+    from torchdoctor.advice.optimizer import fused_problem
 
     cls = type(opt)
     if not cls.__module__.startswith("torch.optim."):
         return None  # a subclass may step its own way
     if "fused" not in inspect.signature(cls.__init__).parameters:
         return False
-    supported = getattr(optim, "_get_fused_kernels_supported_devices", None)
-    if supported is None:
-        return None
-    devices = set(supported())
-    return all(t.device.type in devices and t.is_floating_point() and not t.is_sparse
-               for t in tensors if isinstance(t, torch.Tensor))
+    return fused_problem(torch, cls.__name__, tensors) is None
 
 
 def ddp_facts(ddp: Any, site: Site, logging_data: dict[str, Any] | None = None) -> DDPFacts:

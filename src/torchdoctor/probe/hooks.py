@@ -997,23 +997,20 @@ def attach_root_hooks(probe: Probe) -> None:
     # Step 0 may close at its backward, before the optimizer's first step: the optimizers that exist.
     optimized = [_optimized_params([opt]) for opt in optimizers]
     roots = []
-    script = _script_module_class(torch)
     for module in modules:
         if id(module) in children or not any(p.requires_grad for p in module.parameters()):
             continue
-        if script is not None and isinstance(module, script):
+        if not _hook_pair(probe, module, pre, post):
             # TorchScript refuses forward hooks (RuntimeError): one such root took every root's
             # timing, and the step boundary's housekeeping, down with it.
             probe.script_roots += 1
             continue
-        _hook_pair(probe, module, pre, post)
         roots.append(weakref.ref(module))
         inner = _wrapped_model(module, optimized)
-        if inner is not None and not (script is not None and isinstance(inner, script)):
+        if inner is not None and _hook_pair(probe, inner, pre, post):
             # The loop may call the wrapped model itself (timm evaluates the model its training
             # task wraps; an evaluation calls DDP's .module): its forward is the model's too.
             # Inside the wrapper's forward the nested call counts once (the depth counter).
-            _hook_pair(probe, inner, pre, post)
             probe.root_alias[id(inner)] = id(module)
     probe.roots = roots
     probe.root_hook_fns = (pre, post)
@@ -1053,8 +1050,7 @@ def _wrapped_again(probe: Probe, opt: Any) -> None:
             if root is None or id(root) in wrapped:
                 continue
             inner = _wrapped_model(root, optimized)
-            if inner is not None and id(inner) not in hooked:
-                _hook_pair(probe, inner, pre, post)
+            if inner is not None and id(inner) not in hooked and _hook_pair(probe, inner, pre, post):
                 probe.root_alias[id(inner)] = id(root)
     except Exception as exc:
         ERRORS.record(_WRAPPED, exc)
@@ -1066,8 +1062,12 @@ def _script_module_class(torch: Any) -> type | None:
     return script if isinstance(script, type) else None
 
 
-def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
-    """Put the forward timing hooks on `module`, both or neither, and list them for removal."""
+def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> bool:
+    """Put the forward timing hooks on `module`, both or neither, and list them for removal. False
+    for a TorchScript module, which refuses hooks (RuntimeError): nothing is put on it."""
+    script = _script_module_class(sys.modules.get("torch"))
+    if script is not None and isinstance(module, script):
+        return False
     a = module.register_forward_pre_hook(pre)
     try:
         b = module.register_forward_hook(post, always_call=True)
@@ -1075,6 +1075,7 @@ def _hook_pair(probe: Probe, module: Any, pre: Any, post: Any) -> None:
         a.remove()  # never a pre hook without its post: the depth counter would drift
         raise
     probe.root_hooks.append((weakref.ref(module), a.id, b.id))
+    return True
 
 
 def _optimized_params(optimizers: list[Any]) -> set[int]:
@@ -1130,7 +1131,6 @@ def descend_forward_hooks(probe: Probe) -> None:
     hooked = {id(m) for ref, *_ in probe.root_hooks if (m := ref()) is not None}
     if any(getattr(ref(), "_compiled_call_impl", None) is not None for ref in level):
         return  # Module.compile(): its forward runs compiled, where the hooks fold away; going down adds nothing
-    script = _script_module_class(sys.modules.get("torch"))
     frontier = []
     for ref in level:
         module = ref()
@@ -1139,10 +1139,9 @@ def descend_forward_hooks(probe: Probe) -> None:
         for child in module.children():
             if id(child) in hooked or not any(p.requires_grad for p in child.parameters()):
                 continue
-            if script is not None and isinstance(child, script):
-                continue  # a scripted submodule takes no hooks
             hooked.add(id(child))
-            _hook_pair(probe, child, pre, post)
+            if not _hook_pair(probe, child, pre, post):
+                continue  # a scripted submodule takes no hooks
             frontier.append(weakref.ref(child))
             probe.hook_frontier = frontier
             if len(frontier) >= _MAX_CHILD_HOOKS:

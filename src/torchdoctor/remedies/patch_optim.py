@@ -1,10 +1,12 @@
 """Optimizer remedies: ``foreach=True`` / ``fused=True`` on torch.optim's optimizers.
 
 Each built-in optimizer class whose constructor takes the argument gets a wrapper (subclasses
-calling ``super().__init__`` go through it too). An explicit choice of the user (``foreach`` or
-``fused`` not None) is left alone. fused kernels check devices and dtypes only at the first
+calling ``super().__init__`` go through it too). A choice of the remedy's own kind the code made
+is left alone (fused=True, or foreach=True for optim.foreach, or differentiable=True); the choice
+a finding is about is replaced (``plan``). fused kernels check devices and dtypes only at the first
 ``step()``, so that check is made here, at construction, where the user's arguments can still be
-used instead.
+used instead (advice/optimizer.fused_problem: the class's kernel for the device, floating point,
+DTensor, and the sparse gradients an nn.Embedding(sparse=True) will give its weight).
 """
 
 from __future__ import annotations
@@ -31,19 +33,24 @@ def _tensors(params: list[Any]) -> list[Any]:
     return out
 
 
-def fused_problem(torch: Any, params: list[Any]) -> str | None:
-    """Why fused kernels cannot take these parameters, or None."""
-    from torch.optim import optimizer
+def fused_problem(torch: Any, cls: str, params: list[Any]) -> str | None:
+    """Why fused kernels cannot take these parameters, or None (advice/optimizer.fused_problem).
+    SGD and Adagrad take sparse gradients, which fused kernels do not: no gradient exists at
+    construction, so the weights of nn.Embedding / nn.EmbeddingBag(sparse=True) modules are looked
+    up (one walk over the live objects, for those classes only)."""
+    from torchdoctor.advice.optimizer import fused_problem as problem
 
-    devices = set(optimizer._get_fused_kernels_supported_devices())
-    for t in _tensors(params):
-        if not isinstance(t, torch.Tensor):
-            continue
-        if t.device.type not in devices:
-            return f"no fused kernel for parameters on {t.device.type}"
-        if not t.is_floating_point():
-            return f"fused kernels need floating-point parameters, not {t.dtype}"
-    return None
+    return problem(torch, cls, _tensors(params), _sparse_weights(torch) if cls in ("SGD", "Adagrad") else frozenset())
+
+
+def _sparse_weights(torch: Any) -> frozenset[int]:
+    import gc
+
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    # type(), not isinstance(): isinstance reads __class__, which deprecated proxies (torch.distributed.
+    # reduce_op) answer with a warning.
+    return frozenset(id(o.weight) for o in gc.get_objects()
+                     if issubclass(type(o), kinds) and getattr(o, "sparse", False))
 
 
 def plan(torch: Any, rt: Runtime, cls: type, a: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +67,7 @@ def plan(torch: Any, rt: Runtime, cls: type, a: dict[str, Any]) -> dict[str, Any
                 rt.skip(rid, f"{cls.__name__} was given {'fused' if a.get('fused') else 'differentiable'}=True")
         return {}
     if fused is not None:
-        problem = fused_problem(torch, a.get("params", []))
+        problem = fused_problem(torch, cls.__name__, a.get("params", []))
         if "fused" not in names:
             rt.skip(fused.id, f"{cls.__name__} has no fused implementation")
         elif problem:

@@ -113,8 +113,9 @@ def call_site_diff(site: str, changes: dict[str, Any]) -> str | None:
     return "".join(diff)
 
 
-def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> list[Change]:
-    """The code changes that make the kept remedies permanent, grouped by call site."""
+def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]], command: str | None = None) -> list[Change]:
+    """The code changes that make the kept remedies permanent, grouped by call site; ``command``:
+    the job's command line, for a change made on it (a library's command-line option)."""
     by_site: dict[tuple[str, str], dict[str, Any]] = {}
     ids_at: dict[tuple[str, str], list[str]] = {}
     flags: list[Change] = []
@@ -132,7 +133,7 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
                 # Loaders a library built (no site of the user's) still get their settings' snippet.
                 built = [e for e in applied.get(rid, []) if not e.get("site")]
                 if built:
-                    flags.append(_snippet(rid, built))
+                    flags.append(_snippet(rid, built, command))
                 continue
         for e in entries:
             key = (e["target"], e["site"])
@@ -141,7 +142,7 @@ def changes_for(kept: list[str], applied: dict[str, list[dict[str, Any]]]) -> li
             if rid not in ids_at[key]:
                 ids_at[key].append(rid)
         if not entries:
-            flags.append(_snippet(rid, applied.get(rid, [])))
+            flags.append(_snippet(rid, applied.get(rid, []), command))
     out = []
     for (target, site), kwargs in by_site.items():
         diff = call_site_diff(site, kwargs)
@@ -172,7 +173,7 @@ def _unexercised(entries: list[dict[str, Any]]) -> set[str]:
     return {e["site"] for e in tracked} - {e["site"] for e in tracked if e["exercised"]}
 
 
-def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
+def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None) -> Change:
     remedy = BY_ID[rid]
     if rid == "threads.affinity" and entries:
         n = entries[0]["set"].get("torch.set_num_threads")
@@ -191,10 +192,13 @@ def _snippet(rid: str, entries: list[dict[str, Any]]) -> Change:
         return _no_checkpoint(entries)
     if rid == "optim.fused" and entries and not any(e.get("site") for e in entries):
         libraries = {e.get("library") for e in entries}
-        lib = optimizer.LIBRARY_SETTINGS.get(next(iter(libraries)) or "") if len(libraries) == 1 else None
-        if lib is not None and {e.get("target") for e in entries} <= lib[0]:
-            return Change([rid], f"{next(iter(libraries))}'s setting (it builds the optimizer)",
-                          f"# {lib[1]}\n{lib[2]}", "python")
+        targets = {e.get("target") for e in entries}
+        if len(libraries) == 1 and len(targets) == 1:
+            library = next(iter(libraries))
+            lib = optimizer.library_fix(library, next(iter(targets)), command or "python train.py ...")
+            if lib is not None:
+                return Change([rid], f"{library}'s setting (it builds the optimizer)", f"# {lib[0]}\n{lib[1]}",
+                              lib[2])
     if remedy.target and entries:
         kwargs = {k: v for e in entries for k, v in e["set"].items()}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

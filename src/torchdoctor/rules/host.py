@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from ..advice.command import job_command
+from ..advice.optimizer import FUSED_CLASSES
 from ..callsite import library_of, package_relative
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
@@ -48,8 +49,7 @@ LOW_UTIL_IDLE_PCT = 50.0
 # Optimizers whose torch.optim constructor takes fused=True (checked against the pinned torch in
 # tests/rules/test_host.py); the others get foreach (Adamax, RAdam and NAdam have foreach but no
 # fused: `NAdam(params, fused=True)` is a TypeError).
-FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
-TORCH_OPTIMIZERS = FUSED_OPTIMIZERS | {"Adamax", "RAdam", "NAdam", "RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
+TORCH_OPTIMIZERS = FUSED_CLASSES | {"Adamax", "RAdam", "NAdam", "RMSprop", "Rprop", "ASGD", "Adadelta", "Adafactor"}
 
 
 # --- sync-site classes and their share of the sync idle -----------------------------------------
@@ -651,7 +651,7 @@ def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
         name = cls[0] if cls else "the optimizer"
         if cls and cls[0] not in TORCH_OPTIMIZERS:
             return None  # foreach/fused are torch.optim options
-        fused = name in FUSED_OPTIMIZERS
+        fused = name in FUSED_CLASSES
         return finding(
             v, "HO-9", "host",
             f"{name} updates parameters one at a time ({why}); the device idles {fmt_ms(gain)} per step in it.",

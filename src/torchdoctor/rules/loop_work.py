@@ -43,14 +43,14 @@ INFO_PCT, WARN_PCT, CRIT_PCT = 10.0, 20.0, 40.0
 MIN_STEPS = 8
 
 
-def _fix(envs: Sequence[str], run: Mapping) -> Fix:
+def _fix(envs: Sequence[str], run: Mapping, processes: int = 1) -> Fix:
     """Profile, then take the work off the per-step path; environment steps and replay sampling only
     where the job imported an RL environment library (a fastai vision job was told to use
     AsyncVectorEnv)."""
     profile = ("Find what it is with a Python profiler over a few hundred steps (py-spy record, or cProfile sorted by "
                "cumulative time) and take it off the per-step path: ")
-    prof = cprofile(run)
-    snippet = py_spy(run, "loop.svg") + (f"   # or: {prof}" if prof else "")
+    prof = cprofile(run, processes)
+    snippet = py_spy(run, "loop.svg", processes) + (f"   # or: {prof}" if prof else "")
     tail = "; a loss computed outside the model lands here too, and is compute, not overhead."
     if envs:
         how, code = parallel_envs(envs)
@@ -124,7 +124,7 @@ def loop_work_in_every_step(inputs: RuleInputs) -> list[Finding]:
                 {"loop_ms": round(mid, 3), "step_ms": round(step, 3), "model_ms": round(model, 3),
                  "loop_pct": round(pct, 1), "inference_ms": round(inference, 3), "steps": len(steps),
                  "job_s": round(job_s, 3), "job_pct": round(job_pct, 1)})],
-            fix=_fix(v.f.env_libraries, inputs.run),
+            fix=_fix(v.f.env_libraries, inputs.run, len(inputs.ranks)),
             confidence="medium",
             confirm="py-spy or cProfile over the same run names the functions that take this time",
             source=("probe: every step's phases (other = wall time outside the loader, forward, backward, optimizer, "

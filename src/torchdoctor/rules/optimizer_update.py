@@ -17,7 +17,8 @@ optimizer time. Where HO-9 speaks (the per-parameter loop on an accelerator) it 
 
 from __future__ import annotations
 
-from ..advice.optimizer import FUSED_CLASSES, LIBRARY_SETTINGS, fused_saving, update_traffic
+from ..advice.command import job_command
+from ..advice.optimizer import FUSED_CLASSES, fused_saving, library_fix, update_traffic
 from ..facts import OptimizerFacts
 from ._common import View, device_bound, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
@@ -52,24 +53,44 @@ def _candidate(v: View) -> OptimizerFacts | None:
     return None
 
 
-def _update_ms(v: View) -> tuple[float, str] | None:
-    """(ms per step of the update, where it was read): the trace's Optimizer.step ranges (their
-    device work on an accelerator), else the probe's median optimizer time on a CPU."""
+def _on_host(v: View, o: OptimizerFacts) -> bool:
+    """Whether the update runs on the CPU: its parameters live there (an optimizer a GPU job keeps
+    on the CPU, DeepSpeed-style offload, too), else the rank has no accelerator."""
+    return o.param_device == "cpu" if o.param_device else not v.accel
+
+
+def _share(v: View, o: OptimizerFacts) -> float:
+    """The candidate's part of the time every optimizer's step took: its parameters over all the
+    optimizers' (an AdamW(fused=True) beside a small Adam([log_alpha]) must not lend it its time)."""
+    if v.f is None or len(v.f.optimizers) < 2:
+        return 1.0
+    total = sum(x.num_params or 0 for x in v.f.optimizers)
+    return (o.num_params or 0) / total if total else 1.0
+
+
+def _update_ms(v: View, o: OptimizerFacts) -> tuple[float, str] | None:
+    """(ms per step of the candidate's update, where it was read): the trace's Optimizer.step ranges
+    (the device work they launched for an update on an accelerator), else the probe's median
+    optimizer time for one on the CPU; the candidate's share of it (``_share``)."""
     s = v.r.signals if v.r is not None else None
-    if s is not None and v.accel and s.optimizer_device_ns:
-        return v.ms(s.optimizer_device_ns), "device time of the kernels Optimizer.step launched (profiler window)"
-    if s is not None and not v.accel and s.optimizer_step_ns:
-        return v.ms(s.optimizer_step_ns), "Optimizer.step's time (profiler window)"
-    if not v.accel and (ms := v.facts_median("optimizer_ms")):
-        return ms, "the probe's median optimizer time over the steady steps"
+    host = _on_host(v, o)
+    share = _share(v, o)
+    part = f", {share:.0%} of it by the optimizers' parameters" if share < 1.0 else ""
+    if s is not None and not host and s.optimizer_device_ns:
+        return (v.ms(s.optimizer_device_ns) * share,
+                f"the device time of the kernels Optimizer.step launched (profiler window){part}")
+    if s is not None and host and s.optimizer_step_ns:
+        return v.ms(s.optimizer_step_ns) * share, f"Optimizer.step's time (profiler window){part}"
+    if host and (ms := v.facts_median("optimizer_ms")):
+        return ms * share, f"the probe's median optimizer time over the steady steps{part}"
     return None
 
 
-def _fix(o: OptimizerFacts) -> Fix:
-    lib = LIBRARY_SETTINGS.get(o.created_by or "")
-    if lib is not None and o.cls in lib[0]:
-        return Fix(f"{lib[1]}: one pass over each parameter's state instead of one per operation. It rounds "
-                   "differently from the loop (about 1e-7 relative).", lib[2])
+def _fix(o: OptimizerFacts, command: str) -> Fix:
+    lib = library_fix(o.created_by, o.cls, command)
+    if lib is not None:
+        return Fix(f"{lib[0]}: one pass over each parameter's state instead of one per operation. It rounds "
+                   "differently from the loop (about 1e-7 relative).", lib[1], lib[2])
     where = f" (created at {o.call_site})" if o.call_site else ""
     text = (f"Pass fused=True to {o.cls}{where}: one pass over each parameter's state instead of one per "
             f"operation. It rounds differently from the loop (about 1e-7 relative).")
@@ -94,19 +115,21 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
     """
     def one(v: View) -> Finding | None:
         o = _candidate(v)
-        if o is None or o.cls is None or (v.accel and single_tensor(v)[0]):
+        if o is None or o.cls is None or (not _on_host(v, o) and single_tensor(v)[0]):
             return None
-        saving = fused_saving(o.cls, o.settings)
-        read = _update_ms(v)
+        host = _on_host(v, o)
+        impl = "foreach" if o.foreach or (not host and o.foreach is None) else "single_tensor"
+        saving = fused_saving(o.cls, o.settings, impl)
+        read = _update_ms(v, o)
         if not saving or read is None:
             return None
         update_ms, where = read
-        scale = device_bound(v) if v.accel else 1.0
+        scale = 1.0 if host else device_bound(v)
         gain = update_ms * saving * scale
         if v.pct(gain) < MIN_PCT:
             return None
-        impl = "foreach" if o.foreach or (v.accel and o.foreach is None) else "per-parameter"
-        unfused, fused = update_traffic(o.cls, o.settings, False), update_traffic(o.cls, o.settings, True)
+        unfused, fused = update_traffic(o.cls, o.settings, impl), update_traffic(o.cls, o.settings, "fused")
+        impl = "per-parameter" if impl == "single_tensor" else impl
         settings = ", ".join(f"{k}={val}" for k, val in sorted(o.settings.items()) if val)
         if v.f is None:
             settings = f"{settings or 'no weight decay'}, its constructor's default: a trace does not record it"
@@ -120,13 +143,15 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
                 + (f" ({settings})" if settings else "") + f"; the update took {fmt_ms(update_ms)} per step, "
                 f"read from {where}. It is memory-bound: the {impl} update reads and writes about {unfused} "
                 f"parameter-sized tensors per parameter, the fused one {fused}"
-                + (f"; scaled by the device's busy share ({scale:.0%})" if v.accel else "") + ".",
+                + (f"; scaled by the device's busy share ({scale:.0%})" if not host else "")
+                + ("" if v.f is not None else "; complex parameters, or a class of the same name that is not "
+                   "torch's, would not take fused=True: `torchdoctor fix` finds out") + ".",
                 {"optimizer": o.cls, "update_ms": round(update_ms, 3), "saving": round(saving, 3),
                  "traffic_unfused": unfused, "traffic_fused": fused, "fused": o.fused, "foreach": o.foreach,
                  "device": o.param_device})],
-            fix=_fix(o), confidence="low" if v.accel else "medium",
+            fix=_fix(o, job_command(inputs.run)), confidence="medium" if host else "low",
             confirm="`torchdoctor fix --apply optim.fused` measures the gain and checks the losses",
-            remedy="optim.fused", budget="device.busy" if v.accel else "step",
+            remedy="optim.fused", budget="step" if host else "device.busy",
             source="torch.optim fused implementations (CPU since 2.4); memory traffic of the update, "
                    "advice/optimizer.py")
     return per_rank(inputs, one)

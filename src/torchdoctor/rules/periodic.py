@@ -56,7 +56,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
             # A small pattern (logging every 50 steps) must not hide an evaluation in every step.
             every = inference_in_every_step(v.timed, v.f.train_wall_s)
             if every is not None and every.job_pct >= MIN_JOB_PCT:
-                return _every_step(v, every, all_views, inputs.run)
+                return _every_step(v, every, all_views, inputs.run, len(inputs.ranks))
         if b is None or b.job_pct < MIN_JOB_PCT:
             return None
         n = len(b.steps)
@@ -93,7 +93,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
                 [{"step": s.step, "ms": round(s.total_ms, 3), "inference_ms": round(s.inference_ms, 3),
                   "other_ms": round(s.other_ms, 3)} for s in b.steps[:5]])] + _in_window(v, b),
             fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None,
-                 v.f.env_libraries if v.f else [], inputs.run), confidence="high" if b.every else "medium",
+                 v.f.env_libraries if v.f else [], inputs.run, len(inputs.ranks)), confidence="high" if b.every else "medium",
             confirm=f"`torchdoctor run --profile-steps {first}:{first + 1}` traces one of these steps",
             source="probe: every step's wall time and phases; the default ladder on the job's share")
         f.job_s, f.job_pct, f.per = round(b.excess_ms / 1e3, 3), round(b.job_pct, 1), "job"
@@ -101,7 +101,7 @@ def work_between_steps(inputs: RuleInputs) -> list[Finding]:
     return per_rank(inputs, one)
 
 
-def _every_step(v: View, b: Between, all_views: list[View], run: Mapping) -> Finding:
+def _every_step(v: View, b: Between, all_views: list[View], run: Mapping, processes: int) -> Finding:
     """HO-16 for forwards without autograd after every step (``inference_in_every_step``)."""
     n = len(b.steps)
     each = b.excess_ms / n
@@ -122,7 +122,7 @@ def _every_step(v: View, b: Between, all_views: list[View], run: Mapping) -> Fin
              "rest_ms": 0.0, "train_wall_s": round(b.train_wall_s, 3), "job_pct": round(b.job_pct, 1),
              "inference_site": site})],
         fix=_fix(b, site, no_core_for_workers(v, all_views), v.f.inference_mode if v.f else None,
-                 v.f.env_libraries if v.f else [], run),
+                 v.f.env_libraries if v.f else [], run, processes),
         confidence="high", confirm="the trace's forward phase holds both forwards: the one without autograd "
                                    "has no backward after it",
         source="probe: every step's forwards without autograd; the default ladder on the job's share")
@@ -188,7 +188,7 @@ _SB3_ON_POLICY = re.compile(r"(?:stable_baselines3|sb3_contrib)'s (?:PPO|A2C|TRP
 
 
 def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bool | None = None,
-         envs: Sequence[str] = (), run: Mapping | None = None) -> Fix:
+         envs: Sequence[str] = (), run: Mapping | None = None, processes: int = 1) -> Fix:
     """What to do, by what the work is made of; through the trainer's settings where one evaluates.
     ``crowded``: the job's torch threads hold every CPU of the rank (DL-2's no_core_for_workers);
     ``inference_mode``: the forwards already run under torch.inference_mode() (not advised again);
@@ -229,7 +229,7 @@ def _fix(b: Between, site: str | None, crowded: bool = False, inference_mode: bo
         return Fix("Most of it is Python outside the model: profile one of these steps (py-spy record, or a "
                    "profiler window on one of them) and move the work off the loop: compute metrics on the device "
                    "and read them once, log and save less often, run callbacks every N steps.",
-                   f"{py_spy(run or {}, 'between.svg')}   # or a profiler window on one such step")
+                   f"{py_spy(run or {}, 'between.svg', processes)}   # or a profiler window on one such step")
     for library, how, snippet in _EVAL_SETTINGS:
         if site and f"{library}'s " in site:
             return Fix(f"{fix.text} {how}", f"{snippet}\n{fix.snippet}")

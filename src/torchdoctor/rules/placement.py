@@ -9,7 +9,7 @@ remedy measures); on a host with one NUMA node nothing is raised.
 
 from __future__ import annotations
 
-from torchdoctor.advice.command import job_command, torchrun_with
+from torchdoctor.advice.command import job_command, started_by_torchrun, torchrun_with
 from torchdoctor.hardware.topology import cpulist, near_cpus_per_rank
 
 from ._common import View, finding, views
@@ -47,13 +47,16 @@ def numa_placement(inputs: RuleInputs) -> list[Finding]:
         ranks_on_node, index = _peers(every, v)
         cpus = near_cpus_per_rank(f.device.numa_node_cpus, ranks_on_node, index)
         where = ", ".join(f"node {k}: {n}" for k, n in sorted(counts.items()))
-        if f.cpu.numa_binding_available:
+        # torchrun's flag, unless the job is known to start its ranks another way (spawn, accelerate).
+        if f.cpu.numa_binding_available and started_by_torchrun(inputs.run) is not False:
             fix = Fix("Bind each rank to the CPUs of its accelerator's NUMA node with torchrun.",
                       torchrun_with(inputs.run, "--numa-binding=node",
                                     "torchrun --numa-binding=node --nproc-per-node=N train.py"), language="shell")
         else:
             fix = Fix(f"Pin rank {v.rank} to CPUs {cpulist(cpus)} (node {node}'s CPUs split among its "
-                      f"{ranks_on_node} local rank(s)); this torch's torchrun has no --numa-binding.",
+                      f"{ranks_on_node} local rank(s)); "
+                      + ("the job does not start its ranks with torchrun, whose --numa-binding would do it."
+                         if f.cpu.numa_binding_available else "this torch's torchrun has no --numa-binding."),
                       f"os.sched_setaffinity(0, {{{', '.join(map(str, cpus[:16]))}{', ...' if len(cpus) > 16 else ''}}})"
                       if cpus else f"taskset -c <node {node} CPUs> {job_command(inputs.run)}")
         out.append(finding(
