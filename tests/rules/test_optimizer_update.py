@@ -129,3 +129,16 @@ def test_a_trace_of_adamw_foreach_on_an_accelerator_is_priced_with_its_default_w
     # SGD's momentum is not in a trace, and plain SGD saves nothing: no claim from a trace.
     r.signals.optimizer_classes = ["SGD"]
     assert run("HO-18", (r, None)) == []
+
+
+def test_a_gans_two_unfused_optimizers_are_claimed_together():
+    """pytorch/examples' dcgan: Adam for the generator and Adam for the discriminator."""
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    adam = dict(cls="Adam", fused_available=True, param_device="cpu", settings={"weight_decay": 0.0})
+    g = OptimizerFacts(**adam, num_params=3_000_000, call_site="main.py:230")
+    d = OptimizerFacts(**adam, num_params=1_000_000, call_site="main.py:231")
+    got = only(run("HO-18", (r, cpu_facts(optimizers=[g, d]))), "HO-18")
+    assert got.recoverable_ms == pytest.approx(30 * (1 - 7 / 19), abs=1e-3)
+    assert got.title.startswith("2 optimizers (Adam, Adam) run unfused updates (30.0 ms per step together)")
+    assert len(got.evidence) == 2 and "main.py:230" in got.fix.text and "main.py:231" in got.fix.text

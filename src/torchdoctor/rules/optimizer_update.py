@@ -34,23 +34,20 @@ MIN_PCT = 1.0
 TRACE_DEFAULTS = {"Adam": {"weight_decay": 0.0}, "AdamW": {"weight_decay": 0.01}}
 
 
-def _candidate(v: View) -> OptimizerFacts | None:
-    """The rank's optimizer that could run fused and does not: the live facts say torch has a
-    fused update for its class and parameters, and nothing set it (fused not True, no
-    differentiable update, which fused cannot do). Without live facts, a trace of an accelerator
-    whose Optimizer.step runs Adam's or AdamW's foreach ops."""
+def _candidates(v: View) -> list[OptimizerFacts]:
+    """The rank's optimizers that could run fused and do not: the live facts say torch has a fused
+    update for the class and parameters, and nothing set it (fused not True, no differentiable
+    update, which fused cannot do); a GAN's generator and discriminator are two. Without live
+    facts, a trace of an accelerator whose Optimizer.step runs Adam's or AdamW's foreach ops."""
     if v.f is not None and v.f.optimizers:
-        for o in v.f.optimizers:
-            if (o.cls in FUSED_CLASSES and o.fused is not True and o.fused_available
-                    and not o.settings.get("differentiable")):
-                return o
-        return None
+        return [o for o in v.f.optimizers if o.cls in FUSED_CLASSES and o.fused is not True and o.fused_available
+                and not o.settings.get("differentiable")]
     s = v.r.signals if v.r is not None else None
     if v.f is None and v.accel and s is not None and s.optimizer_impl == "foreach":
         known = [c for c in s.optimizer_classes if c in TRACE_DEFAULTS]
         if len(known) == len(s.optimizer_classes) == 1:
-            return OptimizerFacts(cls=known[0], foreach=True, settings=dict(TRACE_DEFAULTS[known[0]]))
-    return None
+            return [OptimizerFacts(cls=known[0], foreach=True, settings=dict(TRACE_DEFAULTS[known[0]]))]
+    return []
 
 
 def _on_host(v: View, o: OptimizerFacts) -> bool:
@@ -113,45 +110,70 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
     Silent where HO-9 speaks (its fix is fused already) and where fused saves nothing (SGD
     without momentum moves the same memory either way).
     """
-    def one(v: View) -> Finding | None:
-        o = _candidate(v)
-        if o is None or o.cls is None or (not _on_host(v, o) and single_tensor(v)[0]):
+    def priced(v: View, o: OptimizerFacts) -> dict | None:
+        """One candidate's update: its implementation, saving, time and gain per step."""
+        if o.cls is None:
             return None
         host = _on_host(v, o)
+        if not host and single_tensor(v)[0]:
+            return None  # HO-9's
         impl = "foreach" if o.foreach or (not host and o.foreach is None) else "single_tensor"
         saving = fused_saving(o.cls, o.settings, impl)
         read = _update_ms(v, o)
         if not saving or read is None:
             return None
-        update_ms, where = read
         scale = 1.0 if host else device_bound(v)
-        gain = update_ms * saving * scale
-        if v.pct(gain) < MIN_PCT:
-            return None
+        return {"o": o, "host": host, "impl": impl, "saving": saving, "ms": read[0], "where": read[1],
+                "scale": scale, "gain": read[0] * saving * scale}
+
+    def evidence(v: View, c: dict) -> Evidence:
+        o, impl, host = c["o"], c["impl"], c["host"]
         unfused, fused = update_traffic(o.cls, o.settings, impl), update_traffic(o.cls, o.settings, "fused")
-        impl = "per-parameter" if impl == "single_tensor" else impl
+        words = "per-parameter" if impl == "single_tensor" else impl
         settings = ", ".join(f"{k}={val}" for k, val in sorted(o.settings.items()) if val)
         if v.f is None:
             settings = f"{settings or 'no weight decay'}, its constructor's default: a trace does not record it"
+        return Evidence(
+            (f"{o.cls} on {o.param_device or 'its device'} with fused={o.fused}, foreach={o.foreach}"
+             + (f" (created at {o.call_site})" if o.call_site else "")
+             if v.f is not None else f"{o.cls}'s Optimizer.step runs foreach ops (aten::_foreach_*) in the trace")
+            + (f" ({settings})" if settings else "") + f"; its update took {fmt_ms(c['ms'])} per step, "
+            f"read from {c['where']}. It is memory-bound: the {words} update reads and writes about {unfused} "
+            f"parameter-sized tensors per parameter, the fused one {fused}"
+            + (f"; scaled by the device's busy share ({c['scale']:.0%})" if not host else "")
+            + ("" if v.f is not None else "; complex parameters, or a class of the same name that is not "
+               "torch's, would not take fused=True: `torchdoctor fix` finds out") + ".",
+            {"optimizer": o.cls, "update_ms": round(c["ms"], 3), "saving": round(c["saving"], 3),
+             "traffic_unfused": unfused, "traffic_fused": fused, "fused": o.fused, "foreach": o.foreach,
+             "device": o.param_device})
+
+    def one(v: View) -> Finding | None:
+        found = [c for o in _candidates(v) if (c := priced(v, o)) is not None]
+        gain = sum(c["gain"] for c in found)
+        if not found or v.pct(gain) < MIN_PCT:
+            return None
+        first = max(found, key=lambda c: c["gain"])
+        if len(found) == 1:
+            words = "per-parameter" if first["impl"] == "single_tensor" else first["impl"]
+            title = (f"{first['o'].cls} runs its {words} update ({fmt_ms(first['ms'])} per step) where torch has a "
+                     f"fused one for these parameters: fused=True would save about {first['saving']:.0%} of it.")
+        else:
+            names = ", ".join(c["o"].cls or "" for c in found)
+            title = (f"{len(found)} optimizers ({names}) run unfused updates "
+                     f"({fmt_ms(sum(c['ms'] for c in found))} per step together) where torch has fused ones for "
+                     f"their parameters: fused=True would save about {fmt_ms(gain)} per step.")
+        hosts = {c["host"] for c in found}
+        fix = _fix(first["o"], job_command(inputs.run))
+        others = [c["o"].call_site for c in found if c is not first and c["o"].call_site]
+        if others:
+            fix.text += f" The same for the optimizer(s) created at {', '.join(others)}."
         return finding(
-            v, "HO-18", "host",
-            f"{o.cls} runs its {impl} update ({fmt_ms(update_ms)} per step) where torch has a fused one for "
-            f"these parameters: fused=True would save about {saving:.0%} of it.",
-            gain, evidence=[Evidence(
-                (f"{o.cls} on {o.param_device or 'its device'} with fused={o.fused}, foreach={o.foreach}"
-                 if v.f is not None else f"{o.cls}'s Optimizer.step runs foreach ops (aten::_foreach_*) in the trace")
-                + (f" ({settings})" if settings else "") + f"; the update took {fmt_ms(update_ms)} per step, "
-                f"read from {where}. It is memory-bound: the {impl} update reads and writes about {unfused} "
-                f"parameter-sized tensors per parameter, the fused one {fused}"
-                + (f"; scaled by the device's busy share ({scale:.0%})" if not host else "")
-                + ("" if v.f is not None else "; complex parameters, or a class of the same name that is not "
-                   "torch's, would not take fused=True: `torchdoctor fix` finds out") + ".",
-                {"optimizer": o.cls, "update_ms": round(update_ms, 3), "saving": round(saving, 3),
-                 "traffic_unfused": unfused, "traffic_fused": fused, "fused": o.fused, "foreach": o.foreach,
-                 "device": o.param_device})],
-            fix=_fix(o, job_command(inputs.run)), confidence="medium" if host else "low",
+            v, "HO-18", "host", title, gain, evidence=[evidence(v, c) for c in found],
+            fix=fix, confidence="medium" if hosts == {True} else "low",
             confirm="`torchdoctor fix --apply optim.fused` measures the gain and checks the losses",
-            remedy="optim.fused", budget="step" if host else "device.busy",
+            remedy="optim.fused",
+            budget={"step": sum(c["gain"] for c in found if c["host"]),
+                    "device.busy": sum(c["gain"] for c in found if not c["host"])},
             source="torch.optim fused implementations (CPU since 2.4); memory traffic of the update, "
                    "advice/optimizer.py")
     return per_rank(inputs, one)
