@@ -261,6 +261,51 @@ def test_changed_losses_reject_safe_and_numerics_has_a_tolerance() -> None:
     assert "; also the job learns differently: " in slow.reason
 
 
+def _game(seed: int, n: int = 60) -> list[float]:
+    """Losses of a job whose dynamics carry a rounding difference on: a seeded walk."""
+    rng = np.random.default_rng(seed)
+    return [float(x) for x in 2.0 + np.abs(rng.normal(0, 1.0, n))]
+
+
+def _rounds_of(base: list[float], treated: list[float]) -> list[Arm]:
+    out = []
+    for k, (a, b) in enumerate(zip([10, 10.2, 9.9], [11, 11.2, 10.9], strict=True), start=1):
+        out += [arm(f"A{k}", "baseline", a, base, k), arm(f"B{k}", "treated", b, treated, k, ["optim.fused"])]
+    return out
+
+
+def _fused(base: list[float], treated: list[float]) -> verdict.LossCheck:
+    return judge(_rounds_of(base, treated), [Spec("optim.fused")], {}).loss
+
+
+def test_a_numerics_remedy_that_changed_only_the_rounding_is_judged_on_average_as_an_equivalence() -> None:
+    """pytorch/examples' dcgan with fused Adam: the losses first differ by 1.6e-7, then the game
+    carries the rounding on (16.5 against 6.9 later). One pair of curves is one realisation, so
+    equivalence within the numerics tolerance must be shown; a drift, a plateau or a curve that
+    ends worse stays "changed"; a first difference at bf16's 1e-3 is judged step by step."""
+    base = _game(1)
+    rounding = base[:10] + [base[10] * (1 + 1e-7)]
+    # Parted, but the deltas alternate around zero: the mean is within the tolerance with its error.
+    even = rounding + [x + (0.3 if i % 2 else -0.3) for i, x in enumerate(base[11:])]
+    check = _fused(base, even)
+    assert check.status == "same on average" and "within the tolerance" in check.text
+    assert "first differ at rounding level and part beyond the tolerance from step 11 on" in check.text
+    # Another realisation of the same walk: no equivalence shown, none refuted.
+    chaotic = rounding + _game(2)[11:]
+    check = _fused(base, chaotic)
+    assert check.status == "inconclusive" and check.passed
+    # A steady drift up on a falling curve, and a plateau where the baseline goes on learning.
+    falling = [2.0 * math.exp(-t / 10) + 0.1 for t in range(60)]
+    drift = falling[:10] + [falling[10] * (1 + 1e-7)] + [x + 0.02 * i for i, x in enumerate(falling[11:])]
+    assert _fused(falling, drift).status == "changed"
+    plateau = falling[:10] + [falling[10] * (1 + 1e-7)] + [max(x, 0.4) for x in falling[11:]]
+    assert _fused(falling, plateau).status == "changed"
+    # bf16's rounding differs by 1e-3 at the first step: judged step by step.
+    assert _fused(base, base[:10] + [base[10] * (1 + 1e-3)] + _game(2)[11:]).status == "changed"
+    # A run that turns NaN where the baseline is finite.
+    assert _fused(base, even[:30] + [math.nan] * 30).status == "changed"
+
+
 def test_nan_losses_are_inconclusive_and_overflowed_steps_are_compared_as_the_same() -> None:
     """pytorch/examples' FSDP2 example on CPU trains on NaN from its first step (2 ranks, 10 steps):
     NaN against NaN is not "identical losses", and a numerics remedy is not "changed" by them."""

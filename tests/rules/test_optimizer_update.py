@@ -142,3 +142,19 @@ def test_a_gans_two_unfused_optimizers_are_claimed_together():
     assert got.recoverable_ms == pytest.approx(30 * (1 - 7 / 19), abs=1e-3)
     assert got.title.startswith("2 optimizers (Adam, Adam) run unfused updates (30.0 ms per step together)")
     assert len(got.evidence) == 2 and "main.py:230" in got.fix.text and "main.py:231" in got.fix.text
+
+
+def test_unknown_sizes_split_the_time_equally_and_ho9s_loop_leaves_the_other_optimizer_priced():
+    """Facts without num_params gave each of two candidates the whole time (60 ms from 30). On an
+    accelerator, an optimizer with foreach=False is HO-9's; a foreach one beside it is still HO-18's."""
+    r = cpu_result()
+    r.signals.optimizer_step_ns = 30 * MS * N_STEPS
+    two = [OptimizerFacts(**{**ADAMW, "num_params": None}), OptimizerFacts(**{**ADAMW, "num_params": None})]
+    got = only(run("HO-18", (r, cpu_facts(optimizers=two))), "HO-18")
+    assert got.recoverable_ms == pytest.approx(30 * (1 - 7 / 21), abs=1e-3)
+    g = gpu_result(busy=100.0)
+    g.signals.optimizer_device_ns = 10 * MS * N_STEPS
+    cuda = {**ADAMW, "fused": None, "param_device": "cuda", "num_params": 100}
+    loop, lists = OptimizerFacts(**{**cuda, "foreach": False}), OptimizerFacts(**cuda)
+    got = only(run("HO-18", (g, gpu_facts(optimizers=[loop, lists]))), "HO-18")
+    assert got.recoverable_ms == pytest.approx(5 * (1 - 7 / 21), abs=1e-3) and len(got.evidence) == 1

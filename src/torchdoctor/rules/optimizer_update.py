@@ -22,7 +22,6 @@ from ..advice.optimizer import FUSED_CLASSES, fused_saving, library_fix, update_
 from ..facts import OptimizerFacts
 from ._common import View, device_bound, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
-from .host import single_tensor
 from .model import Evidence, Finding, Fix
 
 # Below this share of the step the update is not worth a finding.
@@ -58,11 +57,14 @@ def _on_host(v: View, o: OptimizerFacts) -> bool:
 
 def _share(v: View, o: OptimizerFacts) -> float:
     """The candidate's part of the time every optimizer's step took: its parameters over all the
-    optimizers' (an AdamW(fused=True) beside a small Adam([log_alpha]) must not lend it its time)."""
+    optimizers' (an AdamW(fused=True) beside a small Adam([log_alpha]) must not lend it its time).
+    Approximate: an update's time follows its parameters, but an Adam's pass costs more than an
+    SGD's, and a device optimizer's host time is launches."""
     if v.f is None or len(v.f.optimizers) < 2:
         return 1.0
-    total = sum(x.num_params or 0 for x in v.f.optimizers)
-    return (o.num_params or 0) / total if total else 1.0
+    if any(not x.num_params for x in v.f.optimizers):
+        return 1.0 / len(v.f.optimizers)  # sizes unknown (older facts): an equal part each
+    return (o.num_params or 0) / sum(x.num_params or 0 for x in v.f.optimizers)
 
 
 def _update_ms(v: View, o: OptimizerFacts) -> tuple[float, str] | None:
@@ -115,8 +117,8 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
         if o.cls is None:
             return None
         host = _on_host(v, o)
-        if not host and single_tensor(v)[0]:
-            return None  # HO-9's
+        if not host and o.foreach is False:
+            return None  # HO-9's: the per-parameter loop on an accelerator (its fix is fused already)
         impl = "foreach" if o.foreach or (not host and o.foreach is None) else "single_tensor"
         saving = fused_saving(o.cls, o.settings, impl)
         read = _update_ms(v, o)
@@ -148,7 +150,7 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
              "device": o.param_device})
 
     def one(v: View) -> Finding | None:
-        found = [c for o in _candidates(v) if (c := priced(v, o)) is not None]
+        found = [c for o in _candidates(v) if (c := priced(v, o)) is not None and c["gain"] > 0]
         gain = sum(c["gain"] for c in found)
         if not found or v.pct(gain) < MIN_PCT:
             return None
@@ -164,9 +166,13 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
                      f"their parameters: fused=True would save about {fmt_ms(gain)} per step.")
         hosts = {c["host"] for c in found}
         fix = _fix(first["o"], job_command(inputs.run))
-        others = [c["o"].call_site for c in found if c is not first and c["o"].call_site]
-        if others:
-            fix.text += f" The same for the optimizer(s) created at {', '.join(others)}."
+        rest = [c["o"] for c in found if c is not first]
+        sites = [o.call_site for o in rest if o.call_site]
+        if rest and library_fix(first["o"].created_by, first["o"].cls, "") is None:
+            unnamed = len(rest) - len(sites)
+            fix.text += (" The same for " + (f"the optimizer(s) created at {', '.join(sites)}" if sites else "")
+                         + (" and " if sites and unnamed else "")
+                         + (f"{unnamed} more whose call site was not recorded" if unnamed else "") + ".")
         return finding(
             v, "HO-18", "host", title, gain, evidence=[evidence(v, c) for c in found],
             fix=fix, confidence="medium" if hosts == {True} else "low",
