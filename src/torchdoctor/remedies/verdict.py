@@ -295,17 +295,10 @@ def _parted(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], 
     realisation of a process whose deltas stay correlated for long: equivalence is asked for, not
     the failure to tell them apart. "changed" when the mean delta of the last third of the steps
     (a drift, a plateau, a curve that ends worse) or of all of them from the parting step on is
-    beyond the tolerance (on the baseline's mean |loss| there) by more than its t99 error; "same on average" when it is within the
-    tolerance with its t99 error; else "inconclusive"."""
+    beyond the tolerance (on the baseline's mean |loss| there) by more than its t99 error; "same
+    on average" when it is within the tolerance with its t99 error; else "inconclusive"."""
     since = min((p for a, b in pairs if (p := _parted_at(a, b, rtol)) is not None), default=0)
-    by_step: dict[int, list[float]] = {}
-    levels: dict[int, list[float]] = {}
-    for a, b in pairs:
-        for rank, xs in a.items():
-            for i, (x, y) in enumerate(zip(xs[since:], b.get(rank, [])[since:], strict=False)):
-                if math.isfinite(x) and math.isfinite(y):
-                    by_step.setdefault(i, []).append(y - x)
-                    levels.setdefault(i, []).append(abs(x))
+    by_step, levels = _step_deltas(pairs, since)
     steps = sorted(by_step)
     why = (f"the losses first differ at rounding level and part beyond the tolerance from step {since} on, "
            "which is what a job whose own dynamics carry a rounding difference on does (a GAN's game)")
@@ -396,18 +389,27 @@ def _batch_means(deltas: list[float]) -> tuple[float, float, int]:
     return statistics.fmean(deltas), statistics.stdev(batches) / math.sqrt(k), k
 
 
-def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
-                     worst: LossDiff, why: str, since: int = 0) -> LossCheck:
-    """The per-step deltas (treated - baseline, same round, rank and step) from step `since` on
-    (before it the streams are the same) have a mean within t99 standard errors of zero: other
-    random draws, or rounding the job's dynamics carried on, and the same learning. ``why``: why
-    the losses differ step by step."""
+def _step_deltas(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]],
+                 since: int) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """From step ``since`` on, per step: the deltas (treated - baseline) and the baseline's |loss|,
+    over ranks and pairs, where both losses are finite."""
     by_step: dict[int, list[float]] = {}
+    levels: dict[int, list[float]] = {}
     for a, b in pairs:
         for rank, xs in a.items():
             for i, (x, y) in enumerate(zip(xs[since:], b.get(rank, [])[since:], strict=False)):
                 if math.isfinite(x) and math.isfinite(y):
                     by_step.setdefault(i, []).append(y - x)
+                    levels.setdefault(i, []).append(abs(x))
+    return by_step, levels
+
+
+def _same_on_average(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], where: str,
+                     worst: LossDiff, why: str, since: int = 0) -> LossCheck:
+    """The per-step deltas (treated - baseline, same round, rank and step) from step `since` on
+    (before it the streams are the same) have a mean within t99 standard errors of zero: other
+    random draws, the same learning. ``why``: why the losses differ step by step."""
+    by_step, _ = _step_deltas(pairs, since)
     # One delta a step, the mean over ranks and pairs: a seeded job's rounds repeat the same two loss
     # curves, so its pairs are copies, not independent samples.
     deltas = [statistics.fmean(by_step[i]) for i in sorted(by_step)]
