@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's GPU check: a few minutes on the GPU machine (one H200, /work/shared/gpu/README.md).
 #
-#   bash benchmarks/gpu_check.sh OUT_DIR            # on the GPU machine (about 4-5 minutes)
+#   bash benchmarks/gpu_check.sh OUT_DIR            # on the GPU machine (about 5 minutes)
 #   bash benchmarks/gpu_check.sh OUT_DIR --dry-run  # CPU, smallest sizes, ~1-2 minutes (CI runs it:
 #                                                   # tests/benchmarks/test_gpu_check.py)
 #
@@ -26,7 +26,8 @@
 #                  --from the demo_sick run instead of a diagnosis run of its own)
 #   analyze_*      `torchdoctor analyze` on the traces the demo runs recorded
 #   path_*         benchmarks/gpu_pathologies.py --case X under `torchdoctor run` (a module on the
-#                  CPU, fp32 matmuls without TF32, unpinned copies, a hidden .item() per step),
+#                  CPU, fp32 matmuls without TF32, unpinned copies, a hidden .item() per step,
+#                  AdamW's foreach update),
 #                  then `analyze` of each one's trace
 #   overhead       benchmarks/probe_overhead.py with small counts
 #   bundle         the run directories (facts, small traces) and the other reports in one .tar.gz
@@ -36,7 +37,7 @@
 #
 # Environment: GPU_CHECK_PYTHON (interpreter; default python3 on the GPU, the project's .venv or
 # $VIRTUAL_ENV in a dry run), GPU_CHECK_BUDGET_S (total time; later steps get what is left, default
-# 320 on the GPU, 600 dry), GPU_CHECK_LANES (1 or 2 parallel lanes of steps; default 1 on the GPU
+# 350 on the GPU, 600 dry), GPU_CHECK_LANES (1 or 2 parallel lanes of steps; default 1 on the GPU
 # so that timings are not disturbed, 2 in a dry run), GPU_CHECK_SITE (default /tmp/site).
 # Exit status: 0 when every step exited 0, 1 when one did not, 2 on a usage error.
 set -uo pipefail
@@ -85,7 +86,7 @@ else
   PY="${GPU_CHECK_PYTHON:-python3}"
   SITE="${GPU_CHECK_SITE:-/tmp/site}"
   export PYTHONPATH="$SITE:$REPO/src"
-  BUDGET_S="${GPU_CHECK_BUDGET_S:-320}" LANES="${GPU_CHECK_LANES:-1}"
+  BUDGET_S="${GPU_CHECK_BUDGET_S:-350}" LANES="${GPU_CHECK_LANES:-1}"
   DEMO_STEPS=32 DEMO_WINDOW=()  # the demo's default window, steps 10:13
   FIX_ARGS=(--steps 32 --repeats 2)
   PATH_ARGS=(--steps 30) PATH_WINDOW=10:13
@@ -94,7 +95,7 @@ else
 fi
 DEADLINE=$((START_S + BUDGET_S))
 RESERVE_S=15  # kept for bundle + summary
-CASES=(cpu_module fp32_matmul unpinned_copy item_sync)
+CASES=(cpu_module fp32_matmul unpinned_copy item_sync unfused_adamw)
 TD=("$PY" -m torchdoctor.cli)  # the package's CLI module (cli.py ends in `sys.exit(main())`)
 SITE="${SITE:-}"
 export PY MODE DRY REPO SITE
@@ -242,7 +243,7 @@ s_analyze() {  # ID RUN
 }
 s_pathology() {  # CASE: the case under `torchdoctor run`, then `analyze` of its trace
   local i
-  case "$1" in cpu_module) i=10 ;; fp32_matmul) i=12 ;; unpinned_copy) i=14 ;; *) i=16 ;; esac
+  case "$1" in cpu_module) i=10 ;; fp32_matmul) i=12 ;; unpinned_copy) i=14 ;; item_sync) i=16 ;; *) i=18 ;; esac
   step "$i" "path_$1" "$LIM_PATH" --report "$REPORTS/path_$1.json" -- \
     "${TD[@]}" run --profile-steps "$PATH_WINDOW" --out "$RUNS/path_$1" --json "$REPORTS/path_$1.json" \
     -- "$PY" benchmarks/gpu_pathologies.py --case "$1" "${PATH_ARGS[@]}"
@@ -254,7 +255,10 @@ s_overhead() {
 }
 
 # Two lanes of about equal length (a dry run on 2 cores: much of a step is start-up and waiting).
-lane_a() { s_demo_sick; s_demo_fix; s_analyze 06 demo_sick; s_pathology cpu_module; s_pathology fp32_matmul; }
+lane_a() {
+  s_demo_sick; s_demo_fix; s_analyze 06 demo_sick; s_pathology cpu_module; s_pathology fp32_matmul
+  s_pathology unfused_adamw
+}
 lane_b() { s_demo_healthy; s_analyze 07 demo_healthy; s_overhead; s_pathology unpinned_copy; s_pathology item_sync; }
 
 echo "[gpu_check] mode $MODE, python $PY, out $OUT, work $WORK, budget ${BUDGET_S} s, lanes $LANES"
@@ -386,7 +390,8 @@ def describe(name, d):
                         for f in (r.get("findings") or [])[:3]) or "no finding"
         if name.startswith(("path_", "analyze_path_")):
             case = name.split("path_", 1)[1]
-            want = {"cpu_module": "HO-11", "fp32_matmul": "HW-1", "unpinned_copy": "DL-4", "item_sync": "HO-3"}[case]
+            want = {"cpu_module": "HO-11", "fp32_matmul": "HW-1", "unpinned_copy": "DL-4", "item_sync": "HO-3",
+                    "unfused_adamw": "HO-18"}[case]
             ids = [f["id"] for f in r.get("findings") or []]
             where = " on a GPU" if mode.startswith("dry") else ""
             notes.append(f"expects {want}{where}: {'found' if want in ids else 'absent'}")

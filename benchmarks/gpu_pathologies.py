@@ -15,10 +15,13 @@ unpinned_copy           large batches copied host->device from pageable      DL-
                         memory (``DataLoader(pin_memory=False)``)
 item_sync               a logging helper reads ``.item()`` every step: a     HO-3
                         hidden host-device sync
+unfused_adamw           AdamW on its foreach update (torch's default on      HO-18
+                        CUDA) over a wide model whose step is mostly the
+                        optimizer's
 ======================  ===================================================  =================
 
 Every case is otherwise healthy (TF32 on, pinned batches copied with ``non_blocking=True``, the
-loss summed on the device), so each shows its own pathology first. On a CPU (``--device cpu``,
+loss summed on the device, AdamW's fused update), so each shows its own pathology first. On a CPU (``--device cpu``,
 the dry run of ``gpu_check.sh``) the same code runs and the GPU-only effects are simply absent.
 ``--small`` shrinks every size for that dry run. The last line printed is one JSON object with
 the case, the device and the mean step time.
@@ -41,6 +44,7 @@ CASES = {
     "fp32_matmul": "HW-1",
     "unpinned_copy": "DL-4",
     "item_sync": "HO-3",
+    "unfused_adamw": "HO-18",
 }
 CLASSES = 16
 
@@ -50,6 +54,7 @@ SIZES = {
     "fp32_matmul": ((4096, 1024, 4096, 4), (32, 32, 64, 2)),
     "unpinned_copy": ((4096, 8192, 1024, 1), (32, 256, 64, 1)),
     "item_sync": ((512, 1024, 2048, 6), (32, 32, 64, 2)),
+    "unfused_adamw": ((64, 4096, 4096, 6), (32, 32, 64, 2)),  # about 100 M parameters on the GPU
 }
 DISTINCT_BATCHES = 4  # the dataset holds this many batches; epochs repeat them
 
@@ -126,7 +131,9 @@ def train(args: argparse.Namespace) -> dict:
     model = Net(features, hidden, layers).to(device)
     if case == "cpu_module":
         model.head.to("cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    # The healthy update is the fused one (CUDA, and the CPU since torch 2.4); the case keeps foreach.
+    update = {"foreach": True} if case == "unfused_adamw" else {"fused": True}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **update)
     running = torch.zeros((), device=device)
     accuracy: list[float] = []
     step, t0 = 0, time.perf_counter()

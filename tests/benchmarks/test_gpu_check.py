@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 STEPS = [
     "env", "wheels", "demo_sick", "demo_healthy", "demo_fix", "analyze_demo_sick", "analyze_demo_healthy",
-    *(f"{kind}{case}" for case in ("cpu_module", "fp32_matmul", "unpinned_copy", "item_sync")
+    *(f"{kind}{case}" for case in ("cpu_module", "fp32_matmul", "unpinned_copy", "item_sync", "unfused_adamw")
       for kind in ("path_", "analyze_path_")),
     "overhead", "bundle",
 ]  # fmt: skip
@@ -72,7 +72,7 @@ def test_reports_parse_and_name_the_pathologies(dry_run):
         for name in [n for n in names if n.startswith("gpu_check/reports/")]:
             report = json.load(tar.extractfile(name))
             assert report["schema"] == "torchdoctor.report/1" and report["ranks"], name
-    for case in ("cpu_module", "fp32_matmul", "unpinned_copy", "item_sync"):
+    for case in ("cpu_module", "fp32_matmul", "unpinned_copy", "item_sync", "unfused_adamw"):
         assert f"gpu_check/reports/path_{case}.json" in names
         assert f"gpu_check/reports/analyze_path_{case}.json" in names
         assert f"gpu_check/runs/path_{case}/traces/rank0.json.gz" in names
