@@ -457,3 +457,15 @@ def test_ho3_a_converting_collate_in_the_workers_claims_its_share_of_the_unready
     # Workers that keep up (no wait): the collate costs CPU, not waiting; HO-3 says nothing of it.
     idle = run_all((cpu_result(dataloader_pct=0.0, dataloader_exposed_pct=0.0), f))
     assert not [x for x in idle if x.id == "HO-3"]
+
+
+def test_ho9_names_the_torch_optimizer_that_loops_among_several():
+    """A rank with a third-party optimizer listed first and a torch SGD(foreach=False): HO-9 spoke of
+    neither (it read only the first class, not torch's)."""
+    from torchdoctor.facts import OptimizerFacts
+
+    r = gpu_result()
+    r.signals.optimizer_classes = ["Lion", "SGD"]
+    f = gpu_facts(optimizers=[OptimizerFacts(cls="Lion"), OptimizerFacts(cls="SGD", foreach=False)])
+    got = only(run("HO-9", (r, f)), "HO-9")
+    assert got.title.startswith("SGD updates parameters one at a time") and got.remedy == "optim.fused"

@@ -648,9 +648,12 @@ def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
         gain = optimizer_idle_ms(v, zero_grad=False)
         cls = (v.r.signals.optimizer_classes if v.r and v.r.signals else []) or \
               [o.cls for o in (v.f.optimizers if v.f else []) if o.cls]
-        name = cls[0] if cls else "the optimizer"
-        if cls and cls[0] not in TORCH_OPTIMIZERS:
+        ours = [c for c in cls if c in TORCH_OPTIMIZERS]
+        if cls and not ours:
             return None  # foreach/fused are torch.optim options
+        # The live facts name the optimizer that loops (foreach=False) where the rank has several.
+        looping = [o.cls for o in (v.f.optimizers if v.f else []) if o.foreach is False and o.cls in TORCH_OPTIMIZERS]
+        name = (looping or ours or ["the optimizer"])[0]
         fused = name in FUSED_CLASSES
         return finding(
             v, "HO-9", "host",
