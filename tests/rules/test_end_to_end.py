@@ -59,3 +59,34 @@ def test_cpu_only_gloo_job(tmp_path):
     by_id = {f.id: f for f in rep.findings}
     assert abs(by_id["DL-1"].recoverable_pct - 20.0) < 0.5
     assert by_id["DI-3"].severity == "critical" and "inside collectives" in by_id["DI-3"].title
+
+
+def test_adamw_foreach_on_a_gpu_trace_is_priced_by_its_kernels(tmp_path):
+    """Issue 14's unfused-optimizer advisor, trace only: a busy GPU step whose last 2 ms are
+    AdamW's foreach update (Optimizer.step#AdamW.step holding aten::_foreach_* ops, each launching
+    one multi_tensor_apply kernel). HO-18 claims the kernels' time x (1 - 7/21) (AdamW's default
+    weight decay), low confidence, and says what a trace cannot know."""
+    t = Trace(device=True)
+    opt_us = 2000.0
+    for n in range(4):
+        s = n * STEP_US
+        t.step(n, s, STEP_US)
+        t.host("aten::mm", s + 10, 20.0)
+        t.kernel(TC_GEMM, s + 15, s + 40, STEP_US - opt_us - 60)
+        o = s + STEP_US - opt_us - 10
+        t.host("Optimizer.step#AdamW.step", o - 5, opt_us, cat="user_annotation")
+        ops = ["aten::_foreach_mul_", "aten::_foreach_lerp_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
+               "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::_foreach_add_", "aten::_foreach_addcdiv_"]
+        each = opt_us / len(ops)
+        for i, op in enumerate(ops):
+            t.host(op, o + i * each, 10.0)
+            t.kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>()",
+                     o + i * each + 1, o + i * each + 2, each - 4)
+    rep = analyze_paths([t.write(tmp_path / "adamw.json.gz")])
+    assert not rep.errors
+    (f,) = [f for f in rep.findings if f.id == "HO-18"]
+    kernels_ms = 8 * (opt_us / 8 - 4) / 1000  # per step
+    busy = rep.ranks[0].metrics["busy_pct"] / 100
+    assert abs(f.recoverable_ms - kernels_ms * (1 - 7 / 21) * busy) < 0.01
+    assert f.confidence == "low" and f.remedy == "optim.fused"
+    assert "constructor's default" in f.evidence[0].text and "foreach update" in f.title
