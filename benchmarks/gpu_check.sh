@@ -243,7 +243,10 @@ s_analyze() {  # ID RUN
 }
 s_pathology() {  # CASE: the case under `torchdoctor run`, then `analyze` of its trace
   local i
-  case "$1" in cpu_module) i=10 ;; fp32_matmul) i=12 ;; unpinned_copy) i=14 ;; item_sync) i=16 ;; *) i=18 ;; esac
+  case "$1" in
+    cpu_module) i=10 ;; fp32_matmul) i=12 ;; unpinned_copy) i=14 ;; item_sync) i=16 ;; unfused_adamw) i=18 ;;
+    *) echo "gpu_check: unknown pathology $1" >&2; return 0 ;;  # no step id to reuse
+  esac
   step "$i" "path_$1" "$LIM_PATH" --report "$REPORTS/path_$1.json" -- \
     "${TD[@]}" run --profile-steps "$PATH_WINDOW" --out "$RUNS/path_$1" --json "$REPORTS/path_$1.json" \
     -- "$PY" benchmarks/gpu_pathologies.py --case "$1" "${PATH_ARGS[@]}"
@@ -255,11 +258,11 @@ s_overhead() {
 }
 
 # Two lanes of about equal length (a dry run on 2 cores: much of a step is start-up and waiting).
-lane_a() {
-  s_demo_sick; s_demo_fix; s_analyze 06 demo_sick; s_pathology cpu_module; s_pathology fp32_matmul
+lane_a() { s_demo_sick; s_demo_fix; s_analyze 06 demo_sick; s_pathology cpu_module; s_pathology fp32_matmul; }
+lane_b() {
+  s_demo_healthy; s_analyze 07 demo_healthy; s_overhead; s_pathology unpinned_copy; s_pathology item_sync
   s_pathology unfused_adamw
 }
-lane_b() { s_demo_healthy; s_analyze 07 demo_healthy; s_overhead; s_pathology unpinned_copy; s_pathology item_sync; }
 
 echo "[gpu_check] mode $MODE, python $PY, out $OUT, work $WORK, budget ${BUDGET_S} s, lanes $LANES"
 s_env

@@ -72,7 +72,7 @@ def test_adamw_foreach_on_a_gpu_trace_is_priced_by_its_kernels(tmp_path):
         s = n * STEP_US
         t.step(n, s, STEP_US)
         t.host("aten::mm", s + 10, 20.0)
-        t.kernel(TC_GEMM, s + 15, s + 40, STEP_US - opt_us - 60)
+        t.kernel(TC_GEMM, s + 15, s + 40, 4000.0)  # then the device idles until the update: busy about 60%
         o = s + STEP_US - opt_us - 10
         t.host("Optimizer.step#AdamW.step", o - 5, opt_us, cat="user_annotation")
         ops = ["aten::_foreach_mul_", "aten::_foreach_lerp_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
@@ -87,6 +87,7 @@ def test_adamw_foreach_on_a_gpu_trace_is_priced_by_its_kernels(tmp_path):
     (f,) = [f for f in rep.findings if f.id == "HO-18"]
     kernels_ms = 8 * (opt_us / 8 - 4) / 1000  # per step
     busy = rep.ranks[0].metrics["busy_pct"] / 100
-    assert abs(f.recoverable_ms - kernels_ms * (1 - 7 / 21) * busy) < 0.01
+    assert 0.5 < busy < 0.7
+    assert abs(f.recoverable_ms - kernels_ms * (1 - 7 / 21) * busy) < 0.002
     assert f.confidence == "low" and f.remedy == "optim.fused"
     assert "constructor's default" in f.evidence[0].text and "foreach update" in f.title

@@ -469,3 +469,9 @@ def test_ho9_names_the_torch_optimizer_that_loops_among_several():
     f = gpu_facts(optimizers=[OptimizerFacts(cls="Lion"), OptimizerFacts(cls="SGD", foreach=False)])
     got = only(run("HO-9", (r, f)), "HO-9")
     assert got.title.startswith("SGD updates parameters one at a time") and got.remedy == "optim.fused"
+    # An optimizer that is fused already, whatever its foreach says, is not the one that loops.
+    r.signals.optimizer_classes = ["AdamW", "RMSprop"]
+    f = gpu_facts(optimizers=[OptimizerFacts(cls="AdamW", fused=True, foreach=False),
+                              OptimizerFacts(cls="RMSprop", foreach=False)])
+    got = only(run("HO-9", (r, f)), "HO-9")
+    assert got.title.startswith("RMSprop updates parameters") and got.remedy == "optim.foreach"

@@ -649,10 +649,12 @@ def single_tensor_optimizer(inputs: RuleInputs) -> list[Finding]:
         cls = (v.r.signals.optimizer_classes if v.r and v.r.signals else []) or \
               [o.cls for o in (v.f.optimizers if v.f else []) if o.cls]
         ours = [c for c in cls if c in TORCH_OPTIMIZERS]
-        if cls and not ours:
+        # The live facts name the optimizer that loops (foreach=False, not fused: single_tensor's
+        # test) where the rank has several.
+        looping = [o.cls for o in (v.f.optimizers if v.f else [])
+                   if o.foreach is False and not o.fused and o.cls in TORCH_OPTIMIZERS]
+        if cls and not ours and not looping:
             return None  # foreach/fused are torch.optim options
-        # The live facts name the optimizer that loops (foreach=False) where the rank has several.
-        looping = [o.cls for o in (v.f.optimizers if v.f else []) if o.foreach is False and o.cls in TORCH_OPTIMIZERS]
         name = (looping or ours or ["the optimizer"])[0]
         fused = name in FUSED_CLASSES
         return finding(
