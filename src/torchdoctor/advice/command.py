@@ -68,12 +68,10 @@ def cprofile(run: Mapping, processes: int = 1) -> str | None:
     argv = job_argv(run)
     if argv is None:
         return f"python -m cProfile -s cumtime {GENERIC.split()[-1]}"
-    if processes > 1 or len(argv) < 2 or not _is_python(argv[0]):
+    if processes > 1 or len(argv) < 2 or not _is_python(argv[0]) or is_launcher(argv):
         return None
-    if argv[1] == "-m" and len(argv) > 2 and not is_launcher(argv):
-        return shlex.join([argv[0], "-m", "cProfile", "-s", "cumtime", *argv[1:]])
-    if argv[1].startswith("-"):
-        return None
+    if argv[1].startswith("-") and not (argv[1] == "-m" and len(argv) > 2):
+        return None  # an interpreter option cProfile would take as its own
     return shlex.join([argv[0], "-m", "cProfile", "-s", "cumtime", *argv[1:]])
 
 

@@ -89,6 +89,17 @@ class Context:
         return iv.clip(iv.union(self.tr.ts[m], self.tr.end[m]), self.win.start, self.win.end)
 
     @cached_property
+    def work_by_correlation(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted correlation ids, device ns of each) of the device work other than collectives:
+        what a launch inside a region put on the device (metrics/device.launched_device_ns)."""
+        tr = self.tr
+        work = np.flatnonzero(self.device_work & (tr.correlation >= 0) & (self.kind != KernelKind.COMM))
+        corr, inv = np.unique(tr.correlation[work], return_inverse=True)
+        per = np.zeros(corr.size, np.int64)
+        np.add.at(per, inv, tr.end[work] - tr.ts[work])
+        return corr, per
+
+    @cached_property
     def busy(self) -> iv.Intervals:
         return self.clipped_union(self.device_work)
 

@@ -6,7 +6,6 @@ import numpy as np
 
 from ..trace.model import DEVICE_WORK, Cat
 from . import intervals as iv
-from .classify import KernelKind
 from .context import Context
 from .model import GapClass, IdleCause, NamedTime, StreamIdle
 
@@ -66,15 +65,8 @@ def launched_device_ns(ctx: Context, launches: np.ndarray) -> np.ndarray:
     Collective kernels count 0: launched inside a region (FSDP's all-gather before a checkpointed
     segment's backward) they are needed with or without the region's own work, and their time is
     mostly waiting for the other ranks."""
-    tr = ctx.tr
-    out = np.zeros(launches.size, np.int64)
-    work = np.flatnonzero(ctx.device_work & (tr.correlation >= 0) & (ctx.kind != KernelKind.COMM))
-    if not launches.size or not work.size:
-        return out
-    corr, inv = np.unique(tr.correlation[work], return_inverse=True)
-    per = np.zeros(corr.size, np.int64)
-    np.add.at(per, inv, tr.end[work] - tr.ts[work])
-    return lookup(corr, per, tr.correlation[launches], missing=0)
+    corr, per = ctx.work_by_correlation  # computed once per rank: recompute and the optimizer both ask
+    return lookup(corr, per, ctx.tr.correlation[launches], missing=0)
 
 
 def stream_idle(ctx: Context) -> list[StreamIdle]:

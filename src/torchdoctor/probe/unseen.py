@@ -99,4 +99,3 @@ def in_job_mode(torch: Any) -> bool:
     FakeTensorMode, ``with torch.device(...)``): any op of the probe's would run through it."""
     modes = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_len_torch_function_stack", None))
     return any(count is not None and count() for count in modes)
-

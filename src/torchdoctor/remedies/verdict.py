@@ -211,8 +211,12 @@ def compare(num: list[Arm], den: list[Arm]) -> Paired:
 def within(a: dict[int, list[float]], b: dict[int, list[float]], rtol: float, atol: float) -> bool:
     """Every step within atol + rtol x |loss|; a NaN or inf step only where the other run has the same
     (a GradScaler step that overflowed in both); inf is not within any tolerance of a number."""
-    return all(same_value(x, y) or (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= atol + rtol * abs(x))
-               for r, xs in a.items() for x, y in zip(xs, b.get(r, []), strict=False))
+    return all(_within_one(x, y, rtol, atol) for r, xs in a.items() for x, y in zip(xs, b.get(r, []), strict=False))
+
+
+def _within_one(x: float, y: float, rtol: float, atol: float) -> bool:
+    """One step of ``within``."""
+    return same_value(x, y) or (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= atol + rtol * abs(x))
 
 
 def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) -> LossCheck:
@@ -282,7 +286,7 @@ def _parted_at(a: dict[int, list[float]], b: dict[int, list[float]], rtol: float
     firsts = []
     for rank, xs in a.items():
         for i, (x, y) in enumerate(zip(xs, b.get(rank, []), strict=False)):
-            if not within({0: [x]}, {0: [y]}, rtol, NUMERICS_ATOL):
+            if not _within_one(x, y, rtol, NUMERICS_ATOL):
                 firsts.append(i)
                 break
     return min(firsts, default=None)

@@ -85,7 +85,9 @@ def _update_ms(v: View, o: OptimizerFacts) -> tuple[float, str] | None:
     return None
 
 
-def _fix(o: OptimizerFacts, command: str) -> Fix:
+def _fix(o: OptimizerFacts, rest: list[OptimizerFacts], command: str) -> Fix:
+    """For the candidate ``o`` that gains most, through its library's setting where one built it,
+    else at its call site; ``rest``: the other candidates, named after it."""
     lib = library_fix(o.created_by, o.cls, command)
     if lib is not None:
         return Fix(f"{lib[0]}: one pass over each parameter's state instead of one per operation. It rounds "
@@ -95,6 +97,12 @@ def _fix(o: OptimizerFacts, command: str) -> Fix:
             f"operation. It rounds differently from the loop (about 1e-7 relative).")
     if o.fused is False:
         text += " The code passes fused=False now: scripts written for GPUs often pass fused=(device == 'cuda')."
+    if rest:
+        sites = [r.call_site for r in rest if r.call_site]
+        unnamed = len(rest) - len(sites)
+        text += (" The same for " + (f"the optimizer(s) created at {', '.join(sites)}" if sites else "")
+                 + (" and " if sites and unnamed else "")
+                 + (f"{unnamed} more whose call site was not recorded" if unnamed else "") + ".")
     return Fix(text, f"torch.optim.{o.cls}(params, lr=..., fused=True)")
 
 
@@ -165,14 +173,7 @@ def unfused_optimizer(inputs: RuleInputs) -> list[Finding]:
                      f"({fmt_ms(sum(c['ms'] for c in found))} per step together) where torch has fused ones for "
                      f"their parameters: fused=True would save about {fmt_ms(gain)} per step.")
         hosts = {c["host"] for c in found}
-        fix = _fix(first["o"], job_command(inputs.run))
-        rest = [c["o"] for c in found if c is not first]
-        sites = [o.call_site for o in rest if o.call_site]
-        if rest and library_fix(first["o"].created_by, first["o"].cls, "") is None:
-            unnamed = len(rest) - len(sites)
-            fix.text += (" The same for " + (f"the optimizer(s) created at {', '.join(sites)}" if sites else "")
-                         + (" and " if sites and unnamed else "")
-                         + (f"{unnamed} more whose call site was not recorded" if unnamed else "") + ".")
+        fix = _fix(first["o"], [c["o"] for c in found if c is not first], job_command(inputs.run))
         return finding(
             v, "HO-18", "host", title, gain, evidence=[evidence(v, c) for c in found],
             fix=fix, confidence="medium" if hosts == {True} else "low",
