@@ -125,6 +125,9 @@ class FSDPFacts(msgspec.Struct, omit_defaults=True):
     unit_mb_median: float | None = None
     unit_mb_max: float | None = None
     model_mb: float | None = None  # all units together: the unsharded parameters
+    # The root's first parameter's dtype ("bfloat16"): what the all-gathers move without a mixed-precision
+    # policy (a model built in bf16 already halves them).
+    param_dtype: str | None = None
 
 
 class TensorParallelFacts(msgspec.Struct, omit_defaults=True):

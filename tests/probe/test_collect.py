@@ -8,10 +8,13 @@ import pytest
 import torch
 
 
-@pytest.mark.parametrize("param_dtype, itemsize", [(None, 4), (torch.bfloat16, 2)])
-def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, itemsize):
+@pytest.mark.parametrize("param_dtype, itemsize, model_dtype", [
+    (None, 4, torch.float32), (torch.bfloat16, 2, torch.float32), (None, 2, torch.bfloat16)])
+def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, itemsize, model_dtype):
     """pytorch/examples FSDP2 --mixed-precision (param_dtype=bf16): DI-16 priced keeping the
-    parameters unsharded at their fp32 size, twice the memory it would take."""
+    parameters unsharded at their fp32 size, twice the memory it would take. A model built in bf16
+    (torchtune's `dtype: bf16`) gathers bf16 without a policy, and its dtype is recorded: the
+    advice to gather in bf16 does not apply to it."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     from torchdoctor.probe.collect import fsdp_facts
@@ -19,13 +22,14 @@ def test_fsdp2_units_are_sized_in_the_dtype_they_are_gathered_in(param_dtype, it
     dist = torch.distributed
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
     try:
-        model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 500))
+        model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 500)).to(model_dtype)
         policy = MixedPrecisionPolicy(param_dtype=param_dtype)
         fully_shard(model[0], mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        model(torch.randn(2, 1000)).sum().backward()
+        model(torch.randn(2, 1000, dtype=model_dtype)).sum().backward()
         (facts,) = fsdp_facts(torch, [model])
         assert isinstance(model, FSDPModule) and facts.version == 2 and facts.units == 2
+        assert facts.param_dtype == str(model_dtype).removeprefix("torch.")
         # The inner unit: 1000 x 1000 + 1000 elements; the root: 1000 x 500 + 500 (MB rounded to 3 places).
         assert facts.unit_mb_max == pytest.approx(1_001_000 * itemsize / 1e6, abs=1e-3)
         assert facts.model_mb == pytest.approx(1_501_500 * itemsize / 1e6, abs=1e-3)

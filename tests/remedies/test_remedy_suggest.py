@@ -142,3 +142,20 @@ def test_a_fused_optimizer_a_library_built_is_made_permanent_through_its_setting
     other = dict(entry, library="somelib")
     (change,) = changes_for(["optim.fused"], {"optim.fused": [other]})
     assert change.text == "optimizer(..., fused=True)"
+
+
+def test_fully_shard_called_by_torchtune_is_changed_in_its_config() -> None:
+    """torchtune's shard_model calls fully_shard for its distributed recipes with
+    reshard_after_forward=cfg.get("fsdp_reshard_after_forward", True): the config key is the change
+    (on torchtune's full_finetune_distributed, fix kept fsdp.keep_unsharded at x1.07), not a
+    fully_shard call at an unknown site."""
+    def entry(library: str | None) -> dict:
+        e = {"id": "fsdp.keep_unsharded", "target": "fully_shard", "site": None,
+             "set": {"reshard_after_forward": False}, "was": {"reshard_after_forward": True}}
+        return dict(e, library=library) if library else e
+
+    (change,) = changes_for(["fsdp.keep_unsharded"], {"fsdp.keep_unsharded": [entry("torchtune")] * 2})
+    assert change.text.startswith("fsdp_reshard_after_forward: False") and change.language == "yaml"
+    assert change.where.startswith("torchtune calls fully_shard")
+    (change,) = changes_for(["fsdp.keep_unsharded"], {"fsdp.keep_unsharded": [entry(None)]})
+    assert change.text == "fully_shard(..., reshard_after_forward=False)" and change.where == "unknown call site"

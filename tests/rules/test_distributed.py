@@ -254,6 +254,67 @@ def test_di6_silent_when_every_step_steps_the_optimizer():
     assert run("DI-6", (comm_bound(), None)) == []
 
 
+def test_di6_reductions_in_every_micro_batch_of_a_step():
+    """torchtune's distributed recipe (FSDP2, 8 micro-batches per optimizer step, no
+    set_requires_gradient_sync): each profiler step holds every micro-batch, and each micro-batch
+    reduce-scatters. The claim is the reductions of all but the last micro-batch (the metric's
+    early_ns, per step), FSDP2's advice from the trace's root forwards alone, and DI-16 then counts
+    its all-gathers per micro-batch and is not squeezed by DI-6's claim."""
+    from torchdoctor.metrics.model import Accumulation
+
+    r = comm_bound(exposed=30.0, collectives={"all_gather": [80, 6 * 10**6, 10**5],
+                                                "reduce_scatter": [40, 4 * 10**6, 10**5]})
+    r.signals.accumulation = Accumulation(wrapper="FSDP2", steps=5, synced_steps=5, micro_batches=8.0,
+                                          reductions_per_micro_batch=7, early_ns=5 * 12 * MS, kinds=["reduce-scatter"])
+    got = only(run("DI-6", (r, None)), "DI-6")
+    assert abs(got.recoverable_ms - 12.0) < 1e-6
+    assert "8 micro-batches per optimizer step, each with 7 reduce-scatter call(s) (FSDP2)" in got.title
+    assert "set_requires_gradient_sync" in got.fix.snippet and "no_sync" not in got.fix.snippet
+    f = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=True, units=7, unit_mb_median=10.0, model_mb=70.0)])
+    f.world_size = 2
+    found = run_all((r, f))
+    assert abs(only(found, "DI-6").recoverable_ms - 12.0) < 1e-6
+    di16 = only(found, "DI-16")
+    assert "twice per micro-batch (16 times per step over 8 micro-batches)" in di16.title
+    # Backward's all-gathers: half of the all-gathers' 60% of the 30 ms exposed, whatever DI-6 took first.
+    assert abs(di16.recoverable_ms - 30.0 * 0.5 * 0.6) < 1e-6
+    assert "about 35 MB more per rank" in only(found, "DI-6").evidence[1].text  # 70 MB unsharded, half its own
+    assert only(found, "DI-6").confidence == "medium"
+    # At 79 of 80 GB the unsharded gradients do not fit: said, and the finding drops to info.
+    gb = 2**30
+    f.device.total_memory_bytes, f.device.max_memory_allocated_bytes = 80 * gb, 79 * gb
+    tight = only(run_all((r, f)), "DI-6")
+    assert tight.severity == "info" and tight.confidence == "low" and "more than the device has room" in tight.evidence[1].text
+    f.device.max_memory_allocated_bytes = 20 * gb
+    # torchtune built the optimizer: its recipes have no setting for it, nor a line of the user's.
+    from torchdoctor.facts import OptimizerFacts
+    f.optimizers = [OptimizerFacts(cls="AdamW", created_by="torchtune")]
+    found = run_all((r, f))
+    assert "tune cp" in only(found, "DI-6").fix.text and "self._model.set_requires_gradient_sync" in only(
+        found, "DI-6").fix.snippet
+    assert "fsdp_reshard_after_forward: False" in only(found, "DI-16").fix.snippet
+    r.signals.accumulation = Accumulation(wrapper="DDP", steps=5, synced_steps=5, micro_batches=4.0,
+                                          reductions_per_micro_batch=2, early_ns=5 * 6 * MS, kinds=["all-reduce"])
+    got = only(run("DI-6", (r, None)), "DI-6")
+    assert "each with 2 all-reduce call(s) (DDP)" in got.title and "no_sync" in got.fix.snippet
+    r.signals.accumulation.synced_steps, r.signals.accumulation.early_ns = 0, 0  # no_sync() used
+    assert run("DI-6", (r, None)) == []
+
+
+def test_di16_keeps_its_claim_only_beside_di6s_reductions():
+    """DI-6's claim from profiler steps that are micro-batches is all their exposed communication,
+    all-gathers included: DI-16 then prices backward's all-gathers from what is left, not as if
+    DI-6 had taken reductions only."""
+    r = accumulating(collectives={"all_gather": [80, 6 * 10**6, 10**5], "reduce_scatter": [40, 4 * 10**6, 10**5]})
+    f = gpu_facts(fsdp=[FSDPFacts(version=2, reshard_after_forward=True, units=7, unit_mb_median=10.0, model_mb=70.0)])
+    f.world_size = 2
+    found = run_all((r, f))
+    di6, di16 = only(found, "DI-6"), only(found, "DI-16")
+    assert "Micro-batches without an optimizer step" in di6.title
+    left = 10.0 - di6.recoverable_ms  # 10 ms exposed per step
+    assert abs(di16.recoverable_ms - left * 0.5 * 0.6) < 1e-6
+
+
 def test_di7_find_unused_without_unused():
     r = comm_bound()
     r.signals.ddp_forward_self_ns = 3 * 5 * MS
@@ -443,6 +504,11 @@ def test_fsdp2_advice_never_says_no_sync_and_ddp_advice_stays():
     assert "no_sync" in only(run("DI-6", (accumulating(), gpu_facts(ddp=[DDPFacts()]))), "DI-6").fix.snippet
     fsdp1 = gpu_facts(fsdp=[FSDPFacts(version=1)])
     assert "BackwardPrefetch" in only(run("DI-3", (accumulating(), fsdp1)), "DI-3").fix.snippet
+    # A model built in bf16 (torchtune's dtype: bf16) all-gathers 16-bit parameters already.
+    bf16 = gpu_facts(fsdp=[FSDPFacts(version=2, units=11, unit_mb_median=8.0, param_dtype="bfloat16",
+                                     mixed_precision="MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)")])
+    got = only(run("DI-3", (accumulating(), bf16)), "DI-3").fix
+    assert "MixedPrecisionPolicy" not in got.text and "param_dtype" not in got.snippet
 
 
 def test_tensor_parallel_jobs_are_advised_on_their_activation_collectives():
@@ -546,3 +612,19 @@ def test_di16_fsdp2_resharding_with_memory_to_spare():
     small = facts(mb=0.26)  # pytorch/examples' FSDP2 Transformer: 0.26 MB on 8 ranks
     assert got.title.startswith("FSDP2 all-gathers") and "for 0.23 MB more memory per rank." in only(
         run("DI-16", (host, small)), "DI-16").title
+
+
+def test_di6_on_a_host_only_trace_takes_the_profilers_slowdown_out():
+    """torchtune's FSDP2 recipe on CPU: the profiled step ran 8% longer than the probe's steps, and
+    the reductions' host ranges with it; the claim is the same share of the unprofiled step."""
+    from torchdoctor.metrics.model import Accumulation
+
+    r = cpu_result(comm_pct=40.0, comm_exposed_pct=40.0)
+    r.backend = "gloo"
+    r.signals.accumulation = Accumulation(wrapper="FSDP2", steps=5, synced_steps=5, micro_batches=8.0,
+                                          reductions_per_micro_batch=7, early_ns=5 * 20 * MS, kinds=["reduce-scatter"])
+    f = cpu_facts(steps=[StepTiming(step=i, total_ms=80.0) for i in range(10)])
+    got = only(run("DI-6", (r, f)), "DI-6")
+    assert abs(got.recoverable_ms - 20.0 * 80.0 / 100.0) < 1e-6  # 20 ms in a 100 ms window step, 80 ms unprofiled
+    assert "the profiled steps ran 20.0 ms longer than the unprofiled ones, so 16.0 ms is claimed" in got.evidence[1].text
+    assert "16.0 ms per step" in got.title

@@ -509,6 +509,18 @@ class SmFill(msgspec.Struct):
     sms_source: str = ""
 
 
+class Accumulation(msgspec.Struct):
+    """Gradient reductions in the micro-batches of accumulating steps (metrics/accumulation.py)."""
+
+    wrapper: str  # "FSDP2", "DDP" or "FSDP": whose root forwards mark the micro-batches
+    steps: int  # window steps holding one optimizer step and two or more micro-batches
+    synced_steps: int  # of those, the steps whose every micro-batch reduced gradients
+    micro_batches: float  # per step read (mean)
+    reductions_per_micro_batch: int  # reduction calls in a micro-batch of a synced step (median)
+    early_ns: int  # reduction time in all but the last micro-batch of the synced steps, summed
+    kinds: list[str] = []  # "all-reduce", "reduce-scatter": the kinds of those early reduction calls
+
+
 class RuleSignals(msgspec.Struct):
     """Narrow numbers for the diagnosis rules that the headline metrics do not carry."""
 
@@ -546,6 +558,8 @@ class RuleSignals(msgspec.Struct):
     dataloader_iter: str | None = None
     # Communication kernels by collective: name -> [count, total ns, shortest ns].
     collectives: dict[str, list[int]] = {}
+    # Gradient accumulation that reduces on every micro-batch (no no_sync / set_requires_gradient_sync).
+    accumulation: Accumulation | None = None
     # Time inside DistributedDataParallel.forward not covered by any op it calls: DDP's own work
     # (with find_unused_parameters=True, mostly the autograd-graph search).
     ddp_forward_self_ns: int = 0

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..trace.model import Cat, RankTrace
 from . import intervals as iv
+from .accumulation import accumulation
 from .classify import KernelKind, MathPath, math_path, memcpy_kind
 from .context import Context
 from .device import launched_device_ns, lookup, top_by_name
@@ -68,6 +69,7 @@ def rule_signals(ctx: Context, cause_sets: dict[str, iv.Intervals]) -> RuleSigna
     out.anomaly_checks = anomaly_checks(ctx)
     out.markers = markers(ctx)
     out.collectives = collectives(ctx)
+    out.accumulation = accumulation(ctx)
     out.ddp_forward_self_ns = self_time(ctx, "DistributedDataParallel.forward")
     for n in tr.names:
         m = _DL_ITER.match(n)

@@ -318,6 +318,7 @@ def fsdp_facts(torch: Any, roots: Iterable[Any]) -> list[FSDPFacts]:
                         unit_mb_median=round(sorted(sizes)[len(sizes) // 2], 3) if sizes else None,
                         unit_mb_max=round(max(sizes), 3) if sizes else None,
                         model_mb=round(sum(sizes), 3) if sizes else None,
+                        param_dtype=attempt(lambda m=module: str(next(m.parameters()).dtype).removeprefix("torch.")),
                     )
                 )
                 break

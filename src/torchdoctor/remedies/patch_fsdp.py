@@ -135,8 +135,10 @@ def _patch(module: Any, rt: Runtime) -> None:
             if old is False:
                 rt.skip(IDS[0], "fully_shard already has reshard_after_forward=False")
                 return None
-            rt.did(IDS[0], "fully_shard", runtime.user_site(), {"reshard_after_forward": False},
-                   {"reshard_after_forward": old})
+            # torchtune's shard_model calls it for the recipe: its config, not a diff, is the change.
+            site = runtime.creation_site()
+            rt.did(IDS[0], "fully_shard", site.user, {"reshard_after_forward": False},
+                   {"reshard_after_forward": old}, library=site.library, library_site=site.library_site)
             plain = (bound.args, bound.kwargs)
             bound.arguments["reshard_after_forward"] = False
             return (bound.args, bound.kwargs), plain

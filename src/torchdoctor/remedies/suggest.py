@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..advice import checkpointing, optimizer
+from ..advice import checkpointing, fsdp, optimizer
 from ..advice.framework_settings import (
     CLI_OPTIONS,
     CONFIG_DICTS,
@@ -33,7 +33,7 @@ class Change:
     ids: list[str]
     where: str  # "file:line" or "start-up"
     text: str
-    language: str  # diff | python | shell
+    language: str  # diff | python | shell | yaml
 
 
 def _offsets(src: bytes) -> list[int]:
@@ -190,6 +190,11 @@ def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None
         return Change([rid], "start-up", remedy.snippet, "shell")
     if rid == "memory.no_checkpoint":
         return _no_checkpoint(entries)
+    if rid == "fsdp.keep_unsharded" and entries and not any(e.get("site") for e in entries):
+        libraries = {e.get("library") for e in entries}
+        if len(libraries) == 1 and (lib := next(iter(libraries))) in fsdp.RESHARD_SETTINGS:
+            where, change = fsdp.RESHARD_SETTINGS[lib]
+            return Change([rid], f"{lib} calls fully_shard: {where}", change, "yaml")
     if rid == "optim.fused" and entries and not any(e.get("site") for e in entries):
         libraries = {e.get("library") for e in entries}
         targets = {e.get("target") for e in entries}

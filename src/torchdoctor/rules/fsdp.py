@@ -8,10 +8,21 @@ per unit and step instead of two (`fix` applies it: remedy ``fsdp.keep_unsharded
 
 from __future__ import annotations
 
-from ._comm import PRIORITY, comm_evidence, comm_rule, keep_unsharded_room, resharding_fsdp2
+from ..advice.fsdp import RESHARD_SETTINGS
+from ._comm import PRIORITY, built_by, comm_evidence, comm_rule, keep_unsharded_room, resharding_fsdp2
 from ._common import View, finding, fmt_ms, severity
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
+
+
+def _fix(library: str | None) -> Fix:
+    if library in RESHARD_SETTINGS:  # the library passes the flag to fully_shard from its own settings
+        where, change = RESHARD_SETTINGS[library]
+        return Fix("Keep each unit's parameters unsharded between forward and backward (more memory, one "
+                   f"all-gather per unit and micro-batch): {where}.", change)
+    return Fix("Keep each unit's parameters unsharded between forward and backward (more memory, one "
+               "all-gather per unit and step).",
+               "fully_shard(block, reshard_after_forward=False)   # each unit, and the root")
 
 
 @rule("DI-16", priority=PRIORITY["DI-16"], budgets=("comm.exposed",))
@@ -31,9 +42,13 @@ def reshard_after_forward(inputs: RuleInputs) -> list[Finding]:
         kinds = v.r is not None and v.r.signals is not None and bool(v.r.signals.collectives)
         where = "device memory allows it" if v.accel else "host memory: unchecked on a CPU job"
         more = f"{extra:.0f}" if extra >= 10 else f"{extra:.2g}"
+        acc = v.r.signals.accumulation if v.r is not None and v.r.signals is not None else None
+        # With gradient accumulation each micro-batch all-gathers for its forward and its backward.
+        often = (f"twice per micro-batch ({2 * acc.micro_batches:g} times per step over {acc.micro_batches:g} "
+                 "micro-batches)" if acc is not None and acc.micro_batches > 1 else "twice per step")
         return finding(
             v, "DI-16", "distributed",
-            f"FSDP2 all-gathers every unit's parameters twice per step (reshard_after_forward=True): keeping them "
+            f"FSDP2 all-gathers every unit's parameters {often} (reshard_after_forward=True): keeping them "
             f"unsharded from forward to backward saves the backward all-gathers, about {fmt_ms(ms)} per step, "
             f"for {more} MB more memory per rank.",
             ms, sev=severity(v.pct(ms)),
@@ -42,9 +57,7 @@ def reshard_after_forward(inputs: RuleInputs) -> list[Finding]:
                 f"the step they add {extra:.1f} MB per rank ({where}).",
                 {"units": fs.units, "model_mb": fs.model_mb, "extra_mb": round(extra, 1),
                  "split_by_kind": kinds})],
-            fix=Fix("Keep each unit's parameters unsharded between forward and backward (more memory, one "
-                    "all-gather per unit and step).",
-                    "fully_shard(block, reshard_after_forward=False)   # each unit, and the root"),
+            fix=_fix(built_by(v)),
             confidence="medium" if kinds else "low",
             confirm="" if kinds else "the trace does not split communication by kind: `torchdoctor fix` measures it",
             remedy="fsdp.keep_unsharded", source="FSDP2 fully_shard docstring (reshard_after_forward)")
