@@ -162,16 +162,21 @@ def test_on_a_device_the_early_time_is_the_reduction_kernels_compute_does_not_co
     assert acc.early_ns == 3 * 500_000
 
 
-def _ddp_step(b: TraceBuilder, t0: float, micro: list[list[tuple[str, float]]], before: float = 0.0) -> None:
-    """One step of DDP micro-batches at t0: each a forward, then a backward node holding the listed
-    (reduction call, µs) in order; `before`: a loss all-reduce of that many µs after each forward,
-    outside backward."""
+def _ddp_step(b: TraceBuilder, t0: float, micro: list[list[tuple[str, float]]], before: int = 0,
+              sync_bn: int = 0) -> None:
+    """One step of DDP micro-batches at t0: each a forward, then a gradient's backward node holding
+    the listed (reduction call, µs) in order; `before`: that many 20 µs loss/metric all-reduces after
+    each forward, outside backward; `sync_bn`: that many 20 µs SyncBatchNorm all-reduces in each
+    micro-batch's backward, inside their own node."""
     b.step(int(t0 // 10_000) + 1, t0, 10_000.0)
     for i, calls in enumerate(micro):
         t = t0 + 100 + i * 3_000
         b.annotation("DistributedDataParallel.forward", t, 500.0)
-        if before:
-            b.op("c10d::allreduce_", t + 600, before)
+        for j in range(before):
+            b.op("c10d::allreduce_", t + 520 + j * 30, 20.0)
+        for j in range(sync_bn):
+            b.op("autograd::engine::evaluate_function: SyncBatchNormBackward", t + 700 + j * 60, 50.0)
+            b.op("c10d::allreduce_", t + 710 + j * 60, 20.0)
         b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t + 1_000, 1_500.0)
         at = t + 1_100
         for name, dur in calls:
@@ -185,18 +190,20 @@ def _read(b: TraceBuilder, path):
     return accumulation(Context(tr, choose_window(tr, "all")))
 
 
-def test_a_loss_all_reduce_per_micro_batch_is_not_a_gradient_reduction(tmp_path):
-    """no_sync() on 3 of 4 micro-batches, one gradient bucket, and the loss all-reduced after every
-    forward (outside backward): not flagged. Without no_sync, the bucket's all-reduce inside
-    every backward is."""
+@pytest.mark.parametrize("others", [{"before": 3}, {"sync_bn": 3}])
+def test_other_all_reduces_are_not_gradient_reductions(tmp_path, others):
+    """no_sync() on 2 of 3 micro-batches, one gradient bucket at the end, and three other all-reduces
+    in every micro-batch (loss and metrics after the forward, or SyncBatchNorm's in its backward
+    node): counted as gradients' they would make 3, 3, 4 calls, a step that reduces everywhere. Not
+    flagged. Without no_sync, the bucket's all-reduce in every micro-batch is, and only its time counts."""
     b = TraceBuilder()
     for n in range(2):
-        _ddp_step(b, n * 10_000.0, [[], [], [("c10d::allreduce_", 200.0)]], before=50.0)
-    acc = _read(b, tmp_path / "loss.json")
+        _ddp_step(b, n * 10_000.0, [[], [], [("c10d::allreduce_", 200.0)]], **others)
+    acc = _read(b, tmp_path / "no_sync.json")
     assert acc is not None and (acc.steps, acc.synced_steps, acc.early_ns) == (2, 0, 0)
     b = TraceBuilder()
     for n in range(2):
-        _ddp_step(b, n * 10_000.0, [[("c10d::allreduce_", 200.0)]] * 3, before=50.0)
+        _ddp_step(b, n * 10_000.0, [[("c10d::allreduce_", 200.0)]] * 3, **others)
     acc = _read(b, tmp_path / "every.json")
     assert acc is not None and (acc.synced_steps, acc.reductions_per_micro_batch, acc.kinds) == (2, 1, ["all-reduce"])
     assert acc.early_ns == 2 * 2 * 200_000  # the bucket's all-reduce in the first two micro-batches of each step
@@ -215,7 +222,8 @@ def test_hsdp_that_skips_only_the_replicas_all_reduce_is_not_flagged(tmp_path):
 
 def test_two_forwards_before_one_backward_are_one_micro_batch(tmp_path):
     """DPO's chosen and rejected forwards (or an evaluation forward) before one backward: one
-    micro-batch, so a step of one backward is not accumulation, and two backwards are two."""
+    micro-batch. Two such pairs, each with its backward, are two micro-batches; a step of one pair
+    and one backward is not read as accumulation."""
     b = TraceBuilder()
     for n in range(2):
         t0 = n * 10_000.0
@@ -229,3 +237,14 @@ def test_two_forwards_before_one_backward_are_one_micro_batch(tmp_path):
         b.annotation("Optimizer.step#SGD.step", t0 + 9_500, 300.0)
     acc = _read(b, tmp_path / "dpo.json")
     assert acc is not None and (acc.micro_batches, acc.synced_steps, acc.early_ns) == (2, 2, 2 * 200_000)
+
+    b = TraceBuilder()
+    for n in range(2):
+        t0 = n * 10_000.0
+        b.step(n + 1, t0, 10_000.0)
+        b.annotation("DistributedDataParallel.forward", t0 + 100, 400.0)
+        b.annotation("DistributedDataParallel.forward", t0 + 600, 400.0)
+        b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t0 + 1_100, 1_500.0)
+        b.op("c10d::allreduce_", t0 + 1_200, 200.0)
+        b.annotation("Optimizer.step#SGD.step", t0 + 9_500, 300.0)
+    assert _read(b, tmp_path / "one.json") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -405,6 +406,7 @@ def test_fused_problem_reads_the_kernel_table_dtypes_and_gradients() -> None:
 _DDP_JOB = """
 import json, os, sys
 from datetime import timedelta
+from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import distributed
@@ -445,7 +447,8 @@ def test_ddp_arguments() -> None:
     assert got["applied"] == sorted(ids)
 
 
-def test_fsdp2_units_keep_their_parameters_unsharded(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsdp2_units_keep_their_parameters_unsharded(runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
     import importlib
 
     from torchdoctor.probe.collect import fsdp2_reshards
@@ -473,6 +476,19 @@ def test_fsdp2_units_keep_their_parameters_unsharded(runtime: Runtime, monkeypat
         # Both calls (the block's and the root's lines), each recorded with what the user had.
         assert [(e["set"], e["was"]) for e in runtime.applied] == [
             ({"reshard_after_forward": False}, {"reshard_after_forward": None})] * 2
+        assert all(e["site"] and "library" not in e for e in runtime.applied)
+        # A library that shards for the job (torchtune's shard_model): the library is recorded, so that
+        # fix's permanent change is its setting (remedies/suggest.py), not a line of its file.
+        lib = tmp_path / "site-packages" / "shardlib"
+        lib.mkdir(parents=True)
+        (lib / "__init__.py").write_text("def shard(model, fully_shard):\n    fully_shard(model[1])\n"
+                                         "    fully_shard(model)\n")
+        monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+        import shardlib
+
+        runtime.applied.clear()
+        shardlib.shard(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)), fsdp.fully_shard)
+        assert [(e["site"], e.get("library")) for e in runtime.applied] == [(None, "shardlib")]
     finally:
         dist.destroy_process_group()
 

@@ -285,7 +285,12 @@ def test_di6_reductions_in_every_micro_batch_of_a_step():
     f.device.total_memory_bytes, f.device.max_memory_allocated_bytes = 80 * gb, 79 * gb
     tight = only(run_all((r, f)), "DI-6")
     assert tight.severity == "info" and tight.confidence == "low" and "more than the device has room" in tight.evidence[1].text
+    assert tight.recoverable_ms == 0.0 and "12.0 ms, which memory does not allow to skip," in tight.title
     f.device.max_memory_allocated_bytes = 20 * gb
+    # Under a policy that reduces in fp32 beside bf16 parameters, the kept gradients are fp32: twice the size.
+    f.fsdp[0].mixed_precision = "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+    assert "about 70 MB more per rank" in only(run_all((r, f)), "DI-6").evidence[1].text
+    f.fsdp[0].mixed_precision = None
     # torchtune built the optimizer: its recipes have no setting for it, nor a line of the user's.
     from torchdoctor.facts import OptimizerFacts
     f.optimizers = [OptimizerFacts(cls="AdamW", created_by="torchtune")]

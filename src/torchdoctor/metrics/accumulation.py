@@ -15,8 +15,9 @@ starts at the step's first root forward and at every root forward that follows s
 since the previous one: two forwards before one backward (DPO's chosen and rejected, an evaluation,
 a model with two sharded roots) are one micro-batch. A step with two or more is read. A *gradient
 reduction* is a host collective call that reduces (``c10d::allreduce_``, ``c10d::_reduce_scatter_base_``,
-``c10d::reduce_scatter_*`` ...) made inside backward (DDP's reducer calls them from autograd's
-hooks, FSDP from its post-backward): a loss or metric all-reduce in the loop is not one. The step
+``c10d::reduce_scatter_*`` ...) made inside the AccumulateGrad node's range (DDP's reducer and FSDP1
+reduce from hooks there) or FSDP's post-backward ranges (FSDP2), on the same thread: a loss or
+metric all-reduce in the loop, or a SyncBatchNorm's in its own backward node, is not one. The step
 reduces on every micro-batch when each micro-batch holds at least SYNCED_SHARE of the reduction
 calls of the last one (HSDP that skips only the all-reduce of the replicas, with
 ``set_requires_all_reduce(False)``, still reduce-scatters every micro-batch by design, and holds half).
@@ -24,10 +25,11 @@ calls of the last one (HSDP that skips only the all-reduce of the replicas, with
 ``early_ns``: the communication time of those reductions in all micro-batches but each step's
 last, summed over the steps: on a trace with device activity the device rows launched by those
 calls (by correlation), less the time any other device work (compute, copies, other collectives)
-ran beside them: the exposed part; on a host-only trace the union of the reduction ranges on every
-thread (the calls, the backends' ``gloo:all_reduce``/``nccl:reduce_scatter`` ranges, FSDP's
-``post_backward_reduce`` and its waits) from the step's first micro-batch to its last while some
-thread was in backward, all of it exposed, as every other host collective time is. That is the time skipping those reductions gives
+ran beside them: the exposed part; on a host-only trace the union of the gradients' reduction ranges
+(the calls and FSDP's ``post_backward_reduce`` and its waits inside the gradient nodes and FSDP's
+post-backward ranges; the backends' ``gloo:all_reduce``/``nccl:reduce_scatter`` ranges on their
+worker threads, which nothing ties to a call) from the step's first micro-batch to its last while
+some thread was in backward, all of it exposed, as every other host collective time is. That is the time skipping those reductions gives
 back, less what the skipped micro-batches then do instead (FSDP2 accumulates their unsharded
 gradients), which is not priced: on torchtune's FSDP2 recipe the reductions took 12.8% of the
 profiled step (11.8% of the unprofiled one, rules/_comm.accumulation_within_ms) and skipping them
@@ -48,8 +50,11 @@ from .model import Accumulation
 # The wrapper's outermost forward, by the range it records, and the name the report uses.
 ROOT_FORWARDS = (("FSDP::root_pre_forward", "FSDP2"), ("DistributedDataParallel.forward", "DDP"),
                  ("FullyShardedDataParallel.forward", "FSDP"))
-# Host collective calls that reduce gradients (the dispatcher's c10d ops, one per call).
-_REDUCE_CALL = re.compile(r"^c10d::(allreduce_|allreduce_coalesced_|_reduce_scatter_base_|reduce_scatter_)")
+# Host collective calls that reduce (the dispatcher's c10d ops, one per call; allreduce_ covers _coalesced_).
+_REDUCE_CALL = re.compile(r"^c10d::(allreduce_|_reduce_scatter_base_|reduce_scatter_)")
+# Where gradients are reduced: DDP's reducer and FSDP1 from hooks on the AccumulateGrad node, FSDP2 in
+# its post-backward ranges. A SyncBatchNorm's all-reduce runs in its own backward node: not a gradient's.
+GRADIENT_NODE = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 # Host ranges of reductions in progress: the calls, the backends' ranges, FSDP's reduce and waits.
 _REDUCE_RANGE = re.compile(
     r"^c10d::(allreduce|_reduce_scatter_base|reduce_scatter)|^(nccl|gloo|mpi|ucc|xccl|hccl):(all_?reduce|reduce_?scatter)"
@@ -71,9 +76,7 @@ def accumulation(ctx: Context) -> Accumulation | None:
     wrapper, root = found
     bwd = ctx.clipped_union(host & (ctx.backward_mask | tr.name_mask(_FSDP_BACKWARD.match)))
     opt = np.sort(tr.ts[host & tr.name_mask(lambda n: n.startswith("Optimizer.step#"))])
-    calls = np.flatnonzero(host & tr.name_mask(_REDUCE_CALL.match))
-    calls = calls[_inside(tr.ts[calls], bwd)]
-    calls = calls[np.argsort(tr.ts[calls], kind="stable")]
+    calls = _gradient_calls(ctx, host)
     call_ts = tr.ts[calls]
     read = synced = micro = 0
     per_sync: list[int] = []
@@ -90,7 +93,7 @@ def accumulation(ctx: Context) -> Accumulation | None:
         if counts[-1] == 0 or (counts[:-1] < SYNCED_SHARE * counts[-1]).any():
             continue
         synced += 1
-        per_sync.append(int(np.median(counts)))
+        per_sync.append(int(round(float(np.median(counts)))))
         early_calls.append(calls[edges[0]:edges[-2]])
         spans.append((int(starts[0]), int(starts[-1])))
     if not read:
@@ -99,8 +102,43 @@ def accumulation(ctx: Context) -> Accumulation | None:
     kinds = sorted({"reduce-scatter" if "reduce_scatter" in n else "all-reduce" for n in tr.names_of(picked)})
     return Accumulation(
         wrapper=wrapper, steps=read, synced_steps=synced, micro_batches=round(micro / read, 2),
-        reductions_per_micro_batch=int(np.median(per_sync)) if per_sync else 0, kinds=kinds,
+        reductions_per_micro_batch=int(round(float(np.median(per_sync)))) if per_sync else 0, kinds=kinds,
         early_ns=_early_ns(ctx, picked, spans, bwd) if spans else 0)
+
+
+def _gradient_ranges(ctx: Context) -> np.ndarray:
+    """Mask of the host reduction ranges of gradients: on a thread that holds gradient nodes or FSDP's
+    post-backward ranges, those that start inside one (not a SyncBatchNorm's in its own node); on
+    the other threads (the backend's workers: ``gloo:all_reduce``), all of them, which nothing ties
+    to the call that queued them."""
+    tr = ctx.tr
+    ranges = ctx.host & ctx.in_window & tr.name_mask(_REDUCE_RANGE.match)
+    holders = ctx.host & ctx.in_window & tr.name_mask(_is_holder)
+    out = ranges.copy()
+    for tid in np.unique(tr.tid[holders]):
+        on = np.flatnonzero(ranges & (tr.tid == tid))
+        mine = holders & (tr.tid == tid)
+        out[on] = _inside(tr.ts[on], iv.union(tr.ts[mine], tr.end[mine]))
+    return out
+
+
+def _is_holder(name: str) -> bool:
+    return name == GRADIENT_NODE or bool(_FSDP_BACKWARD.match(name))
+
+
+def _gradient_calls(ctx: Context, host: np.ndarray) -> np.ndarray:
+    """The reduction calls made inside a gradient's node or FSDP's post-backward range on their own
+    thread, sorted by start."""
+    tr = ctx.tr
+    calls = np.flatnonzero(host & tr.name_mask(_REDUCE_CALL.match))
+    holders = host & tr.name_mask(_is_holder)
+    keep = np.zeros(calls.size, bool)
+    for tid in np.unique(tr.tid[calls]):
+        on = tr.tid[calls] == tid
+        mine = holders & (tr.tid == tid)
+        keep[on] = _inside(tr.ts[calls[on]], iv.union(tr.ts[mine], tr.end[mine]))
+    calls = calls[keep]
+    return calls[np.argsort(tr.ts[calls], kind="stable")]
 
 
 def _root_forwards(ctx: Context, host: np.ndarray) -> tuple[str, np.ndarray] | None:
@@ -129,10 +167,10 @@ def _early_ns(ctx: Context, calls: np.ndarray, spans: list[tuple[int, int]], bwd
     """The reductions' time as the module docstring counts it: the exposed device rows launched by
     ``calls`` with device activity, else the host reduction ranges inside ``spans`` while backward ran."""
     tr = ctx.tr
-    if not ctx.has_device:
+    if not (ctx.device_work & ctx.in_window).any():  # as the rules' has_device_trace: the window's own
         s0 = np.array([a for a, _ in spans], np.int64)
         s1 = np.array([b for _, b in spans], np.int64)
-        ranges = ctx.clipped_union(ctx.host & tr.name_mask(_REDUCE_RANGE.match))
+        ranges = ctx.clipped_union(_gradient_ranges(ctx))
         return iv.total(iv.intersect(iv.intersect(ranges, iv.union(s0, s1)), bwd))
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
     inside = np.zeros(launches.size, bool)

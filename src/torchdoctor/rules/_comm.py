@@ -325,15 +325,18 @@ def unsharded_room(v: View, model_mb: float) -> tuple[bool, float]:
 
 def backward_gather_ms(v: View, exposed: float) -> float:
     """The exposed communication per step that backward's all-gathers take: half the all-gather
-    share of the communication where the trace names the kinds, else BACKWARD_GATHER_SHARE of it."""
+    share of the communication where the trace names the kinds, else BACKWARD_GATHER_SHARE of it,
+    of the exposed time before DI-6's reductions-only claim (``exposed`` is what is left after it)."""
     s = v.r.signals if v.r is not None else None
     share = BACKWARD_GATHER_SHARE
     if s is not None and s.collectives:
         total = sum(x[1] for x in s.collectives.values())
         share = 0.5 * s.collectives.get("all_gather", [0, 0])[1] / total if total else 0.0
     # DI-6's within-step claim is reductions only: the all-gathers' share is of the exposed time before it.
-    before = exposed + min(v.ledger.by_rule(v.rank, "comm.exposed").get("DI-6", 0.0) if v.ledger is not None else 0.0,
-                           accumulation_within_ms(v))
+    # Its micro-step claim is all the exposed communication of those steps, all-gathers included.
+    before = exposed
+    if v.ledger is not None and accumulation_within_ms(v) >= micro_step_comm_ms(v):
+        before += min(v.ledger.by_rule(v.rank, "comm.exposed").get("DI-6", 0.0), accumulation_within_ms(v))
     return min(exposed, before * share)
 
 
@@ -395,7 +398,24 @@ def accumulation_comm_ms(v: View) -> float:
     micro-batch but the last inside steps that hold one optimizer step (metrics/accumulation.py),
     or, where the profiler's steps are the micro-batches, the exposed comm of the steps that run no
     optimizer step."""
-    return max(accumulation_within_ms(v), micro_step_comm_ms(v))
+    within = accumulation_within_ms(v)
+    if within >= micro_step_comm_ms(v) and not accumulation_room(v)[0]:
+        return 0.0  # the unsharded gradients would not fit: nothing to give back as it stands
+    return max(within, micro_step_comm_ms(v))
+
+
+def accumulation_room(v: View) -> tuple[bool, float | None]:
+    """(whether memory holds it, MB per rank) for skipping FSDP2's reductions between micro-batches:
+    FSDP2 then keeps each unit's unsharded gradients until the last micro-batch reduces them, in
+    the policy's reduce_dtype when it has one (fp32 beside bf16 parameters: twice the gathered size).
+    (True, None) for DDP and FSDP1, whose no_sync() keeps gradients the size they are anyway."""
+    fs = next((f for f in v.f.fsdp if f.version == 2), None) if v.f is not None else None
+    if fs is None or not fs.model_mb:
+        return True, None
+    mp = fs.mixed_precision or ""
+    low = fs.param_dtype in ("bfloat16", "float16") or any(f"param_dtype=torch.{d}" in mp for d in ("bfloat16", "float16"))
+    scale = 2.0 if low and "reduce_dtype=torch.float32" in mp else 1.0
+    return unsharded_room(v, fs.model_mb * scale)
 
 
 def accumulation_within_ms(v: View) -> float:

@@ -27,6 +27,7 @@ from ._comm import (
     PRIORITY,
     STRAGGLER_WARN_STEPS,
     TML_CRITICAL_STEPS,
+    accumulation_room,
     accumulation_within_ms,
     backend,
     big_embedding,
@@ -47,7 +48,6 @@ from ._comm import (
     run_stragglers,
     sev_at_least,
     sharding,
-    unsharded_room,
 )
 from ._common import (
     WARN_PCT,
@@ -627,18 +627,19 @@ def _accumulating_steps(v: View, acc: Accumulation, kind: str | None, ms: float,
     k = acc.micro_batches
     batches = f"{k:g} micro-batches" if k == int(k) else f"{k:.1f} micro-batches on average"
     what = " and ".join(acc.kinds) or "reduction"
-    fs = next((f for f in v.f.fsdp if f.version == 2), None) if v.f is not None else None
-    fits, extra = unsharded_room(v, fs.model_mb) if kind == "fsdp2" and fs is not None and fs.model_mb else (True, None)
+    fits, extra = accumulation_room(v) if kind == "fsdp2" else (True, None)
     memory = ""
     if extra is not None:
         # FSDP2 keeps the skipped micro-batches' gradients unsharded until the last one reduces them.
         memory = (f" Skipping them keeps each unit's gradients unsharded between micro-batches: about {extra:.0f} MB "
-                  f"more per rank{'' if fits else ', more than the device has room for at its peak'}.")
+                  "more per rank" + ("." if fits else ", more than the device has room for at its peak, so nothing "
+                                     "is claimed."))
+    took = fmt_ms(ms) if fits else f"{fmt_ms(accumulation_within_ms(v))}, which memory does not allow to skip,"
     return finding(
         v, "DI-6", "distributed",
         f"Gradient accumulation reduces the gradients on every micro-batch: {batches} per optimizer step, each "
         f"with {acc.reductions_per_micro_batch} {what} call(s) ({acc.wrapper}), where only the last "
-        f"micro-batch's are needed: {fmt_ms(ms)} per step.",
+        f"micro-batch's are needed: {took} per step.",
         ms, sev="info" if not fits else None,
         evidence=[comm_evidence(v, budget), Evidence(
             f"{acc.synced_steps} of {acc.steps} step(s) with one optimizer step and {batches} (the {acc.wrapper} "
@@ -646,7 +647,8 @@ def _accumulating_steps(v: View, acc: Accumulation, kind: str | None, ms: float,
             f"but the last took {fmt_ms(v.ms(acc.early_ns))} per step "
             + ("(their device time that no other device work covered)." if v.has_device_trace
                else "(host time inside the reductions, on every thread)")
-            + ("" if v.has_device_trace else _unprofiled(v, acc)) + memory,
+            + ("" if v.has_device_trace else _unprofiled(v, acc, ms if fits else accumulation_within_ms(v)))
+            + memory,
             {"wrapper": acc.wrapper, "micro_batches": k, "reductions_per_micro_batch": acc.reductions_per_micro_batch,
              "kinds": list(acc.kinds), "early_reduction_ms": round(v.ms(acc.early_ns), 3), "steps": acc.steps,
              "synced_steps": acc.synced_steps, **({"extra_mb": round(extra, 1)} if extra is not None else {})})],
@@ -658,13 +660,13 @@ def _accumulating_steps(v: View, acc: Accumulation, kind: str | None, ms: float,
                "set_requires_gradient_sync, DDP no_sync docs")
 
 
-def _unprofiled(v: View, acc: Accumulation) -> str:
-    """The end of DI-6's host-time sentence: what is left of it without the profiler's slowdown."""
-    window, claim = v.ms(acc.early_ns), accumulation_within_ms(v)
-    if claim >= window:
+def _unprofiled(v: View, acc: Accumulation, claim: float) -> str:
+    """The end of DI-6's host-time sentence: what is left of it without the profiler's slowdown
+    (``claim``: the finding's ms, which the ledger may have capped further)."""
+    if accumulation_within_ms(v) >= v.ms(acc.early_ns):
         return "."
     return (f"; the profiled steps ran {fmt_ms(v.profiler_inflation_ms)} longer than the unprofiled ones, so "
-            f"{fmt_ms(claim)} is claimed, the same share of the unprofiled step.")
+            f"{fmt_ms(claim)} is claimed, the same share of the unprofiled step or less.")
 
 
 @rule("DI-6", priority=PRIORITY["DI-6"], budgets=("comm.exposed",))
@@ -682,17 +684,20 @@ def accumulation_without_no_sync(inputs: RuleInputs) -> list[Finding]:
     gradients instead, which is not priced.
     """
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
-        if v.pct(ms) < 0.5:
-            return None
         acc = v.r.signals.accumulation if v.r is not None and v.r.signals is not None else None
         kind = sharding(v)
         if acc is None or not acc.synced_steps or accumulation_within_ms(v) < micro_step_comm_ms(v):
+            if v.pct(ms) < 0.5:
+                return None
             return finding(
                 v, "DI-6", "distributed",
                 f"Micro-batches without an optimizer step still all-reduce gradients ({fmt_ms(ms)} per step).",
                 ms, evidence=[comm_evidence(v, budget)],
                 fix=accumulation_fix(kind),
                 confidence="medium", source="TTG no_sync for gradient accumulation")
+        fits = accumulation_room(v)[0]
+        if fits and v.pct(ms) < 0.5 or not fits and v.pct(accumulation_within_ms(v)) < 0.5:
+            return None
         return _accumulating_steps(v, acc, kind, ms, budget)
     return comm_rule(inputs, "DI-6", build)
 

@@ -15,14 +15,14 @@ from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
 
-def _fix(library: str | None) -> Fix:
-    if library in RESHARD_SETTINGS:  # the library passes the flag to fully_shard from its own settings
+def _fix(library: str | None, per: str) -> Fix:
+    """DI-16's change: the library's setting where a library calls fully_shard (torchtune's recipes),
+    else the job's own call. ``per``: "step", or "micro-batch" under gradient accumulation."""
+    why = f"Keep each unit's parameters unsharded between forward and backward (more memory, one all-gather per unit and {per})"
+    if library in RESHARD_SETTINGS:
         where, change = RESHARD_SETTINGS[library]
-        return Fix("Keep each unit's parameters unsharded between forward and backward (more memory, one "
-                   f"all-gather per unit and micro-batch): {where}.", change)
-    return Fix("Keep each unit's parameters unsharded between forward and backward (more memory, one "
-               "all-gather per unit and step).",
-               "fully_shard(block, reshard_after_forward=False)   # each unit, and the root")
+        return Fix(f"{why}: {where}.", change)
+    return Fix(f"{why}.", "fully_shard(block, reshard_after_forward=False)   # each unit, and the root")
 
 
 @rule("DI-16", priority=PRIORITY["DI-16"], budgets=("comm.exposed",))
@@ -31,7 +31,8 @@ def reshard_after_forward(inputs: RuleInputs) -> list[Finding]:
 
     Gain: the backward all-gathers' share of the exposed communication (rules/_comm.py
     backward_gather_ms: half the all-gather time where the trace names collective kinds, else a
-    quarter of the exposed communication). Severity by that share of the step (default ladder).
+    quarter of the exposed communication, of what was exposed before DI-6's reductions-only claim).
+    Severity by that share of the step (default ladder).
     """
     def build(v: View, ms: float, budget: dict[str, float]) -> Finding | None:
         if v.pct(ms) < 0.5:
@@ -57,7 +58,7 @@ def reshard_after_forward(inputs: RuleInputs) -> list[Finding]:
                 f"the step they add {extra:.1f} MB per rank ({where}).",
                 {"units": fs.units, "model_mb": fs.model_mb, "extra_mb": round(extra, 1),
                  "split_by_kind": kinds})],
-            fix=_fix(built_by(v)),
+            fix=_fix(built_by(v), "micro-batch" if acc is not None and acc.micro_batches > 1 else "step"),
             confidence="medium" if kinds else "low",
             confirm="" if kinds else "the trace does not split communication by kind: `torchdoctor fix` measures it",
             remedy="fsdp.keep_unsharded", source="FSDP2 fully_shard docstring (reshard_after_forward)")
