@@ -55,11 +55,14 @@ RECORD = textwrap.dedent("""
                     opt.step(); opt.zero_grad()
 
                 step()
-                with profile(activities=[ProfilerActivity.CPU]) as p:
-                    for _ in range(3):
+                # A schedule, as real jobs profile: the steps are ProfilerStep#N annotations.
+                path = os.path.join(out, f"{wrapper}_{'skip' if skip else 'every'}.json")
+                with profile(activities=[ProfilerActivity.CPU],
+                             schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                             on_trace_ready=(lambda prof, path=path: prof.export_chrome_trace(path)) if rank == 0
+                             else None) as p:
+                    for _ in range(4):
                         step(); p.step()
-                if rank == 0:
-                    p.export_chrome_trace(os.path.join(out, f"{wrapper}_{'skip' if skip else 'every'}.json"))
         dist.destroy_process_group()
 
     if __name__ == "__main__":
