@@ -107,16 +107,8 @@ def test_early_time_is_the_reductions_outside_the_last_micro_batch(tmp_path):
     host, one optimizer step after the last; only the first two micro-batches' reductions count."""
     b = TraceBuilder()
     for n in range(2):
-        t0 = n * 10_000.0
-        b.step(n + 1, t0, 10_000.0)
-        for i, red in enumerate((100.0, 200.0, 300.0)):
-            at = t0 + 100 + i * 3_000
-            b.annotation("DistributedDataParallel.forward", at, 500.0)
-            b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", at + 900, 500.0)
-            b.op("c10d::allreduce_", at + 1_000, red)
-        b.annotation("Optimizer.step#SGD.step", t0 + 9_500, 300.0)
-    tr = load_trace(str(b.write(tmp_path / "acc.json")))
-    acc = accumulation(Context(tr, choose_window(tr, "all")))
+        _ddp_step(b, n * 10_000.0, [[("c10d::allreduce_", red)] for red in (100.0, 200.0, 300.0)])
+    acc = _read(b, tmp_path / "acc.json")
     assert acc is not None
     assert (acc.wrapper, acc.steps, acc.synced_steps, acc.micro_batches) == ("DDP", 2, 2, 3)
     assert acc.early_ns == 2 * 300_000  # (100 + 200) µs per step
