@@ -152,3 +152,16 @@ def test_user_frames_name_the_library_between_them():
     assert ns["main"]() == ["/home/me/job/train.py:3 (Net.validation_step)",
                             "lightning's fit() at /home/me/job/train.py:7 (main)"]
     assert ns["rollout"]() == ["/home/me/job/train.py:5 (helper)", "/home/me/job/train.py:9 (rollout)"]
+
+
+def test_display_name_is_the_distribution_of_a_differently_named_package(monkeypatch):
+    """torchtune installs its built-in recipes as the top-level package "recipes"; a package named
+    like its distribution (normalised: open-clip-torch's open_clip_torch) or one that several
+    distributions share keeps its own name, and so does one nothing installed provides."""
+    from torchdoctor import callsite
+
+    monkeypatch.setattr(callsite, "_distributions", lambda: {
+        "recipes": ["torchtune"], "pytorch_lightning": ["pytorch-lightning"], "shared": ["a", "b"]})
+    assert callsite.display_name("recipes") == "torchtune"
+    assert callsite.display_name("pytorch_lightning") == "pytorch_lightning"
+    assert callsite.display_name("shared") == "shared" and callsite.display_name("train") == "train"

@@ -118,6 +118,31 @@ def library_of(path: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    """Top-level package -> the installed distributions that provide it (read once, when asked)."""
+    try:
+        from importlib.metadata import packages_distributions
+
+        return dict(packages_distributions())
+    except Exception:
+        return {}
+
+
+def display_name(top: str) -> str:
+    """What a user calls the package ``library_of`` named: the one installed distribution that
+    provides a differently named top-level package ("recipes" -> "torchtune": its built-in recipes
+    live there), else ``top``. For text only: settings tables stay keyed by ``library_of``'s name."""
+    dists = sorted(set(_distributions().get(top) or ()))
+    if len(dists) == 1 and _normal(dists[0]) != _normal(top):
+        return dists[0]
+    return top
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
 def package_relative(path: str) -> str:
     """An installed package's file from its package on (``mmengine/logging/message_hub.py:346``);
     any other path as it is."""

@@ -90,7 +90,7 @@ def test_ho3_loss_item_every_step_from_facts():
     assert "(e.g. loss.item() every step)" in gpu.title and "Log every N steps" in gpu.fix.text
 
 
-def test_ho3_a_librarys_sync_every_step_is_named_as_the_librarys():
+def test_ho3_a_librarys_sync_every_step_is_named_as_the_librarys(monkeypatch):
     """mmengine's ResNet-50 example: the one sync a step is mmengine's RuntimeInfoHook logging the loss
     through MessageHub.update_scalar (.item() at message_hub.py:346) at every iteration; "log every N
     steps" in the job's code was advice for code the job does not have."""
@@ -100,6 +100,14 @@ def test_ho3_a_librarys_sync_every_step_is_named_as_the_librarys():
     assert got.title.startswith("1 host sync(s) per step (in mmengine's code, mmengine/logging/message_hub.py:346)")
     assert got.fix.text.startswith("The sync is inside mmengine (mmengine/logging/message_hub.py:346)")
     assert not got.fix.snippet
+    # torchtune's built-in recipes are the top-level package "recipes": named by the distribution.
+    from torchdoctor import callsite
+
+    monkeypatch.setattr(callsite, "_distributions", lambda: {"recipes": ["torchtune"], "mmengine": ["mmengine"]})
+    site = "/venv/lib/python3.11/site-packages/recipes/full_finetune_single_device.py:720"
+    got = only(run("HO-3", (None, gpu_facts(host_syncs_per_step=1.0, host_sync_sites={site: 8}))), "HO-3")
+    assert "(in torchtune's code, recipes/full_finetune_single_device.py:720)" in got.title
+    assert got.fix.text.startswith("The sync is inside torchtune (recipes/full_finetune_single_device.py:720)")
     # The job's own lines nearly as many (a metric the loop updates, and its own loss.item()): not the library's.
     mixed = {"/venv/lib/python3.11/site-packages/torchmetrics/metric.py:300": 500, "train.py:9": 499}
     got = only(run("HO-3", (None, gpu_facts(host_syncs_per_step=2.0, host_sync_sites=mixed))), "HO-3")

@@ -13,7 +13,7 @@ import re
 
 from ..advice.command import job_command
 from ..advice.optimizer import FUSED_CLASSES
-from ..callsite import library_of, package_relative
+from ..callsite import display_name, library_of, package_relative
 from ..facts import forward_unseen
 from ..metrics.classify import BLOCKING_COPY_APIS
 from ..metrics.model import SyncSite
@@ -224,7 +224,7 @@ def library_sync(sites: list[tuple[str, int]]) -> tuple[str, str] | None:
     lib = max(by_lib, key=lambda k: by_lib[k], default=None)
     if lib is None or by_lib[lib] < LIBRARY_SYNC_SHARE * total:
         return None
-    return lib, package_relative(first[lib])
+    return display_name(lib), package_relative(first[lib])
 
 
 @rule("HO-3", priority=MEASURED, budgets=("idle.sync", "idle.host.dtoh_copy", "data.wait"))
