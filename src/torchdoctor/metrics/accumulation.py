@@ -46,6 +46,7 @@ from ..trace.model import Cat, RankTrace
 from . import intervals as iv
 from .context import Context
 from .model import Accumulation
+from .steps import outermost
 
 # The wrapper's outermost forward, by the range it records, and the name the report uses.
 ROOT_FORWARDS = (("FSDP::root_pre_forward", "FSDP2"), ("DistributedDataParallel.forward", "DDP"),
@@ -107,19 +108,14 @@ def accumulation(ctx: Context) -> Accumulation | None:
 
 
 def _gradient_ranges(ctx: Context) -> np.ndarray:
-    """Mask of the host reduction ranges of gradients: on a thread that holds gradient nodes or FSDP's
-    post-backward ranges, those that start inside one (not a SyncBatchNorm's in its own node); on
-    the other threads (the backend's workers: ``gloo:all_reduce``), all of them, which nothing ties
-    to the call that queued them."""
+    """Indices of the host reduction ranges of gradients: on a thread that holds gradient nodes or
+    FSDP's post-backward ranges, those that start inside one (not a SyncBatchNorm's in its own
+    node); on the other threads (the backend's workers: ``gloo:all_reduce``), all of them, which
+    nothing ties to the call that queued them."""
     tr = ctx.tr
-    ranges = ctx.host & ctx.in_window & tr.name_mask(_REDUCE_RANGE.match)
-    holders = ctx.host & ctx.in_window & tr.name_mask(_is_holder)
-    out = ranges.copy()
-    for tid in np.unique(tr.tid[holders]):
-        on = np.flatnonzero(ranges & (tr.tid == tid))
-        mine = holders & (tr.tid == tid)
-        out[on] = _inside(tr.ts[on], iv.union(tr.ts[mine], tr.end[mine]))
-    return out
+    ranges = np.flatnonzero(ctx.host & ctx.in_window & tr.name_mask(_REDUCE_RANGE.match))
+    holders = np.flatnonzero(ctx.host & ctx.in_window & tr.name_mask(_is_holder))
+    return ranges[_held(tr, ranges, holders) | ~np.isin(tr.tid[ranges], tr.tid[holders])]
 
 
 def _is_holder(name: str) -> bool:
@@ -131,14 +127,18 @@ def _gradient_calls(ctx: Context, host: np.ndarray) -> np.ndarray:
     thread, sorted by start."""
     tr = ctx.tr
     calls = np.flatnonzero(host & tr.name_mask(_REDUCE_CALL.match))
-    holders = host & tr.name_mask(_is_holder)
-    keep = np.zeros(calls.size, bool)
-    for tid in np.unique(tr.tid[calls]):
-        on = tr.tid[calls] == tid
-        mine = holders & (tr.tid == tid)
-        keep[on] = _inside(tr.ts[calls[on]], iv.union(tr.ts[mine], tr.end[mine]))
-    calls = calls[keep]
+    calls = calls[_held(tr, calls, np.flatnonzero(host & tr.name_mask(_is_holder)))]
     return calls[np.argsort(tr.ts[calls], kind="stable")]
+
+
+def _held(tr: RankTrace, idx: np.ndarray, holders: np.ndarray) -> np.ndarray:
+    """Which events of ``idx`` start inside one of the ``holders`` ranges on their own thread."""
+    out = np.zeros(idx.size, bool)
+    for tid in np.unique(tr.tid[idx]):
+        on = tr.tid[idx] == tid
+        mine = holders[tr.tid[holders] == tid]
+        out[on] = _inside(tr.ts[idx[on]], iv.union(tr.ts[mine], tr.end[mine]))
+    return out
 
 
 def _root_forwards(ctx: Context, host: np.ndarray) -> tuple[str, np.ndarray] | None:
@@ -148,7 +148,7 @@ def _root_forwards(ctx: Context, host: np.ndarray) -> tuple[str, np.ndarray] | N
     for name, label in ROOT_FORWARDS:
         m = host & tr.name_mask(lambda n, name=name: n.startswith(name))
         if m.any():
-            starts = _outermost_starts(tr, np.flatnonzero(m))
+            starts = np.sort(tr.ts[outermost(tr, np.flatnonzero(m))])  # FSDP1's nested units record it too
             starts = starts[~_inside(starts, ctx.clipped_union(host & ctx.backward_mask))]
             return label, starts
     return None
@@ -170,15 +170,12 @@ def _early_ns(ctx: Context, calls: np.ndarray, spans: list[tuple[int, int]], bwd
     if not (ctx.device_work & ctx.in_window).any():  # as the rules' has_device_trace: the window's own
         s0 = np.array([a for a, _ in spans], np.int64)
         s1 = np.array([b for _, b in spans], np.int64)
-        ranges = ctx.clipped_union(_gradient_ranges(ctx))
+        ranges = _gradient_ranges(ctx)
+        ranges = iv.clip(iv.union(tr.ts[ranges], tr.end[ranges]), ctx.win.start, ctx.win.end)
         return iv.total(iv.intersect(iv.intersect(ranges, iv.union(s0, s1)), bwd))
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
-    inside = np.zeros(launches.size, bool)
-    for tid in np.unique(tr.tid[calls]):
-        mine = calls[tr.tid[calls] == tid]
-        on = tr.tid[launches] == tid
-        inside[on] = _inside(tr.ts[launches[on]], iv.union(tr.ts[mine], tr.end[mine]))
-    rows = ctx.device_work & np.isin(tr.correlation, tr.correlation[launches[inside]])
+    launches = launches[_held(tr, launches, calls)]
+    rows = ctx.device_work & np.isin(tr.correlation, tr.correlation[launches])
     own = ctx.clipped_union(rows)
     return iv.total(iv.subtract(own, ctx.clipped_union(ctx.device_work & ~rows)))
 
@@ -187,17 +184,3 @@ def _inside(ts: np.ndarray, within: iv.Intervals) -> np.ndarray:
     """Which instants of ``ts`` lie inside the interval set."""
     return iv.covered_by(ts, ts + 1, within) > 0
 
-
-def _outermost_starts(tr: RankTrace, idx: np.ndarray) -> np.ndarray:
-    """Sorted start times of the ranges of ``idx`` that no other range of ``idx`` on their thread
-    holds (FSDP1's nested units record the same forward range)."""
-    order = idx[np.lexsort((-tr.end[idx], tr.ts[idx], tr.tid[idx]))]
-    keep = np.ones(order.size, bool)
-    last_end: dict[int, int] = {}
-    for j, i in enumerate(order):
-        tid, end = int(tr.tid[i]), int(tr.end[i])
-        if tid in last_end and int(tr.ts[i]) < last_end[tid]:
-            keep[j] = False
-        else:
-            last_end[tid] = end
-    return np.sort(tr.ts[order[keep]])

@@ -398,10 +398,10 @@ def accumulation_comm_ms(v: View) -> float:
     micro-batch but the last inside steps that hold one optimizer step (metrics/accumulation.py),
     or, where the profiler's steps are the micro-batches, the exposed comm of the steps that run no
     optimizer step."""
-    within = accumulation_within_ms(v)
-    if within >= micro_step_comm_ms(v) and not accumulation_room(v)[0]:
+    within, micro = accumulation_within_ms(v), micro_step_comm_ms(v)
+    if within >= micro and not accumulation_room(v)[0]:
         return 0.0  # the unsharded gradients would not fit: nothing to give back as it stands
-    return max(within, micro_step_comm_ms(v))
+    return max(within, micro)
 
 
 def accumulation_room(v: View) -> tuple[bool, float | None]:

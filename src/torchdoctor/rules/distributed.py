@@ -627,7 +627,7 @@ def _accumulating_steps(v: View, acc: Accumulation, kind: str | None, ms: float,
     k = acc.micro_batches
     batches = f"{k:g} micro-batches" if k == int(k) else f"{k:.1f} micro-batches on average"
     what = " and ".join(acc.kinds) or "reduction"
-    fits, extra = accumulation_room(v) if kind == "fsdp2" else (True, None)
+    fits, extra = accumulation_room(v)  # (True, None) but for FSDP2, whose kept gradients cost memory
     memory = ""
     if extra is not None:
         # FSDP2 keeps the skipped micro-batches' gradients unsharded until the last one reduces them.
