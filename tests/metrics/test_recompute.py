@@ -203,3 +203,51 @@ def test_a_custom_function_s_backward_inside_a_reentrant_segment_is_its_own(tmp_
     # matmuls of the same size) nested in it: that backward is not counted in.
     assert 0 < rc.host_ns < 0.35 * heavy_ns, (rc.host_ns, heavy_ns)
     assert rc.forward_ops["aten::matmul"] == 2 * steps  # Heavy's forward again, none of its backward's
+
+
+# torchtune with compile=True and activation checkpointing: each block compiled inside its checkpoint. The
+# forward run again is the compiled block's (AOTAutograd's CompiledFunction) inside its CompiledFunctionBackward.
+COMPILED = textwrap.dedent("""
+    import sys, torch, torch.nn as nn
+    from torch.profiler import profile, ProfilerActivity
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0); torch.set_num_threads(1)
+    mode, n_blocks, n_steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    blocks = [torch.compile(nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512), nn.LayerNorm(512)),
+                            backend="aot_eager") for _ in range(n_blocks)]
+    x = torch.randn(256, 512)
+    def step():
+        h = x
+        for b in blocks:
+            h = b(h) if mode == "compiled" else checkpoint(b, h, use_reentrant=False)
+        h.square().mean().backward()
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(n_steps):
+            step(); p.step()
+    p.export_chrome_trace(sys.argv[1])
+""")
+
+
+@pytest.mark.parametrize("mode", ["compiled", "compiled_checkpoint"])
+def test_a_compiled_segment_run_again_in_its_backward_is_priced_as_its_forward(tmp_path, mode):
+    path = tmp_path / f"{mode}.json"
+    subprocess.run([sys.executable, "-c", COMPILED, str(path), mode, str(BLOCKS), str(STEPS)], check=True,
+                   capture_output=True, timeout=300)
+    tr = load_trace(str(path))
+    ctx = Context(tr, choose_window(tr, None))
+    rc = recompute(ctx)
+    if mode == "compiled":  # compiled, not checkpointed: its backward node runs no forward
+        assert rc is None
+        return
+    steps = len(ctx.win.steps)
+    assert steps >= 2 and rc is not None
+    assert (rc.nodes, rc.reentrant, rc.forward_ops) == (BLOCKS * steps, 0, {"CompiledFunction": BLOCKS * steps})
+    forward = ctx.host & ctx.in_window & tr.name_mask("CompiledFunction".__eq__) & ~ctx.backward_mask
+    inside = np.zeros(len(tr), bool)
+    for i in np.flatnonzero(ctx.backward_mask & ctx.in_window):
+        inside |= (tr.ts >= tr.ts[i]) & (tr.end <= tr.end[i]) & (tr.tid == tr.tid[i])
+    first = int((tr.end - tr.ts)[forward & ~inside].sum())
+    assert np.count_nonzero(forward & ~inside) == BLOCKS * steps
+    assert 0.6 < rc.host_ns / first < 1.6, (rc.host_ns, first)

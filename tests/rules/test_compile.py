@@ -110,6 +110,18 @@ def test_cg2_silent_without_breaks():
     assert run("CG-2", (None, gpu_facts(compile=CompileFacts(used=True, graph_breaks=0)))) == []
 
 
+def test_cg2_functions_compiled_apart_are_not_breaks():
+    """torchtune with compile=True compiles each layer and the loss: two frames in every step (0/1 and 1/1)
+    while Dynamo counted no break. A trace alone cannot tell them from a break, and says both."""
+    r = gpu_result()
+    r.compile_regions = {"0/1": 12, "1/1": 8}
+    assert run("CG-2", (r, gpu_facts(compile=CompileFacts(used=True, graph_breaks=0)))) == []
+    got = only(run("CG-2", (r, None)), "CG-2")
+    assert got.title.startswith("The step runs 2 compiled frames: graph breaks between them, or functions compiled "
+                                "apart"), got.title
+    assert got.confidence == "medium" and got.recoverable_ms == 0.0
+
+
 STORM = RecompileFacts("forward", location="/job/model.py:6", count=7,
                        guard="tensor 'x' size mismatch at index 1. expected 70, actual 71", kind="size",
                        tensor="x", dim=1, values=["64", "65", "66", "67", "68", "69", "70", "71", "72"],

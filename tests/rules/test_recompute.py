@@ -64,3 +64,16 @@ def test_small_or_absent_recompute_says_nothing():
     assert run("HW-19", (r, cpu_facts())) == []
     r.recompute = _recompute(host_ms=0.02 * STEP_MS)  # 2% of the step
     assert run("HW-19", (r, cpu_facts())) == []
+
+
+def test_torchtune_s_compiled_layers_get_its_config_key():
+    """torchtune with compile=True: each layer is compiled inside its checkpoint wrapper, so what runs again is the
+    compiled forward; the setting is the recipe config's enable_activation_checkpointing."""
+    r = cpu_result()
+    r.recompute = Recompute(nodes=6 * N_STEPS, reentrant=0, host_ns=int(9.0 * N_STEPS * MS), device_ns=None,
+                            steps=N_STEPS, forward_ops={"CompiledFunction": 6 * N_STEPS})
+    f = only(run("HW-19", (r, cpu_facts(optimizers=[OptimizerFacts(created_by="torchtune")]))), "HW-19")
+    assert f.recoverable_ms == 9.0
+    assert "a compiled segment's forward x30" in f.evidence[0].text
+    assert "each compiled segment's forward (CompiledFunction) run inside a backward node" in f.evidence[0].text
+    assert "enable_activation_checkpointing: False" in f.fix.snippet and "torchtune's recipes" in f.fix.text

@@ -40,8 +40,16 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "Under Lightning it is the strategy's activation_checkpointing_policy (FSDP) or the model's own "
         "torch.utils.checkpoint calls.",
         "FSDPStrategy(..., activation_checkpointing_policy=None)"),
+    # torchtune 0.6.1's recipes: cfg.get("enable_activation_checkpointing", False), then
+    # training.set_activation_checkpointing (FSDP's apply_activation_checkpointing) on every layer.
+    "torchtune": (
+        "torchtune's recipes turn it on for every transformer layer from the config's "
+        "enable_activation_checkpointing (True in most of its shipped configs).",
+        "# tune run ... enable_activation_checkpointing=False   (or in the config file:)\n"
+        "enable_activation_checkpointing: False"),
 }
 SETTINGS["pytorch_lightning"] = SETTINGS["lightning"]
+LANGUAGE = {"torchtune": "yaml"}  # the change's language, where it is not Python
 # torch's helpers that call torch.utils.checkpoint.checkpoint for the job's line.
 VIA = {
     "checkpoint_wrapper": "# FSDP's checkpoint_wrapper / apply_activation_checkpointing wraps these blocks: leave it out, "

@@ -20,6 +20,15 @@ get the activations back. Nothing in the trace names that second forward; where 
   node, ``CheckpointFunctionBackward``, whose backward runs the forward again and then a nested
   backward over it; what it ran again is its time less every autograd node nested inside it.
 
+- **a compiled segment** (torchtune's ``compile: True`` with activation checkpointing: each layer is
+  compiled inside its checkpoint wrapper): the segment's forward is AOTAutograd's ``CompiledFunction``
+  (the autograd Function a compiled graph runs as), and the segment's backward node is its
+  ``CompiledFunctionBackward``, which runs the compiled forward again when it unpacks what the
+  segment saved. A ``CompiledFunction`` inside any autograd node but AccumulateGrad (whose hooks run
+  an optimizer, not a forward) is a recompute: what it ran again is that range's time and what it
+  launched. A checkpoint *inside* a compiled region is rematerialised within the compiled backward
+  graph and has no range of its own: not read.
+
 Work is given to the innermost autograd node holding it, of any kind: what a custom Function's
 node (flash-attention's, a 4-bit matmul's) or AccumulateGrad's hooks run inside a reentrant
 segment's nested backward is theirs, not the recompute's. Per recompute node: ``host_ns`` (its
@@ -62,6 +71,8 @@ FORWARD_OPS = frozenset({
     "aten::_log_softmax", "aten::gelu", "aten::silu", "aten::relu", "aten::max_pool2d",
     "aten::max_pool2d_with_indices", "aten::adaptive_avg_pool2d",
 })
+# AOTAutograd's autograd Function: a compiled graph's forward (torch/_functorch/_aot_autograd).
+COMPILED_FORWARD = "CompiledFunction"
 BATCH_NORM_OPS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index"})  # one call: the outermost
 _BUILTIN = re.compile(r"Backward\d+$")
 # The kinds of events (per interned name): not an autograd node; a node that is not read (a custom
@@ -85,14 +96,16 @@ def recompute(ctx: Context) -> Recompute | None:
     tr = ctx.tr
     kinds = np.fromiter(
         (_node_kind(n) for n in tr.names), np.int8, len(tr.names)) if tr.names else np.zeros(0, np.int8)
-    if not kinds.size or not (kinds > _OTHER).any():
+    any_compiled = COMPILED_FORWARD in tr.names
+    if not kinds.size or not ((kinds > _OTHER).any() or any_compiled):
         return None
     cpu = ctx.host & tr.mask(Cat.CPU_OP) & ctx.in_window
     nodes = np.flatnonzero(cpu & (kinds.take(tr.name) >= _OTHER))
     kind = kinds.take(tr.name[nodes])
-    if not (kind > _OTHER).any():
+    if not nodes.size or not ((kind > _OTHER).any() or any_compiled):
         return None
     fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
+    compiled = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(COMPILED_FORWARD.__eq__)))
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
     launch_ns = launched_device_ns(ctx, launches)
 
@@ -100,6 +113,9 @@ def recompute(ctx: Context) -> Recompute | None:
     device = np.zeros(nodes.size, np.int64)  # device ns launched directly inside
     nested = np.zeros(nodes.size, np.int64)  # host ns of the nodes nested inside (reentrant only)
     seen: list[tuple[np.ndarray, np.ndarray]] = []  # (node, forward op name) of every forward op in a node
+    compiled_host = np.zeros(nodes.size, np.int64)  # host ns of compiled forwards held directly
+    compiled_device = np.zeros(nodes.size, np.int64)  # device ns they launched
+    compiled_runs = np.zeros(nodes.size, np.int64)  # how many
     for tid in np.unique(tr.tid[nodes]):
         on = np.flatnonzero(tr.tid[nodes] == tid)
         order = on[np.argsort(tr.ts[nodes[on]], kind="stable")]
@@ -111,6 +127,18 @@ def recompute(ctx: Context) -> Recompute | None:
         lc = launches[tr.tid[launches] == tid]
         at = _innermost(starts, ends, tr.ts[lc], tr.end[lc])
         np.add.at(device, order[at[at >= 0]], launch_ns[np.searchsorted(launches, lc[at >= 0])])
+        c = compiled[tr.tid[compiled] == tid]
+        at = _innermost(starts, ends, tr.ts[c], tr.end[c])
+        c, node = c[at >= 0], order[at[at >= 0]]
+        if c.size:  # compiled forwards inside this thread's autograd nodes
+            by_start = np.argsort(tr.ts[c], kind="stable")
+            c, node = c[by_start], node[by_start]
+            np.add.at(compiled_host, node, tr.end[c] - tr.ts[c])
+            np.add.at(compiled_runs, node, 1)
+            # What each compiled forward launched: the thread's launches inside it (they do not overlap).
+            k = np.searchsorted(tr.ts[c], tr.ts[lc], side="right") - 1
+            inside = (k >= 0) & (tr.end[c[np.maximum(k, 0)]] >= tr.end[lc])
+            np.add.at(compiled_device, node[k[inside]], launch_ns[np.searchsorted(launches, lc[inside])])
         # The nodes a reentrant node's nested backward ran: its host time and launches are not recomputed.
         for j in np.flatnonzero(kind[order] == _REENTRANT):
             inner = (starts > starts[j]) & (ends <= ends[j])
@@ -133,13 +161,21 @@ def recompute(ctx: Context) -> Recompute | None:
         hit = same & (holds > 0)
         host_again[hit] = np.maximum(host[hit] - base_h, 0)
         device_again[hit] = np.maximum(device[hit] - base_d, 0)
-    again = re_nodes | ((kind == _BUILT_IN) & (holds > 0))
+    # A compiled forward in a node not priced above (a built-in node holding forward ops has it in its time
+    # already; a reentrant one, in its whole time) is its own recompute.
+    accumulate = np.isin(names, [i for i, n in enumerate(tr.names) if "AccumulateGrad" in n])
+    by_range = (compiled_host > 0) & ~re_nodes & ~((kind == _BUILT_IN) & (holds > 0)) & ~accumulate
+    host_again[by_range] += compiled_host[by_range]
+    device_again[by_range] += compiled_device[by_range]
+    again = re_nodes | ((kind == _BUILT_IN) & (holds > 0)) | by_range
     if not again.any():
         return None
     counts: dict[str, int] = {}
-    for node_idx, name_ids in seen:
-        for name_id in name_ids[again[node_idx]]:
+    for node_idx, name_ids in seen:  # a compiled segment's ops are its CompiledFunction, counted below
+        for name_id in name_ids[again[node_idx] & ~by_range[node_idx]]:
             counts[tr.names[name_id]] = counts.get(tr.names[name_id], 0) + 1
+    if runs := int(compiled_runs[again].sum()):
+        counts[COMPILED_FORWARD] = runs
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:6]
     return Recompute(
         nodes=int(again.sum()), reentrant=int(re_nodes.sum()), host_ns=int(host_again[again].sum()),

@@ -260,7 +260,8 @@ def _no_checkpoint(entries: list[dict[str, Any]]) -> Change:
     via = {e["set"].get("via") for e in entries} - {None}
     if len(libraries) == 1 and not sites and libraries[0] in checkpointing.SETTINGS:
         why, code = checkpointing.SETTINGS[libraries[0]]
-        return Change([rid], f"the setting that turns it on in {libraries[0]}", f"# {why}\n{code}", "python")
+        return Change([rid], f"the setting that turns it on in {libraries[0]}", f"# {why}\n{code}",
+                      checkpointing.LANGUAGE.get(libraries[0], "python"))
     where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "")
     if sites and via:
         code = "\n".join(checkpointing.VIA[v] for v in sorted(via) if v in checkpointing.VIA)

@@ -120,8 +120,10 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
 
     Live: Dynamo's graph_break counter, and each break with its reason, registry id and the user's
     line (``CompileFacts.breaks``), each shown with the fix of its kind (rules/compile_breaks.py);
-    trace: more than one compiled frame per step. Each break's eager time per step comes from the
-    profiler window (``eager_gaps``: the gap before its resume function's compiled region). That
+    trace: more than one compiled frame per step, which is also what functions compiled apart look
+    like (a compiled model and a compiled loss), so a trace alone says so and claims medium
+    confidence; live facts that counted no break overrule the trace's frames. Each break's eager
+    time per step comes from the profiler window (``eager_gaps``: the gap before its resume function's compiled region). That
     time is host time HO-5 prices, so no gain is claimed here.
     """
     def one(v: View) -> Finding | None:
@@ -131,6 +133,10 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
         frames = {k.split("/")[0] for k in (v.r.compile_regions if v.r is not None else {})}
         per_step = len(frames) if v.r is not None and v.r.window.steps else 0
         if not breaks and not listed and per_step <= 1:
+            return None
+        if breaks == 0 and not listed:
+            # Dynamo counted no break: the trace's compiled frames are functions compiled apart (torchtune
+            # compiles each layer and its loss, 2 frames per step), not the pieces of a broken graph.
             return None
         n = breaks if breaks else len(listed) or per_step - 1
         evidence = [Evidence(f"{n} graph break(s)" + (f"; reasons: {'; '.join(reasons[:3])}" if reasons and not listed else "")
@@ -172,7 +178,10 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                       language="diff" if rewrites and not snippets else "python")
         return finding(
             v, "CG-2", "compile", (f"torch.compile breaks the graph at {len(listed)} place(s)" if listed else
-                                   f"torch.compile breaks the graph {n} time(s)") + ": eager code runs between compiled pieces"
+                                   f"torch.compile breaks the graph {n} time(s)" if breaks else
+                                   f"The step runs {per_step} compiled frames: graph breaks between them, or functions "
+                                   "compiled apart (a model and its loss)")
+            + (": eager code runs between compiled pieces" if breaks or listed else "")
             + (f" ({_sites(listed)})" if listed else "")
             + (f", {fmt_ms(sum(gaps.values()))} per step" if gaps else "") + ".",
             0.0, sev="warning", evidence=evidence, fix=fix,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..advice.checkpointing import memory_full, turned_on_by
 from ..metrics.model import Recompute
+from ..metrics.recompute import COMPILED_FORWARD
 from ._common import View, device_bound, finding, fmt_ms, per_rank
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
@@ -57,6 +58,10 @@ def _trainer(v: View) -> str | None:
         if made.created_by:
             return made.created_by
     return None
+
+
+def _op_name(name: str) -> str:
+    return "a compiled segment's forward" if name == COMPILED_FORWARD else name.removeprefix("aten::")
 
 
 def _fix(trainer: str | None, tight: bool, reentrant: bool) -> Fix:
@@ -100,7 +105,11 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
         how = ("each segment's node less the backward nested in it" if rc.reentrant == rc.nodes else
                "each node less what nodes of the same name take without forward ops" if not rc.reentrant else
                "reentrant nodes less the backward nested in them, the others less their same-name nodes' time")
-        ops = ", ".join(f"{name.removeprefix('aten::')} x{n}" for name, n in rc.forward_ops.items())
+        if set(rc.forward_ops) == {COMPILED_FORWARD}:
+            how = "each compiled segment's forward (CompiledFunction) run inside a backward node: its own time"
+        elif COMPILED_FORWARD in rc.forward_ops:
+            how += "; compiled segments' forwards (CompiledFunction) inside backward nodes: their own time"
+        ops = ", ".join(_op_name(name) + f" x{n}" for name, n in rc.forward_ops.items())
         memory = ""
         if mem is not None:
             peak, total = mem
@@ -131,7 +140,8 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
             confirm="`torchdoctor fix --apply memory.no_checkpoint` runs the job with torch.utils.checkpoint calling "
                     "each segment directly and prints both arms' step time and peak memory"
                     + (" (alone: memory is close to full)" if tight else ""),
-            source="the trace: forward ops inside built-in autograd nodes and CheckpointFunctionBackward "
+            source="the trace: forward ops inside built-in autograd nodes, compiled forwards inside backward nodes and "
+                   "CheckpointFunctionBackward "
                    "(metrics/recompute.py); torch.utils.checkpoint docs (recomputation in backward)")
         return f
 
