@@ -254,3 +254,14 @@ def test_open_clip_s_loader_is_set_from_its_command_line():
     (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
     assert change.text == "python -m open_clip_train.main ... --workers 1"
     assert change.where == "open_clip_train builds the DataLoader: its command line"
+
+
+def test_litgpt_s_loader_is_set_from_its_data_module_option():
+    """`litgpt pretrain --data TextFiles --data.num_workers 1`: litdata's StreamingDataLoader, built by litgpt's data
+    module with num_workers=self.num_workers; the job has no line of its own around it."""
+    lit = DataLoaderFacts(created_by="litgpt", library_site="/venv/site-packages/litdata/streaming/dataloader.py:821")
+    fix = loader_fix([lit], "Load in the training process{where}: num_workers=0.",
+                     "DataLoader(dataset, batch_size=..., num_workers=0)")
+    assert fix.text == ("Load in the training process (the DataLoader is built by litgpt from its command line: "
+                        "--data.num_workers): --data.num_workers 0.")
+    assert fix.snippet == "litgpt <command> ... --data.num_workers 0"

@@ -79,9 +79,15 @@ VALIDATION_SETTINGS = {"mmengine": "val_dataloader", "speechbrain": "valid_loade
 # object) -> the constructor's argument -> the option that sets it. OpenCLIP's training
 # (`python -m open_clip_train.main`, 3.3) builds its DataLoaders with num_workers=args.workers and
 # nothing else from its options (pin_memory=True; persistent workers only for webdataset).
+# LitGPT's commands (`litgpt pretrain`, `litgpt finetune_lora`, ...) build their loaders in the data
+# module given by --data, every one with num_workers=self.num_workers (a field of each module, 4 by
+# default) and nothing else of the user's (litgpt 0.5.13, litgpt/data/*.py): `--data.num_workers N`.
 CLI_OPTIONS: dict[tuple[str, str], dict[str, str]] = {
     ("open_clip_train", "DataLoader"): {"num_workers": "--workers"},
+    ("litgpt", "DataLoader"): {"num_workers": "--data.num_workers"},
 }
+# How each of those command lines starts, before its options.
+CLI_COMMAND = {"open_clip_train": "python -m open_clip_train.main", "litgpt": "litgpt <command>"}
 OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
@@ -230,7 +236,7 @@ def cli_snippet(snippet: str, kind: str, library: str) -> str | None:
     options = CLI_OPTIONS.get((library, kind))
     if options is None:
         return None
-    return _rewrite_call(snippet, kind, options, "{} {}", (f"python -m {library}.main ... ", " ", ""),
+    return _rewrite_call(snippet, kind, options, "{} {}", (f"{CLI_COMMAND[library]} ... ", " ", ""),
                          f"no {library} option")
 
 
