@@ -313,3 +313,18 @@ def test_a_remedy_asked_for_without_a_value_takes_the_diagnosis_advice(tmp_path:
     given = _what_to_try(["python", "main.py"], FixOptions(apply="threads.affinity=2", from_run=str(tmp_path)),
                          str(tmp_path / "fix"))
     assert [str(c.spec) for c in given.choices] == ["threads.affinity=2"]  # a value given is kept
+
+
+def test_workers_asked_for_without_a_value_take_the_diagnosis_s_zero(tmp_path: Path, monkeypatch) -> None:
+    """litgpt's pretrain: DL-6 advised num_workers=0 (a batch costs less to make than to receive); `fix --from RUN
+    --apply dataloader.workers` ran with its own count (1), which the IterableDataset refused: nothing measured."""
+    from torchdoctor.fixer import FixOptions, _what_to_try
+    from torchdoctor.report.model import Report
+    from torchdoctor.rules.model import Evidence, Finding
+
+    dl6 = Finding(id="DL-6", layer="input", severity="warning", title="t", recoverable_pct=9.4,
+                  remedy="dataloader.workers", evidence=[Evidence("e", {"advised_workers": 0})])
+    monkeypatch.setattr("torchdoctor.session.report_from_run_dir", lambda _: Report(findings=[dl6]))
+    got = _what_to_try(["litgpt", "pretrain"], FixOptions(apply="dataloader.workers", from_run=str(tmp_path)),
+                       str(tmp_path / "fix"))
+    assert [str(c.spec) for c in got.choices] == ["dataloader.workers=0"]

@@ -155,9 +155,11 @@ def _what_to_try(command: Sequence[str], opts: FixOptions, out: str) -> ToTry:
         findings = report_from_run_dir(opts.from_run).findings if opts.from_run else []
         # An id asked for without a value takes the diagnosis's advice when there is one (HO-13's
         # threads per process), as when the diagnosis picks it; the worker count keeps its own
-        # advice, measured against N+1 (`Loop.advised`).
+        # advice, measured against N+1 (`Loop.advised`), but for DL-1's and DL-6's num_workers=0
+        # (a batch cheaper made in the process than received): litgpt's pretrain, told 0 by DL-6,
+        # was given 1, which its IterableDataset refused, and `fix` measured nothing.
         advised = {c.spec.id: c.spec.value for c in select.choose(findings, "numerics")
-                   if c.spec.value and c.spec.id != WORKERS}
+                   if c.spec.value and (c.spec.id != WORKERS or c.spec.value == "0")}
         specs = [catalogue.Spec(s.id, advised[s.id]) if s.value is None and s.id in advised else s for s in specs]
         estimates = estimates_of(findings) if opts.from_run else None
         estimates_ms = estimates_of(findings, ms=True) if opts.from_run else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -542,6 +543,26 @@ def test_recorder_keeps_losses_and_stops_after_n_steps(runtime: Runtime, monkeyp
     assert stop.value.code == 0 and runtime.steps == 3
     record = runtime.record()
     assert record is not None and record["losses"] == plain
+
+
+def test_recorder_leaves_out_a_backward_on_the_meta_device(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """litgpt's pretrain measures its FLOPs with a backward on the meta device before training: that loss has no
+    value, and stacked with the others it made every loss of the run NaN."""
+    monkeypatch.setenv(ENV_STEPS, "3")
+    monkeypatch.delenv("TORCHDOCTOR_RUN_DIR", raising=False)
+    plain, _ = train(torch.optim.SGD, steps=3)
+    recorder.install(torch, runtime)
+    with torch.device("meta"):
+        meta = torch.nn.Linear(4, 1)
+        meta(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(SystemExit):
+        train(torch.optim.SGD, steps=10)
+    record = runtime.record()
+    assert record is not None and record["losses"] == plain
+    # A loss that does not stack with the others costs only its own value.
+    runtime.losses = [torch.tensor(1.5), torch.empty((), device="meta"), torch.tensor(2.5)]
+    runtime._finish_losses()
+    assert runtime.loss_values[-3] == 1.5 and math.isnan(runtime.loss_values[-2]) and runtime.loss_values[-1] == 2.5
 
 
 def hand_written_sgd(steps: int) -> list[float]:

@@ -115,3 +115,20 @@ def test_each_arm_keeps_its_largest_rank_s_peak_memory_and_the_details_their_med
     d = _details(outcome([]), arms, [], {}, [], opts, str(tmp_path), None)
     # A job without a DataLoader (no samples/s) still gets them.
     assert d["baseline_peak_rss_mib"] == 584.0 and d["treated_peak_rss_mib"] == 905.0
+
+
+def test_nothing_applied_is_no_test_of_the_claims():
+    """litgpt's pretrain: the worker remedy was a no-op (an IterableDataset), so both arms ran the same job; the
+    x1.05 between them was their run-to-run difference, and 'the findings claimed 0.0%, the A/B gave back 4.8%'
+    compared nothing."""
+    from torchdoctor.remedies.catalogue import Spec
+    from torchdoctor.remedies.render import same_job
+    from torchdoctor.remedies.verdict import Verdict
+
+    o = outcome([ABRemedy("dataloader.workers=1", False, reason="no-op: nothing to change: the dataset is an "
+                          "IterableDataset")], geomean=1.05, interval=(1.0, 1.1))
+    assert estimate_vs_measured(o, {"dataloader.workers": 9.4}) is None
+    o.verdicts = [Verdict(Spec("dataloader.workers", "1"), "no-op", reason="nothing to change")]
+    assert same_job(o)
+    o.verdicts.append(Verdict(Spec("debug.off"), "kept", reason="faster"))
+    assert not same_job(o)

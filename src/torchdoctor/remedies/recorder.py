@@ -50,7 +50,9 @@ def install(torch: Any, rt: Runtime) -> None:
         loss = args[0] if args else None
         if isinstance(loss, (list, tuple)) and len(loss) == 1:
             loss = loss[0]
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        # A backward on the meta device has no value: litgpt's pretrain measures its FLOPs with one
+        # (litgpt.utils.measure_flops) before training, and its loss spoiled the stack of every loss.
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.device.type != "meta":
             if rt.rank is None:
                 rt.rank = _rank()
             rt.losses.append(loss.detach().clone())

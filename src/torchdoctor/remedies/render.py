@@ -131,6 +131,11 @@ def gain_pct(speedup: float | None) -> float | None:
     return None if not speedup else round(100.0 * (1.0 - 1.0 / speedup), 1)
 
 
+def same_job(outcome: Outcome) -> bool:
+    """Every remedy was a no-op or refused in the treated runs: they ran the baseline's job."""
+    return bool(outcome.verdicts) and all(v.status in ("no-op", "refused") for v in outcome.verdicts)
+
+
 def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
                          estimates_ms: dict[str, float] | None = None) -> dict[str, Any] | None:
     """The diagnosis' estimate next to what the A/B measured: for the treated set (the estimates of
@@ -146,6 +151,8 @@ def estimate_vs_measured(outcome: Outcome, estimates: dict[str, float] | None,
         return None
     applied = [r for r in ab.remedies if r.geomean is not None or r.kept]
     ids = [r.id for r in applied]
+    if not ids:  # nothing ran changed: no claim of these findings was put to the test
+        return None
     own = {r.id: r for r in applied if r.method and "without" in r.method}
 
     def estimate(rid: str, table: dict[str, float] = estimates) -> float | None:
@@ -195,6 +202,9 @@ def finish(outcome: Outcome, arms: list[Arm], choices: list[Choice], unknown: di
               f"the per-round ratios [90% bootstrap interval] (sign test p); median x{ab.speedup_median:.2f}, "
               f"min x{ab.speedup_min:.2f}, max x{ab.speedup_max:.2f}, noise {outcome.noise:.0%}: "
               f"{ab.baseline_steps_per_s:.4g} -> {ab.treated_steps_per_s:.4g} steps/s{samples}")
+        if same_job(outcome):
+            print("note: no remedy changed anything in the treated runs (verdicts below): both arms ran the same job, "
+                  "and the speed-up above is their run-to-run difference, not a gain")
         print(f"learning: {outcome.loss.status}: {outcome.loss.text}")
         if d["baseline_peak_rss_mib"] and d["treated_peak_rss_mib"]:
             print(f"host memory: peak resident {d['baseline_peak_rss_mib']:.0f} -> {d['treated_peak_rss_mib']:.0f} MiB "

@@ -116,7 +116,9 @@ class Runtime:
             # One stacked copy: a single host sync instead of one .item() per step.
             self.loss_values.extend(torch.stack([t.reshape(()).float() for t in pending]).cpu().tolist())
         except Exception:
-            self.loss_values.extend(float("nan") for _ in pending)
+            # One loss that does not stack with the others (another device, a tensor subclass) costs only
+            # its own value.
+            self.loss_values.extend(_value(t) for t in pending)
 
     def record(self) -> dict[str, Any] | None:
         """This process's record, or None when it has nothing to say."""
@@ -213,3 +215,11 @@ def local_rank() -> int:
     except Exception:
         pass
     return 0
+
+
+def _value(t: Any) -> float:
+    """One recorded loss as a float; NaN where it has none to give."""
+    try:
+        return float(t.detach().reshape(()).float().cpu().item())
+    except Exception:
+        return float("nan")
