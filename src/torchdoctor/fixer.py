@@ -256,6 +256,12 @@ def pick_variant(arms: list[Arm], info: dict[str, Any], choices: list[select.Cho
         if planned:
             info["notes"].append(f"{keep_old}: the variant did not run (the treated job failed)")
         return choices
+    unchanged = [a for a in variant if a.ok and rid not in a.applied and rid in a.skipped]
+    if unchanged:
+        # The variant's value was not applied (an IterableDataset takes no workers from a remedy): its runs
+        # kept the job's own setting, and what they measured is not the variant's.
+        info["notes"].append(f"{keep_old}: the variant's {rid}={value} changed nothing ({unchanged[0].skipped[rid]})")
+        return choices
     stat = compare(variant, [a for a in arms if a.kind == "treated"])
     failed = [a.label for a in variant if not a.ok]
     info.update(pairs=stat.pairs, geomean=stat.geomean, sign_p=stat.sign_p,

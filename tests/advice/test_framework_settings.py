@@ -264,4 +264,11 @@ def test_litgpt_s_loader_is_set_from_its_data_module_option():
                      "DataLoader(dataset, batch_size=..., num_workers=0)")
     assert fix.text == ("Load in the training process (the DataLoader is built by litgpt from its command line: "
                         "--data.num_workers): --data.num_workers 0.")
-    assert fix.snippet == "litgpt <command> ... --data.num_workers 0"
+    assert fix.snippet == "litgpt <command> ... --data <DataModule> --data.num_workers 0"
+    # The permanent change: litdata's own prefetch_factor, turned off with the workers, is no option to give.
+    from torchdoctor.remedies.suggest import changes_for
+
+    entries = [{"id": "dataloader.workers", "target": "DataLoader", "site": None, "library": "litgpt", "entry": None,
+                "set": {"num_workers": 0, "prefetch_factor": None}, "was": {}, "library_site": lit.library_site}]
+    (change,) = changes_for(["dataloader.workers"], {"dataloader.workers": entries})
+    assert change.text == "litgpt <command> ... --data <DataModule> --data.num_workers 0"

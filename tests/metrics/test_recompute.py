@@ -251,3 +251,43 @@ def test_a_compiled_segment_run_again_in_its_backward_is_priced_as_its_forward(t
     first = int((tr.end - tr.ts)[forward & ~inside].sum())
     assert np.count_nonzero(forward & ~inside) == BLOCKS * steps
     assert 0.6 < rc.host_ns / first < 1.6, (rc.host_ns, first)
+
+
+def _built(tmp_path, nodes) -> Context:
+    """Two steps on the autograd thread; ``nodes``: (name, start, length, [(op, start, length, [(inner op, start,
+    length)])]) per step, in µs from the step's start."""
+    b, bw = TraceBuilder(), 77
+    for s in range(2):
+        t = 1_000 + s * 100_000
+        b.step(s, t, 100_000)
+        for name, start, length, ops in nodes:
+            b.op("autograd::engine::evaluate_function: " + name, t + start, length, tid=bw)
+            for op, o_start, o_len, inner in ops:
+                b.op(op, t + o_start, o_len, tid=bw)
+                for i_op, i_start, i_len in inner:
+                    b.op(i_op, t + i_start, i_len, tid=bw)
+    path = b.write(tmp_path / "built.json")
+    tr = load_trace(str(path))
+    return Context(tr, choose_window(tr, "0:2"))
+
+
+def test_a_compiled_segment_s_node_prices_its_eager_forward_ops_too(tmp_path):
+    """A checkpointed layer whose compiled code breaks its graph: its backward node (20 ms) runs an eager linear
+    (8 ms) and the compiled piece (2 ms, an extern linear inside it) again: 10 ms, the inner linear not named apart."""
+    ctx = _built(tmp_path, [("CompiledFunctionBackward", 10_000, 20_000, [
+        ("aten::linear", 10_100, 8_000, []),
+        ("CompiledFunction", 18_500, 2_000, [("aten::linear", 18_600, 1_000)])])])
+    rc = recompute(ctx)
+    assert (rc.nodes, rc.compiled, rc.host_ns) == (2, 2, 2 * 10_000_000)
+    assert rc.forward_ops == {"aten::linear": 2, "CompiledFunction": 2}
+
+
+def test_nodes_that_ran_a_compiled_forward_again_are_not_the_clean_baseline(tmp_path):
+    """Three MmBackward0 a step: one (10 ms) runs a linear again, two (8 ms) a 6 ms compiled forward. None ran
+    nothing, so the first is its whole 10 ms (not 10 - 8), the others their compiled forwards."""
+    ctx = _built(tmp_path, [("MmBackward0", 10_000, 10_000, [("aten::linear", 10_100, 8_000, [])]),
+                            ("MmBackward0", 30_000, 8_000, [("CompiledFunction", 30_100, 6_000, [])]),
+                            ("MmBackward0", 50_000, 8_000, [("CompiledFunction", 50_100, 6_000, [])])])
+    rc = recompute(ctx)
+    assert (rc.nodes, rc.compiled) == (6, 4)
+    assert rc.host_ns == 2 * (10_000_000 + 2 * 6_000_000)

@@ -565,6 +565,20 @@ def test_recorder_leaves_out_a_backward_on_the_meta_device(runtime: Runtime, mon
     assert runtime.loss_values[-3] == 1.5 and math.isnan(runtime.loss_values[-2]) and runtime.loss_values[-1] == 2.5
 
 
+def test_a_meta_backward_is_no_step_of_a_job_without_an_optimizer(runtime: Runtime,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_STEPS, "3")
+    monkeypatch.delenv("TORCHDOCTOR_RUN_DIR", raising=False)
+    plain = hand_written_sgd(3)
+    recorder.install(torch, runtime)
+    with torch.device("meta"):
+        torch.nn.Linear(4, 1)(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(SystemExit):
+        hand_written_sgd(10)
+    record = runtime.record()
+    assert record is not None and record["losses"] == plain and record["steps"] == 3
+
+
 def hand_written_sgd(steps: int) -> list[float]:
     """word_language_model's loop: no torch.optim optimizer, the update is `p.data.add_`."""
     torch.manual_seed(0)

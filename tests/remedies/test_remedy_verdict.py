@@ -583,6 +583,15 @@ def test_workers_n_plus_one_is_kept_only_when_established() -> None:
     assert [a.label for a in faster if a.kind == "treated"] == ["V1", "V2", "V3"]
     out = judge(faster, [c.spec for c in won], {})
     assert out.ab.speedup_geomean == pytest.approx(round((1.8 * 18.1 / 10 * 1.83) ** (1 / 3), 4), abs=1e-4)
+    # A variant whose value was not applied ran the job's own setting: it is no measure of N+1.
+    unchanged = run_of([18, 18.1, 18.3])
+    for a in unchanged:
+        if a.kind == "variant":
+            a.applied.pop("dataloader.workers")
+            a.skipped["dataloader.workers"] = "the dataset is an IterableDataset"
+    info4 = dict(info, notes=[])
+    assert pick_workers(unchanged, info4, kept) == kept and info4["kept"] == 1
+    assert "changed nothing (the dataset is an IterableDataset)" in info4["notes"][0]
 
 
 def test_compile_tries_the_setting_that_fits_the_job_and_keeps_it_only_when_faster() -> None:

@@ -119,7 +119,12 @@ def test_cg2_functions_compiled_apart_are_not_breaks():
     got = only(run("CG-2", (r, None)), "CG-2")
     assert got.title.startswith("The step runs 2 compiled frames: graph breaks between them, or functions compiled "
                                 "apart"), got.title
-    assert got.confidence == "medium" and got.recoverable_ms == 0.0
+    assert (got.severity, got.confidence, got.recoverable_ms) == ("info", "low", 0.0)
+    assert "TORCH_LOGS=graph_breaks" in got.fix.snippet and "fullgraph" not in got.fix.text
+    # Facts that cannot tell: a frame Dynamo resumed after a break, or a probe that saw no compile.
+    resumed = CompileFacts(used=True, graph_breaks=0, frame_names={"1": "torch_dynamo_resume_in_forward_at_42"})
+    assert only(run("CG-2", (r, gpu_facts(compile=resumed))), "CG-2").severity == "info"
+    assert only(run("CG-2", (r, gpu_facts(compile=CompileFacts(used=False, graph_breaks=0)))), "CG-2")
 
 
 STORM = RecompileFacts("forward", location="/job/model.py:6", count=7,

@@ -71,9 +71,15 @@ def test_torchtune_s_compiled_layers_get_its_config_key():
     compiled forward; the setting is the recipe config's enable_activation_checkpointing."""
     r = cpu_result()
     r.recompute = Recompute(nodes=6 * N_STEPS, reentrant=0, host_ns=int(9.0 * N_STEPS * MS), device_ns=None,
-                            steps=N_STEPS, forward_ops={"CompiledFunction": 6 * N_STEPS})
+                            steps=N_STEPS, forward_ops={"CompiledFunction": 6 * N_STEPS}, compiled=6 * N_STEPS)
     f = only(run("HW-19", (r, cpu_facts(optimizers=[OptimizerFacts(created_by="torchtune")]))), "HW-19")
     assert f.recoverable_ms == 9.0
     assert "a compiled segment's forward x30" in f.evidence[0].text
-    assert "each compiled segment's forward (CompiledFunction) run inside a backward node" in f.evidence[0].text
+    assert ("the host time of that work (compiled segments' forwards (CompiledFunction) run inside a backward node, "
+            "and the forward ops beside them: their own time)") in f.evidence[0].text
     assert "enable_activation_checkpointing: False" in f.fix.snippet and "torchtune's recipes" in f.fix.text
+    assert f.fix.language == "yaml"
+    # A reentrant checkpoint around compiled blocks is priced as reentrant: the text says so.
+    r.recompute.reentrant, r.recompute.compiled = 6 * N_STEPS, 0
+    f = only(run("HW-19", (r, cpu_facts())), "HW-19")
+    assert "(reentrant nodes less the backward nested in them)" in f.evidence[0].text

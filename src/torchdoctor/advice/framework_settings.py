@@ -86,8 +86,10 @@ CLI_OPTIONS: dict[tuple[str, str], dict[str, str]] = {
     ("open_clip_train", "DataLoader"): {"num_workers": "--workers"},
     ("litgpt", "DataLoader"): {"num_workers": "--data.num_workers"},
 }
-# How each of those command lines starts, before its options.
-CLI_COMMAND = {"open_clip_train": "python -m open_clip_train.main", "litgpt": "litgpt <command>"}
+# How each of those command lines reads before the options (litgpt's --data.* options need the module named:
+# its commands default data to None and pick one later).
+CLI_COMMAND = {"open_clip_train": "python -m open_clip_train.main ...",
+               "litgpt": "litgpt <command> ... --data <DataModule>"}
 OWNER = {"skorch": "NeuralNet"}  # the class to name when the call's own class is unknown
 _TRAINING_ONLY = frozenset({"sampler", "shuffle"})
 # What the advice's snippet passes to locate the object, not a setting to change.
@@ -236,7 +238,7 @@ def cli_snippet(snippet: str, kind: str, library: str) -> str | None:
     options = CLI_OPTIONS.get((library, kind))
     if options is None:
         return None
-    return _rewrite_call(snippet, kind, options, "{} {}", (f"{CLI_COMMAND[library]} ... ", " ", ""),
+    return _rewrite_call(snippet, kind, options, "{} {}", (f"{CLI_COMMAND[library]} ", " ", ""),
                          f"no {library} option")
 
 

@@ -278,6 +278,7 @@ class Recompute(msgspec.Struct):
     steps: int  # the window's steps (0: a trace without steps)
     forward_ops: dict[str, int] = {}  # the forward ops seen again, by count (the most frequent)
     batch_norm: int = 0  # BatchNorm calls among them (each updates the running statistics once more)
+    compiled: int = 0  # of the nodes, those priced by the compiled forwards they hold (a compiled segment's)
 
 
 class AttentionSite(msgspec.Struct):

@@ -19,15 +19,16 @@ get the activations back. Nothing in the trace names that second forward; where 
   transformers'; DeepSpeed's and Megatron's own checkpointing): the segment is one custom autograd
   node, ``CheckpointFunctionBackward``, whose backward runs the forward again and then a nested
   backward over it; what it ran again is its time less every autograd node nested inside it.
-
 - **a compiled segment** (torchtune's ``compile: True`` with activation checkpointing: each layer is
   compiled inside its checkpoint wrapper): the segment's forward is AOTAutograd's ``CompiledFunction``
   (the autograd Function a compiled graph runs as), and the segment's backward node is its
   ``CompiledFunctionBackward``, which runs the compiled forward again when it unpacks what the
   segment saved. A ``CompiledFunction`` inside any autograd node but AccumulateGrad (whose hooks run
-  an optimizer, not a forward) is a recompute: what it ran again is that range's time and what it
-  launched. A checkpoint *inside* a compiled region is rematerialised within the compiled backward
-  graph and has no range of its own: not read.
+  an optimizer, not a forward) is a recompute. Where the node is not priced as above, what it ran
+  again is the time and launches of its compiled forwards and of the forward ops beside them (a
+  segment whose compiled code breaks its graph runs both); the ops inside a compiled forward are
+  its own work, never counted apart. A checkpoint *inside* a compiled region is rematerialised
+  within the compiled backward graph and has no range of its own: not read.
 
 Work is given to the innermost autograd node holding it, of any kind: what a custom Function's
 node (flash-attention's, a 4-bit matmul's) or AccumulateGrad's hooks run inside a reentrant
@@ -37,9 +38,9 @@ kernels, copies and memsets launched inside the node (by correlation id from the
 runtime call on the node's thread), less the same-name median or the nested nodes' launches alike;
 collectives are left out (FSDP's all-gather before a segment's backward is needed with or without
 the recompute, and its kernel mostly waits for the other ranks). ``Recompute`` sums them over the
-window. Custom autograd nodes other than CheckpointFunctionBackward (a compiled graph's
-CompiledFunctionBackward, which rematerialises by its own choice, and library Functions) are not
-read.
+window. Custom autograd nodes other than CheckpointFunctionBackward (library Functions, and a compiled
+graph's CompiledFunctionBackward, which rematerialises inside its own graph by its own choice) are
+read only for a compiled forward they hold, as above.
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ def recompute(ctx: Context) -> Recompute | None:
     kind = kinds.take(tr.name[nodes])
     if not nodes.size or not ((kind > _OTHER).any() or any_compiled):
         return None
-    fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
     compiled = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(COMPILED_FORWARD.__eq__)))
+    fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
+    # A compiled forward's own ops (Inductor's extern calls, every op under aot_eager) are its work, named once.
+    fwd = fwd[_span_of(tr, compiled, fwd) < 0]
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
     launch_ns = launched_device_ns(ctx, launches)
 
@@ -113,32 +116,29 @@ def recompute(ctx: Context) -> Recompute | None:
     device = np.zeros(nodes.size, np.int64)  # device ns launched directly inside
     nested = np.zeros(nodes.size, np.int64)  # host ns of the nodes nested inside (reentrant only)
     seen: list[tuple[np.ndarray, np.ndarray]] = []  # (node, forward op name) of every forward op in a node
-    compiled_host = np.zeros(nodes.size, np.int64)  # host ns of compiled forwards held directly
-    compiled_device = np.zeros(nodes.size, np.int64)  # device ns they launched
-    compiled_runs = np.zeros(nodes.size, np.int64)  # how many
+    # The forward work a node holds, compiled forwards and forward ops outside them: host ns, device ns.
+    span_host = np.zeros(nodes.size, np.int64)
+    span_device = np.zeros(nodes.size, np.int64)
+    compiled_runs = np.zeros(nodes.size, np.int64)  # compiled forwards held directly
     for tid in np.unique(tr.tid[nodes]):
         on = np.flatnonzero(tr.tid[nodes] == tid)
         order = on[np.argsort(tr.ts[nodes[on]], kind="stable")]
         starts, ends = tr.ts[nodes[order]], tr.end[nodes[order]]
-        f = fwd[tr.tid[fwd] == tid]
-        at = _innermost(starts, ends, tr.ts[f], tr.end[f])
-        np.add.at(holds, order[at[at >= 0]], 1)
-        seen.append((order[at[at >= 0]], tr.name[f[at >= 0]]))
         lc = launches[tr.tid[launches] == tid]
         at = _innermost(starts, ends, tr.ts[lc], tr.end[lc])
         np.add.at(device, order[at[at >= 0]], launch_ns[np.searchsorted(launches, lc[at >= 0])])
-        c = compiled[tr.tid[compiled] == tid]
-        at = _innermost(starts, ends, tr.ts[c], tr.end[c])
-        c, node = c[at >= 0], order[at[at >= 0]]
-        if c.size:  # compiled forwards inside this thread's autograd nodes
-            by_start = np.argsort(tr.ts[c], kind="stable")
-            c, node = c[by_start], node[by_start]
-            np.add.at(compiled_host, node, tr.end[c] - tr.ts[c])
-            np.add.at(compiled_runs, node, 1)
-            # What each compiled forward launched: the thread's launches inside it (they do not overlap).
-            k = np.searchsorted(tr.ts[c], tr.ts[lc], side="right") - 1
-            inside = (k >= 0) & (tr.end[c[np.maximum(k, 0)]] >= tr.end[lc])
-            np.add.at(compiled_device, node[k[inside]], launch_ns[np.searchsorted(launches, lc[inside])])
+        for group in (fwd, compiled):
+            g = group[tr.tid[group] == tid]
+            at = _innermost(starts, ends, tr.ts[g], tr.end[g])
+            g, node = g[at >= 0], order[at[at >= 0]]
+            if group is fwd:
+                np.add.at(holds, node, 1)
+                seen.append((node, tr.name[g]))
+            else:
+                np.add.at(compiled_runs, node, 1)
+            np.add.at(span_host, node, tr.end[g] - tr.ts[g])
+            k = _span_of(tr, g, lc)  # the launches inside each span (spans of one kind do not overlap)
+            np.add.at(span_device, node[k[k >= 0]], launch_ns[np.searchsorted(launches, lc[k >= 0])])
         # The nodes a reentrant node's nested backward ran: its host time and launches are not recomputed.
         for j in np.flatnonzero(kind[order] == _REENTRANT):
             inner = (starts > starts[j]) & (ends <= ends[j])
@@ -155,24 +155,26 @@ def recompute(ctx: Context) -> Recompute | None:
     names = tr.name[nodes]
     for name_id in np.unique(names[built]):
         same = names == name_id
-        clean = same & (holds == 0)
+        clean = same & (holds == 0) & (compiled_runs == 0)  # nodes that ran no forward work again
         base_h = int(np.median(host[clean])) if clean.any() else 0
         base_d = int(np.median(device[clean])) if clean.any() else 0
         hit = same & (holds > 0)
         host_again[hit] = np.maximum(host[hit] - base_h, 0)
         device_again[hit] = np.maximum(device[hit] - base_d, 0)
     # A compiled forward in a node not priced above (a built-in node holding forward ops has it in its time
-    # already; a reentrant one, in its whole time) is its own recompute.
+    # already; a reentrant one, in its whole time): that node's forward work is what it ran again, the compiled
+    # forwards and the forward ops beside them (a segment whose compiled code breaks its graph runs both).
+    # Not AccumulateGrad's: its hooks run an optimizer, not a forward.
     accumulate = np.isin(names, [i for i, n in enumerate(tr.names) if "AccumulateGrad" in n])
-    by_range = (compiled_host > 0) & ~re_nodes & ~((kind == _BUILT_IN) & (holds > 0)) & ~accumulate
-    host_again[by_range] += compiled_host[by_range]
-    device_again[by_range] += compiled_device[by_range]
+    by_range = (compiled_runs > 0) & ~re_nodes & ~((kind == _BUILT_IN) & (holds > 0)) & ~accumulate
+    host_again[by_range] = span_host[by_range]
+    device_again[by_range] = span_device[by_range]
     again = re_nodes | ((kind == _BUILT_IN) & (holds > 0)) | by_range
     if not again.any():
         return None
     counts: dict[str, int] = {}
-    for node_idx, name_ids in seen:  # a compiled segment's ops are its CompiledFunction, counted below
-        for name_id in name_ids[again[node_idx] & ~by_range[node_idx]]:
+    for node_idx, name_ids in seen:
+        for name_id in name_ids[again[node_idx]]:
             counts[tr.names[name_id]] = counts.get(tr.names[name_id], 0) + 1
     if runs := int(compiled_runs[again].sum()):
         counts[COMPILED_FORWARD] = runs
@@ -181,7 +183,24 @@ def recompute(ctx: Context) -> Recompute | None:
         nodes=int(again.sum()), reentrant=int(re_nodes.sum()), host_ns=int(host_again[again].sum()),
         device_ns=int(device_again[again].sum()) if ctx.has_device else None,
         steps=len(ctx.win.steps), forward_ops=dict(top),
-        batch_norm=sum(n for name, n in counts.items() if name in BATCH_NORM_OPS))
+        batch_norm=sum(n for name, n in counts.items() if name in BATCH_NORM_OPS),
+        compiled=int(by_range.sum()))
+
+
+def _span_of(tr, spans: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """For each event of ``idx``: the position in ``spans`` of the span on its thread that holds it, or -1.
+    The spans of one thread must not overlap (outermost ranges)."""
+    out = np.full(idx.size, -1, np.int64)
+    for tid in np.unique(tr.tid[idx]) if spans.size else ():
+        mine = np.flatnonzero(tr.tid[idx] == tid)
+        st = np.flatnonzero(tr.tid[spans] == tid)
+        if not st.size:
+            continue
+        st = st[np.argsort(tr.ts[spans[st]], kind="stable")]
+        k = np.searchsorted(tr.ts[spans[st]], tr.ts[idx[mine]], side="right") - 1
+        ok = (k >= 0) & (tr.end[spans[st[np.maximum(k, 0)]]] >= tr.end[idx[mine]])
+        out[mine[ok]] = st[k[ok]]
+    return out
 
 
 def _outermost(tr, idx: np.ndarray) -> np.ndarray:

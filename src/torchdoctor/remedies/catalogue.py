@@ -26,6 +26,9 @@ ValueKind = Literal["", "int", "float", "dtype", "mode"]
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "dynamic")
 # DDP's own default bucket cap (torch/nn/parallel/distributed.py); the restore value of ddp.bucket_cap.
 DDP_DEFAULT_BUCKET_MB = 25.0
+# DataLoader arguments torch refuses without workers (DataLoader.__init__ raises ValueError), and their off value.
+WITH_WORKERS_ONLY: dict[str, object] = {"persistent_workers": False, "prefetch_factor": None,
+                                        "multiprocessing_context": None}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ..advice.workers import WORKERS_PER_CPU_CAP
 from ..callsite import editable_site
 from . import runtime
 from ._shim import kwargs_shim
+from .catalogue import WITH_WORKERS_ONLY
 from .runtime import Runtime
 
 IDS = ("dataloader.workers", "dataloader.persistent_workers", "dataloader.prefetch", "dataloader.pin_memory")
@@ -60,8 +61,7 @@ def plan(torch: Any, rt: Runtime, a: dict[str, Any]) -> tuple[dict[str, Any], di
         else:
             new["num_workers"], by["num_workers"] = want, spec.id
             if not want:  # torch refuses these without workers (DataLoader.__init__ raises ValueError)
-                for key, off in (("persistent_workers", False), ("prefetch_factor", None),
-                                 ("multiprocessing_context", None)):
+                for key, off in WITH_WORKERS_ONLY.items():
                     if a.get(key) not in (None, False):
                         new[key], by[key] = off, spec.id
     workers = new.get("num_workers", workers)

@@ -42,17 +42,20 @@ def install(torch: Any, rt: Runtime) -> None:
     optimizers: list[bool] = []  # one entry once the job builds a torch.optim optimizer
 
     def note(args: tuple[Any, ...]) -> None:
+        loss = args[0] if args else None
+        if isinstance(loss, (list, tuple)) and len(loss) == 1:
+            loss = loss[0]
+        # A backward on the meta device computes nothing and is no training step: litgpt's pretrain measures
+        # its FLOPs with one (litgpt.utils.measure_flops) before training, and its loss, which has no value,
+        # spoiled the stack of every loss.
+        if isinstance(loss, torch.Tensor) and loss.device.type == "meta":
+            return
         if limit and not optimizers:
             if rt.backward_steps >= limit:
                 rt.write()
                 raise SystemExit(0)  # BaseException: the shim lets it through, the job ends cleanly
             rt.backward_steps += 1
-        loss = args[0] if args else None
-        if isinstance(loss, (list, tuple)) and len(loss) == 1:
-            loss = loss[0]
-        # A backward on the meta device has no value: litgpt's pretrain measures its FLOPs with one
-        # (litgpt.utils.measure_flops) before training, and its loss spoiled the stack of every loss.
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.device.type != "meta":
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             if rt.rank is None:
                 rt.rank = _rank()
             rt.losses.append(loss.detach().clone())

@@ -25,7 +25,7 @@ from ..advice.framework_settings import (
     prefixed_snippet,
     trainer_snippet,
 )
-from .catalogue import BY_ID
+from .catalogue import BY_ID, WITH_WORKERS_ONLY
 
 
 @dataclass
@@ -222,7 +222,11 @@ def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None
                 return Change([rid], f"{lib} builds the {remedy.target}: its {owner or lib}(...) parameters", code,
                               "python")
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CLI_OPTIONS:
-            code = cli_snippet(f"{remedy.target}(..., {args})", remedy.target, lib)
+            # Without workers the remedy turned off what torch refuses without them (litdata's loader had a
+            # prefetch_factor of its own): the library sets those from its worker count, not an option to give.
+            said = {k: v for k, v in kwargs.items() if not (kwargs.get("num_workers") == 0 and k in WITH_WORKERS_ONLY)}
+            code = cli_snippet(f"{remedy.target}(..., {', '.join(f'{k}={v!r}' for k, v in said.items())})",
+                               remedy.target, lib)
             if code is not None:  # open_clip_train: num_workers=args.workers
                 return Change([rid], f"{lib} builds the {remedy.target}: its command line", code, "shell")
         if len(libraries) == 1 and (lib := next(iter(libraries))) and (lib, remedy.target) in CONFIG_DICTS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from torchdoctor.callsite import library_of
+from torchdoctor.compile.records import RESUME
 from torchdoctor.facts import GraphBreakFacts
 from torchdoctor.metrics.compiled import gaps_by_break
 
@@ -121,8 +122,9 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
     Live: Dynamo's graph_break counter, and each break with its reason, registry id and the user's
     line (``CompileFacts.breaks``), each shown with the fix of its kind (rules/compile_breaks.py);
     trace: more than one compiled frame per step, which is also what functions compiled apart look
-    like (a compiled model and a compiled loss), so a trace alone says so and claims medium
-    confidence; live facts that counted no break overrule the trace's frames. Each break's eager
+    like (a compiled model and a compiled loss), so a trace alone says both, as an info of low
+    confidence; live facts of a job that compiled, counted no break and resumed no function after
+    one overrule the trace's frames. Each break's eager
     time per step comes from the profiler window (``eager_gaps``: the gap before its resume function's compiled region). That
     time is host time HO-5 prices, so no gain is claimed here.
     """
@@ -134,11 +136,28 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
         per_step = len(frames) if v.r is not None and v.r.window.steps else 0
         if not breaks and not listed and per_step <= 1:
             return None
-        if breaks == 0 and not listed:
-            # Dynamo counted no break: the trace's compiled frames are functions compiled apart (torchtune
-            # compiles each layer and its loss, 2 frames per step), not the pieces of a broken graph.
+        c = v.f.compile if v.f is not None else None
+        if breaks == 0 and not listed and c is not None and c.used and not any(
+                RESUME.fullmatch(name) for name in c.frame_names.values()):
+            # Dynamo compiled, counted no break and resumed no function after one: the trace's compiled frames
+            # are functions compiled apart (torchtune compiles each layer and its loss, 2 frames per step).
             return None
-        n = breaks if breaks else len(listed) or per_step - 1
+        if not breaks and not listed:
+            # A trace alone (or facts that saw no compile): several compiled frames per step are breaks or
+            # functions compiled apart, which only Dynamo's log tells apart.
+            return finding(
+                v, "CG-2", "compile",
+                f"The step runs {per_step} compiled frames: graph breaks between them, or functions compiled "
+                "apart (a model and its loss).", 0.0, sev="info",
+                evidence=[Evidence(f"{per_step} compiled frames per step in the trace: {sorted(frames)}; no count "
+                                   "of graph breaks from Dynamo.", {"graph_breaks": breaks,
+                                                                    "compiled_frames": sorted(frames)})],
+                fix=Fix("Run the job with TORCH_LOGS=graph_breaks (or under `torchdoctor run`, which reads Dynamo's "
+                        "counters): a break is printed with its reason and line; functions compiled apart print "
+                        "nothing and need no change.", "TORCH_LOGS=graph_breaks python train.py ..."),
+                confidence="low", confirm="TORCH_LOGS=graph_breaks prints each break with its line",
+                source="the trace's Torch-Compiled Region frames; proposed: any break in the step")
+        n = breaks if breaks else len(listed)
         evidence = [Evidence(f"{n} graph break(s)" + (f"; reasons: {'; '.join(reasons[:3])}" if reasons and not listed else "")
                              + (f"; compiled frames in the trace: {sorted(frames)}" if frames else "") + ".",
                              {"graph_breaks": breaks, "compiled_frames": sorted(frames)},
@@ -178,14 +197,11 @@ def graph_breaks(inputs: RuleInputs) -> list[Finding]:
                       language="diff" if rewrites and not snippets else "python")
         return finding(
             v, "CG-2", "compile", (f"torch.compile breaks the graph at {len(listed)} place(s)" if listed else
-                                   f"torch.compile breaks the graph {n} time(s)" if breaks else
-                                   f"The step runs {per_step} compiled frames: graph breaks between them, or functions "
-                                   "compiled apart (a model and its loss)")
-            + (": eager code runs between compiled pieces" if breaks or listed else "")
+                                   f"torch.compile breaks the graph {n} time(s)") + ": eager code runs between compiled pieces"
             + (f" ({_sites(listed)})" if listed else "")
             + (f", {fmt_ms(sum(gaps.values()))} per step" if gaps else "") + ".",
             0.0, sev="warning", evidence=evidence, fix=fix,
-            confidence="high" if breaks or listed else "medium",
+            confidence="high",
             confirm="TORCH_LOGS=graph_breaks prints each break with its line",
             source="PT dynamo counters, graph_break_reasons and the graph-break registry; proposed: any break in the step")
     return per_rank(inputs, one)

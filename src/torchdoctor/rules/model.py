@@ -28,7 +28,7 @@ class Evidence(msgspec.Struct, omit_defaults=True):
 class Fix(msgspec.Struct, omit_defaults=True):
     text: str
     snippet: str = ""
-    language: str = "python"  # python | shell | diff
+    language: str = "python"  # python | shell | diff | yaml
 
 
 class Claim(msgspec.Struct, omit_defaults=True):

@@ -23,7 +23,7 @@ the busy share. trl's SFT with use_reentrant=True: 21.2% claimed, x1.29 [1.25, 1
 
 from __future__ import annotations
 
-from ..advice.checkpointing import memory_full, turned_on_by
+from ..advice.checkpointing import LANGUAGE, memory_full, turned_on_by
 from ..metrics.model import Recompute
 from ..metrics.recompute import COMPILED_FORWARD
 from ._common import View, device_bound, finding, fmt_ms, per_rank
@@ -74,7 +74,7 @@ def _fix(trainer: str | None, tight: bool, reentrant: bool) -> Fix:
     own = (" DeepSpeed's and Megatron's own checkpointing (CheckpointFunctionBackward too) is set in their "
            "configuration: DeepSpeed's activation_checkpointing section, Megatron's --recompute-granularity."
            if reentrant and trainer not in ("transformers", "timm") else "")
-    return Fix(f"{why}. {where}{own}", change)
+    return Fix(f"{why}. {where}{own}", change, language=LANGUAGE.get(trainer or "", "python"))
 
 
 def _again(v: View, rc: Recompute) -> tuple[float, str]:
@@ -102,13 +102,14 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
         per_step = rc.nodes / max(rc.steps, 1)
         kind = ("reentrant checkpoints (CheckpointFunctionBackward)" if rc.reentrant == rc.nodes else
                 "non-reentrant checkpoints" if not rc.reentrant else "checkpoints of both kinds")
-        how = ("each segment's node less the backward nested in it" if rc.reentrant == rc.nodes else
-               "each node less what nodes of the same name take without forward ops" if not rc.reentrant else
-               "reentrant nodes less the backward nested in them, the others less their same-name nodes' time")
-        if set(rc.forward_ops) == {COMPILED_FORWARD}:
-            how = "each compiled segment's forward (CompiledFunction) run inside a backward node: its own time"
-        elif COMPILED_FORWARD in rc.forward_ops:
-            how += "; compiled segments' forwards (CompiledFunction) inside backward nodes: their own time"
+        # How each node was priced (metrics/recompute.py): reentrant, by same-name nodes, or by what it held.
+        ways = [w for n, w in (
+            (rc.reentrant, "reentrant nodes less the backward nested in them"),
+            (rc.nodes - rc.reentrant - rc.compiled, "built-in nodes less what nodes of the same name take without "
+                                                    "forward ops"),
+            (rc.compiled, "compiled segments' forwards (CompiledFunction) run inside a backward node, and the "
+                          "forward ops beside them: their own time")) if n > 0]
+        how = "; ".join(ways)
         ops = ", ".join(_op_name(name) + f" x{n}" for name, n in rc.forward_ops.items())
         memory = ""
         if mem is not None:
