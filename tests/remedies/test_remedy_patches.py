@@ -52,6 +52,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch):
             monkeypatch.setattr(obj, "__init__", obj.__dict__["__init__"])
     monkeypatch.setattr(torch, "set_anomaly_enabled", torch.set_anomaly_enabled)
     monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
     monkeypatch.setattr(torch.distributed, "init_process_group", torch.distributed.init_process_group)
     c10d = torch.distributed.distributed_c10d
     monkeypatch.setattr(c10d, "init_process_group", c10d.init_process_group)
@@ -761,3 +762,43 @@ def test_host_allocator_keeps_a_jobs_own_allocator(runtime: Runtime, monkeypatch
     patch_flags.host_allocator(want(runtime, "memory.host_allocator"))
     assert not runtime.applied and "jemalloc" in runtime.skipped["memory.host_allocator"]
     assert "MALLOC_MMAP_THRESHOLD_" not in os.environ
+
+
+def test_contiguous_input_gives_a_frozen_weight_s_linear_one_mm(runtime: Runtime) -> None:
+    """torchtune's LoRA output: a sequence chunk of the last hidden state against the frozen tied embedding. torch
+    computes it as a bmm over the weight copied per batch row (profiled: aten::copy_ inside aten::matmul); the
+    remedy's contiguous input is one mm, the same values, and no copy of the weight."""
+    from torch.profiler import profile
+
+    from torchdoctor.remedies import patch_matmul
+
+    torch.manual_seed(0)
+    w = torch.randn(4096, 64, dtype=torch.bfloat16)  # frozen; a bf16 bmm copies its expanded operand on a CPU
+    h = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    chunk = h.chunk(4, dim=1)[1]
+    plain = torch.nn.functional.linear(chunk, w)
+
+    def copied(fn) -> float:
+        with profile() as p:
+            fn()
+        return sum(e.cpu_time_total for e in p.key_averages() if e.key == "aten::copy_"), \
+            {e.key for e in p.key_averages()}
+
+    copy_before, ops_before = copied(lambda: torch.nn.functional.linear(chunk, w))
+    assert "aten::bmm" in ops_before and copy_before > 0
+    patch_matmul.install(torch, want(runtime, "matmul.contiguous_input"))
+    layer = torch.nn.Linear(64, 4096, bias=False, dtype=torch.bfloat16)
+    layer.weight.requires_grad_(False)
+    layer.weight.copy_(w)
+    got = layer(chunk)  # nn.Linear goes through F.linear
+    torch.testing.assert_close(got, plain)
+    _, ops_after = copied(lambda: torch.nn.functional.linear(chunk, w))
+    assert "aten::bmm" not in ops_after and "aten::mm" in ops_after
+    assert runtime.applied[0]["id"] == "matmul.contiguous_input"
+    got.sum().backward()  # the input's gradient flows through the copy
+    assert h.grad is not None and h.grad[:, 8:16].abs().sum() > 0 and h.grad[:, :8].abs().sum() == 0
+    # A weight that needs a gradient, or a contiguous input, is left as it was (matmul folds it already).
+    w.requires_grad_(True)
+    _, ops = copied(lambda: torch.nn.functional.linear(chunk, w))
+    assert "aten::bmm" not in ops
+

@@ -159,3 +159,16 @@ def test_fully_shard_called_by_torchtune_is_changed_in_its_config() -> None:
     assert change.where.startswith("torchtune calls fully_shard")
     (change,) = changes_for(["fsdp.keep_unsharded"], {"fsdp.keep_unsharded": [entry(None)]})
     assert change.text == "fully_shard(..., reshard_after_forward=False)" and change.where == "unknown call site"
+
+
+def test_contiguous_input_names_torchtune_s_loss_setting_or_the_job_s_lines():
+    """fix on torchtune's LoRA recipe: TiedLinear (torchtune's code) called F.linear with the chunk; the permanent
+    change is the config's loss, not a line of torchtune's to edit."""
+    rid = "matmul.contiguous_input"
+    tune = [{"id": rid, "target": "linear", "site": None, "set": {"input": "made contiguous"}, "was": {},
+             "library": "torchtune", "library_site": "/venv/torchtune/modules/tied_linear.py:25"}]
+    (change,) = changes_for([rid], {rid: tune})
+    assert change.language == "yaml" and "torch.nn.CrossEntropyLoss" in change.text and "torchtune" in change.where
+    own = [{"id": rid, "target": "linear", "site": "/job/train.py:41", "set": {"input": "made contiguous"}, "was": {}}]
+    (change,) = changes_for([rid], {rid: own})
+    assert change.where == "/job/train.py:41" and "x.contiguous()" in change.text

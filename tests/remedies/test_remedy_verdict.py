@@ -37,7 +37,7 @@ REQUIRED = ["dataloader.workers", "dataloader.pin_memory", "dataloader.persisten
             "ddp.find_unused_false", "ddp.static_graph", "ddp.grad_as_bucket_view", "ddp.bucket_cap",
             "fsdp.keep_unsharded", "fsdp.prefetch", "optim.foreach", "optim.fused", "cudnn.benchmark", "precision.tf32", "precision.autocast",
             "debug.off", "threads.affinity", "compile", "cudagraphs", "memory.expandable_segments",
-            "memory.host_allocator", "memory.no_checkpoint"]
+            "memory.host_allocator", "memory.no_checkpoint", "matmul.contiguous_input"]
 
 
 def test_catalogue_has_every_id_the_rules_use() -> None:
@@ -51,11 +51,13 @@ def test_catalogue_has_every_id_the_rules_use() -> None:
         patch_ddp,
         patch_flags,
         patch_fsdp,
+        patch_matmul,
         patch_model,
         patch_optim,
     )
 
-    modules = (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim, patch_checkpoint)
+    modules = (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim, patch_checkpoint,
+               patch_matmul)
     installed = [i for m in modules for i in m.IDS]
     assert sorted(installed) == sorted(REQUIRED)  # every remedy has exactly one installer
 

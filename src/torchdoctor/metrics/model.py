@@ -281,6 +281,17 @@ class Recompute(msgspec.Struct):
     compiled: int = 0  # of the nodes, those priced by the compiled forwards they hold (a compiled segment's)
 
 
+class WeightCopies(msgspec.Struct):
+    """Matmuls that copied their operands for a bmm in the window (metrics/weight_copies.py defines the fields)."""
+
+    calls: int  # outermost aten::matmul calls whose copies took COPY_SHARE or more of their time
+    copy_ns: int  # host time of the copies inside them, over the window
+    matmul_ns: int  # host time of those matmuls
+    device_ns: int | None  # device time of what the copies launched; None without device activity
+    steps: int  # the window's steps (0: a trace without steps)
+    shapes: dict[str, int] = {}  # the matmuls' Input Dims, by count (the most frequent)
+
+
 class AttentionSite(msgspec.Struct):
     """Attention calls of one kind and shape in the window (metrics/choice.py defines the fields)."""
 
@@ -415,6 +426,8 @@ class RankResult(msgspec.Struct):
     memory: MemoryStats | None = None
     # Forward work activation checkpointing ran again in backward (metrics/recompute.py); None without.
     recompute: Recompute | None = None
+    # Matmuls that copied their weight for a bmm (metrics/weight_copies.py); None without.
+    weight_copies: WeightCopies | None = None
 
 
 # --- signals the diagnosis rules need (metrics/signals.py) -------------------------------------

@@ -20,6 +20,7 @@ from .recompute import recompute
 from .rooflinesum import roofline_summary
 from .signals import rule_signals
 from .steps import choose_window
+from .weight_copies import weight_copies
 from .work import kernel_work
 
 
@@ -61,7 +62,7 @@ def analyze_rank(tr: RankTrace, steps: str | None = None, label: str | None = No
         compile_regions=compiled_regions(tr), compile_gaps_ms=break_gaps(tr, win), signals=rule_signals(ctx, cause_sets),
         collectives=collectives(ctx), roofline=roofline_summary(ctx, work, dev) if work is not None else None,
         choice=kernel_choice(ctx, work, dev) if work is not None else None, memory=memory_stats(ctx),
-        recompute=recompute(ctx),
+        recompute=recompute(ctx), weight_copies=weight_copies(ctx),
     )
 
 

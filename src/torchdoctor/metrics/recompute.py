@@ -108,7 +108,7 @@ def recompute(ctx: Context) -> Recompute | None:
     compiled = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(COMPILED_FORWARD.__eq__)))
     fwd = _outermost(tr, np.flatnonzero(cpu & tr.name_mask(FORWARD_OPS.__contains__)))
     # A compiled forward's own ops (Inductor's extern calls, every op under aot_eager) are its work, named once.
-    fwd = fwd[_span_of(tr, compiled, fwd) < 0]
+    fwd = fwd[span_of(tr, compiled, fwd) < 0]
     launches = np.flatnonzero(tr.mask(Cat.RUNTIME, Cat.DRIVER) & (tr.correlation >= 0) & ctx.in_window)
     launch_ns = launched_device_ns(ctx, launches)
 
@@ -137,7 +137,7 @@ def recompute(ctx: Context) -> Recompute | None:
             else:
                 np.add.at(compiled_runs, node, 1)
             np.add.at(span_host, node, tr.end[g] - tr.ts[g])
-            k = _span_of(tr, g, lc)  # the launches inside each span (spans of one kind do not overlap)
+            k = span_of(tr, g, lc)  # the launches inside each span (spans of one kind do not overlap)
             np.add.at(span_device, node[k[k >= 0]], launch_ns[np.searchsorted(launches, lc[k >= 0])])
         # The nodes a reentrant node's nested backward ran: its host time and launches are not recomputed.
         for j in np.flatnonzero(kind[order] == _REENTRANT):
@@ -187,7 +187,7 @@ def recompute(ctx: Context) -> Recompute | None:
         compiled=int(by_range.sum()))
 
 
-def _span_of(tr, spans: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def span_of(tr, spans: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """For each event of ``idx``: the position in ``spans`` of the span on its thread that holds it, or -1.
     The spans of one thread must not overlap (outermost ranges)."""
     out = np.full(idx.size, -1, np.int64)

@@ -33,9 +33,19 @@ def _once(what: str) -> bool:
 
 
 def _on_torch(torch: ModuleType) -> None:
-    from . import patch_checkpoint, patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim
+    from . import (
+        patch_checkpoint,
+        patch_data,
+        patch_ddp,
+        patch_flags,
+        patch_fsdp,
+        patch_matmul,
+        patch_model,
+        patch_optim,
+    )
 
-    for module in (patch_flags, patch_data, patch_ddp, patch_fsdp, patch_optim, patch_model, patch_checkpoint):
+    for module in (patch_flags, patch_data, patch_ddp, patch_fsdp, patch_optim, patch_model, patch_checkpoint,
+                   patch_matmul):
         try:
             module.install(torch, RUNTIME)
         except Exception as exc:

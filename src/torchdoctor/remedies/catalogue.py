@@ -163,6 +163,13 @@ REMEDIES: tuple[Remedy, ...] = (
            "Megatron's own are not replaced)",
            snippet="TrainingArguments(..., gradient_checkpointing=False)   # Hugging Face / trl\n"
                    "# or call the block directly instead of torch.utils.checkpoint.checkpoint(block, x)"),
+    Remedy("matmul.contiguous_input", ("HW-20",), "torch.nn.functional.linear makes a non-contiguous input of 3 or "
+           "more dimensions contiguous when the weight needs no gradient, so matmul folds it into one mm instead of "
+           "a bmm over the weight copied per batch row", "numerics",
+           "the same product by one mm instead of a bmm, whose kernels may sum in another order: the last bits "
+           "can differ", "F.linear called through torch.nn.functional (nn.Linear, torchtune's TiedLinear); not "
+           "inside a compiled region",
+           snippet="y = F.linear(x.contiguous(), w)   # x: a chunk along the sequence or a transposed view"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

@@ -25,6 +25,7 @@ from ..advice.framework_settings import (
     prefixed_snippet,
     trainer_snippet,
 )
+from ..advice.matmul import TORCHTUNE
 from .catalogue import BY_ID, WITH_WORKERS_ONLY
 
 
@@ -190,6 +191,8 @@ def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None
         return Change([rid], "start-up", remedy.snippet, "shell")
     if rid == "memory.no_checkpoint":
         return _no_checkpoint(entries)
+    if rid == "matmul.contiguous_input" and entries:
+        return _contiguous_input(entries)
     if rid == "fsdp.keep_unsharded" and entries and not any(e.get("site") for e in entries):
         libraries = {e.get("library") for e in entries}
         if len(libraries) == 1 and (lib := next(iter(libraries))) in fsdp.RESHARD_SETTINGS:
@@ -252,6 +255,19 @@ def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None
                  if all(libraries) else "unknown call site")
         return Change([rid], where, f"{remedy.target}(..., {args})", "python")
     return Change([rid], "start-up", remedy.snippet or remedy.changes, "python")
+
+
+def _contiguous_input(entries: list[dict[str, Any]]) -> Change:
+    """Where the projection runs: torchtune's loss setting when torchtune's code made the call (its chunked
+    output, rules/weight_copies.py), else the job's lines that call F.linear with such an input."""
+    rid = "matmul.contiguous_input"
+    sites = sorted({e["site"] for e in entries if e.get("site")})
+    libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    if libraries == ["torchtune"] and not sites:
+        return Change([rid], "torchtune's config (its chunked output loss)", TORCHTUNE[1], "yaml")
+    where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "") if sites else (
+        f"inside {', '.join(libraries)} (its code calls F.linear with the input)" if libraries else "start-up")
+    return Change([rid], where, BY_ID[rid].snippet, "python")
 
 
 def _no_checkpoint(entries: list[dict[str, Any]]) -> Change:

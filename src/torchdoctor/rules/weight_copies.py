@@ -1,0 +1,82 @@
+"""Hardware layer, copies a matmul makes of its weight (HW-20).
+
+``torch.matmul`` computes a non-contiguous 3-D activation against a weight that needs no gradient as a
+batched matmul over the weight copied once per batch row (metrics/weight_copies.py): time in memory
+copies, where one ``mm`` over the activation made contiguous does the same product. It costs most
+where the weight is large and frozen: the tied output projection of a LoRA fine-tune, whose final
+hidden state torchtune's CEWithChunkedOutputLoss splits along the sequence. Measured on torchtune's
+``lora_finetune_single_device`` (a 6-layer Qwen2, 151,936-token vocabulary, CPU, bf16): 23.2 s of a
+28.8 s step in ``aten::copy_`` inside 16 ``aten::linear`` calls.
+
+The claim is the copies' time (on an accelerator, the device time of the copy kernels, scaled by the
+busy share like every kernel-time gain): the contiguous input costs one copy of the activation's
+chunk instead, small beside batch x the weight. `torchdoctor fix --apply matmul.contiguous_input`
+measures it.
+"""
+
+from __future__ import annotations
+
+from ..advice.matmul import TORCHTUNE
+from ..metrics.model import WeightCopies
+from ._common import View, device_bound, finding, fmt_ms, per_rank
+from .engine import RuleInputs, rule
+from .model import Evidence, Finding, Fix
+
+MIN_PCT = 3.0  # below this share of the step the copies are not worth a finding
+
+def _again(v: View, wc: WeightCopies) -> tuple[float, str]:
+    """(ms per step in the copies, what was measured): the device's time on an accelerator trace, else the host's."""
+    if wc.device_ns is not None and v.has_device_trace:
+        return v.ms(wc.device_ns), "device time of the copy kernels"
+    return v.ms(wc.copy_ns), "host time of aten::copy_"
+
+
+def _library(v: View) -> str | None:
+    for made in [*(v.f.optimizers if v.f is not None else []), *(v.f.dataloaders if v.f is not None else [])]:
+        if made.created_by:
+            return made.created_by
+    return None
+
+
+@rule("HW-20", budgets=("device.busy", "step"))
+def weight_copies(inputs: RuleInputs) -> list[Finding]:
+    """Matmuls that copy their weight for a batched matmul, every call (metrics/weight_copies.py)."""
+
+    def one(v: View) -> Finding | None:
+        wc = v.r.weight_copies if v.r is not None else None
+        if wc is None or not wc.calls:
+            return None
+        ms, what = _again(v, wc)
+        on_device = what.startswith("device")
+        gain = ms * device_bound(v) if on_device else ms
+        if v.pct(gain) < MIN_PCT:
+            return None
+        per_step = wc.calls / max(wc.steps, 1)
+        shapes = "; ".join(f"{dims} x{n}" for dims, n in wc.shapes.items())
+        text = ("Make the activation contiguous before the projection, so that matmul folds it into one mm: "
+                "F.linear(x.contiguous(), w), or reshape it to 2-D first. torch computes a non-contiguous 3-D input "
+                "(a chunk along the sequence, a transposed view) against a weight that needs no gradient as a bmm "
+                "over the weight copied once per batch row.")
+        snippet = "y = F.linear(x.contiguous(), w)   # before: F.linear(x, w) with x a chunk or a transposed view"
+        language = "python"
+        if _library(v) == "torchtune":
+            text, snippet, language = f"{text} {TORCHTUNE[0]}", TORCHTUNE[1], "yaml"
+        return finding(
+            v, "HW-20", "hardware",
+            f"{per_step:g} matmul(s) per step copy their weight for a batched matmul: {fmt_ms(ms)} per step "
+            f"({v.pct(ms):.0f}% of the step) in copies a contiguous input would not make.",
+            gain, budget="device.busy" if on_device else "step",
+            evidence=[Evidence(
+                f"{wc.calls} aten::matmul call(s) over {max(wc.steps, 1)} step(s) ran an aten::bmm and spent "
+                f"{100 * wc.copy_ns / max(wc.matmul_ns, 1):.0f}% of their time in aten::copy_; the {what}: "
+                f"{fmt_ms(ms)} per step." + (f" Input Dims: {shapes}." if shapes else ""),
+                {"calls_per_step": round(per_step, 2), "copy_ms": round(ms, 3), "measured": what,
+                 "copy_share": round(wc.copy_ns / max(wc.matmul_ns, 1), 3), "shapes": dict(wc.shapes)})],
+            fix=Fix(text, snippet, language=language),
+            confidence="medium", remedy="matmul.contiguous_input",
+            confirm="`torchdoctor fix --apply matmul.contiguous_input` runs the job with F.linear making such an input "
+                    "contiguous and measures both arms",
+            source="the trace: aten::copy_ inside aten::matmul calls that ran aten::bmm (metrics/weight_copies.py); "
+                   "ATen's matmul folding (LinearAlgebra.cpp)")
+
+    return per_rank(inputs, one)

@@ -1,0 +1,64 @@
+"""Matmuls that copy their weight, on traces the installed torch records (CPU): torchtune's LoRA output projection
+(a sequence chunk of the last hidden state against the frozen tied embedding), and the same with the chunk made
+contiguous, with a weight that needs a gradient, and a batched matmul of two 3-D operands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torchdoctor.metrics.context import Context
+from torchdoctor.metrics.steps import choose_window
+from torchdoctor.metrics.weight_copies import weight_copies
+from torchdoctor.trace.load import load_trace
+
+pytest.importorskip("torch")
+
+STEPS = 3
+RECORD = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import profile, ProfilerActivity
+    torch.manual_seed(0); torch.set_num_threads(1)
+    mode = sys.argv[2]
+    emb = torch.randn(8192, 128, dtype=torch.bfloat16, requires_grad=(mode == "trained"))
+    proj = torch.randn(128, 128, dtype=torch.bfloat16, requires_grad=True)
+    def step():
+        h = (torch.randn(4, 64, 128, dtype=torch.bfloat16) @ proj)  # requires grad, like a LoRA model's output
+        if mode == "bmm":  # attention-like: two 3-D operands
+            out = [torch.matmul(c, c.transpose(1, 2)) for c in h.chunk(4, dim=1)]
+        else:
+            out = [torch.nn.functional.linear(c.contiguous() if mode == "contiguous" else c, emb)
+                   for c in h.chunk(4, dim=1)]
+        sum(o.float().sum() for o in out).backward()
+    step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+        for _ in range(int(sys.argv[3])):
+            step(); p.step()
+    p.export_chrome_trace(sys.argv[1])
+""")
+
+
+def _ctx(tmp_path, mode: str) -> Context:
+    path = tmp_path / f"{mode}.json"
+    subprocess.run([sys.executable, "-c", RECORD, str(path), mode, str(STEPS)], check=True, capture_output=True,
+                   timeout=180)
+    tr = load_trace(str(path))
+    return Context(tr, choose_window(tr, None))
+
+
+def test_a_chunk_against_a_frozen_weight_copies_it_every_call(tmp_path):
+    ctx = _ctx(tmp_path, "chunked")
+    wc = weight_copies(ctx)
+    steps = len(ctx.win.steps)
+    assert steps >= 2 and wc is not None and wc.steps == steps
+    assert wc.calls == 4 * steps  # every chunk's projection, every step
+    assert wc.copy_ns >= 0.5 * wc.matmul_ns and wc.device_ns is None
+    assert list(wc.shapes) == ["[[4,16,128],[128,8192]]"]  # the matmul's operands, as recorded
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "trained", "bmm"])
+def test_no_weight_copy_when_matmul_folds_or_both_operands_are_batched(tmp_path, mode):
+    assert weight_copies(_ctx(tmp_path, mode)) is None
