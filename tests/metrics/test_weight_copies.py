@@ -27,8 +27,14 @@ RECORD = textwrap.dedent("""
     proj = torch.randn(128, 128, dtype=torch.bfloat16, requires_grad=True)
     def step():
         h = (torch.randn(4, 64, 128, dtype=torch.bfloat16) @ proj)  # requires grad, like a LoRA model's output
-        if mode == "bmm":  # attention-like: two 3-D operands
+        if mode == "bmm":  # two 3-D operands
             out = [torch.matmul(c, c.transpose(1, 2)) for c in h.chunk(4, dim=1)]
+        elif mode == "attention":  # heads transposed out of a [B, S, H * D] projection: matmul's reshape copies them
+            x = torch.randn(8, 32, 512, requires_grad=True)
+            q = x.view(8, 32, 8, 64).transpose(1, 2)
+            out = [q @ q.transpose(-2, -1)]
+        elif mode == "batch1":  # one sequence: each chunk is contiguous, and matmul still does not fold it
+            out = [torch.nn.functional.linear(c, emb) for c in h[:1].chunk(4, dim=1)]
         else:
             out = [torch.nn.functional.linear(c.contiguous() if mode == "contiguous" else c, emb)
                    for c in h.chunk(4, dim=1)]
@@ -59,6 +65,12 @@ def test_a_chunk_against_a_frozen_weight_copies_it_every_call(tmp_path):
     assert list(wc.shapes) == ["[[4,16,128],[128,8192]]"]  # the matmul's operands, as recorded
 
 
-@pytest.mark.parametrize("mode", ["contiguous", "trained", "bmm"])
+def test_a_batch_of_one_is_found_too(tmp_path):
+    ctx = _ctx(tmp_path, "batch1")
+    wc = weight_copies(ctx)
+    assert wc is not None and wc.calls == 4 * len(ctx.win.steps)
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "trained", "bmm", "attention"])
 def test_no_weight_copy_when_matmul_folds_or_both_operands_are_batched(tmp_path, mode):
     assert weight_copies(_ctx(tmp_path, mode)) is None

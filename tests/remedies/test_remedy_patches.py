@@ -764,41 +764,71 @@ def test_host_allocator_keeps_a_jobs_own_allocator(runtime: Runtime, monkeypatch
     assert "MALLOC_MMAP_THRESHOLD_" not in os.environ
 
 
-def test_contiguous_input_gives_a_frozen_weight_s_linear_one_mm(runtime: Runtime) -> None:
-    """torchtune's LoRA output: a sequence chunk of the last hidden state against the frozen tied embedding. torch
-    computes it as a bmm over the weight copied per batch row (profiled: aten::copy_ inside aten::matmul); the
-    remedy's contiguous input is one mm, the same values, and no copy of the weight."""
+def _ops(fn) -> set[str]:
     from torch.profiler import profile
 
+    with profile() as p:
+        fn()
+    return {e.key for e in p.key_averages()}
+
+
+def test_contiguous_input_gives_a_frozen_weight_s_linear_one_mm(runtime: Runtime) -> None:
+    """torchtune's LoRA output: a sequence chunk of the last hidden state against the frozen tied embedding. torch
+    computes it as a bmm over the weight copied per batch row; the remedy computes one mm, the same values."""
     from torchdoctor.remedies import patch_matmul
 
     torch.manual_seed(0)
     w = torch.randn(4096, 64, dtype=torch.bfloat16)  # frozen; a bf16 bmm copies its expanded operand on a CPU
     h = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
     chunk = h.chunk(4, dim=1)[1]
-    plain = torch.nn.functional.linear(chunk, w)
-
-    def copied(fn) -> float:
-        with profile() as p:
-            fn()
-        return sum(e.cpu_time_total for e in p.key_averages() if e.key == "aten::copy_"), \
-            {e.key for e in p.key_averages()}
-
-    copy_before, ops_before = copied(lambda: torch.nn.functional.linear(chunk, w))
-    assert "aten::bmm" in ops_before and copy_before > 0
+    one = h[:1].chunk(4, dim=1)[1]  # a batch of one: contiguous, and matmul still does not fold it
+    assert one.is_contiguous() and not patch_matmul.folds(one)
+    plain, plain_one = torch.nn.functional.linear(chunk, w), torch.nn.functional.linear(one, w)
+    assert {"aten::bmm", "aten::copy_"} <= _ops(lambda: torch.nn.functional.linear(chunk, w))
+    assert "aten::bmm" in _ops(lambda: torch.nn.functional.linear(one, w))
+    trained = w.clone().requires_grad_(True)
+    as_torch_does = _ops(lambda: torch.nn.functional.linear(chunk, trained))  # folded by torch itself
     patch_matmul.install(torch, want(runtime, "matmul.contiguous_input"))
     layer = torch.nn.Linear(64, 4096, bias=False, dtype=torch.bfloat16)
     layer.weight.requires_grad_(False)
     layer.weight.copy_(w)
     got = layer(chunk)  # nn.Linear goes through F.linear
     torch.testing.assert_close(got, plain)
-    _, ops_after = copied(lambda: torch.nn.functional.linear(chunk, w))
-    assert "aten::bmm" not in ops_after and "aten::mm" in ops_after
+    torch.testing.assert_close(torch.nn.functional.linear(one, w), plain_one)
+    for x in (chunk, one):
+        ops = _ops(lambda x=x: torch.nn.functional.linear(x, w))
+        assert "aten::bmm" not in ops and "aten::mm" in ops
     assert runtime.applied[0]["id"] == "matmul.contiguous_input"
-    got.sum().backward()  # the input's gradient flows through the copy
+    got.sum().backward()  # the input's gradient flows through the reshape
     assert h.grad is not None and h.grad[:, 8:16].abs().sum() > 0 and h.grad[:, :8].abs().sum() == 0
-    # A weight that needs a gradient, or a contiguous input, is left as it was (matmul folds it already).
-    w.requires_grad_(True)
-    _, ops = copied(lambda: torch.nn.functional.linear(chunk, w))
-    assert "aten::bmm" not in ops
+    # Left as they are: an input matmul folds (a last-dim slice), and a weight that needs a gradient.
+    sliced = torch.randn(4, 8, 32, dtype=torch.bfloat16)[..., :16]
+    assert patch_matmul.folds(sliced)
+    assert "aten::copy_" not in _ops(lambda: torch.nn.functional.linear(sliced, w[:, :16]))
+    assert _ops(lambda: torch.nn.functional.linear(chunk, trained)) == as_torch_does
+    # TorchScript still compiles modules that call F.linear (it keeps aten::linear for the wrapper).
+    scripted = torch.jit.script(torch.nn.Linear(4, 4))
+    assert scripted(torch.randn(2, 4)).shape == (2, 4)
 
+
+def test_contiguous_input_steps_aside_for_torch_ao_fx_quantization() -> None:
+    """torch.ao's FX quantization finds F.linear by identity in patterns it builds when it first loads: the original
+    is put back, and the remedy refused, before it loads (a fresh process: this one may have loaded it already)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from torchdoctor.remedies import patch_matmul\n"
+        "from torchdoctor.remedies.catalogue import parse\n"
+        "from torchdoctor.remedies.runtime import Runtime\n"
+        "orig = torch.nn.functional.linear\n"
+        "rt = Runtime(); spec, _ = parse('matmul.contiguous_input'); rt.specs[spec.id] = spec\n"
+        "patch_matmul.install(torch, rt)\n"
+        "assert torch.nn.functional.linear is not orig\n"
+        "import torch.ao.quantization.quantize_fx\n"
+        "assert torch.nn.functional.linear is orig, 'not restored'\n"
+        "assert 'FX flow' in rt.refused['matmul.contiguous_input']\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-2000:]

@@ -163,13 +163,14 @@ REMEDIES: tuple[Remedy, ...] = (
            "Megatron's own are not replaced)",
            snippet="TrainingArguments(..., gradient_checkpointing=False)   # Hugging Face / trl\n"
                    "# or call the block directly instead of torch.utils.checkpoint.checkpoint(block, x)"),
-    Remedy("matmul.contiguous_input", ("HW-20",), "torch.nn.functional.linear makes a non-contiguous input of 3 or "
-           "more dimensions contiguous when the weight needs no gradient, so matmul folds it into one mm instead of "
-           "a bmm over the weight copied per batch row", "numerics",
+    Remedy("matmul.contiguous_input", ("HW-20",), "torch.nn.functional.linear computes an input of 3 or more "
+           "dimensions that matmul would not fold (a sequence chunk, a transposed view) against a weight that needs "
+           "no gradient as one mm over the input reshaped to a matrix, instead of a bmm over the weight copied per "
+           "batch row", "numerics",
            "the same product by one mm instead of a bmm, whose kernels may sum in another order: the last bits "
            "can differ", "F.linear called through torch.nn.functional (nn.Linear, torchtune's TiedLinear); not "
-           "inside a compiled region",
-           snippet="y = F.linear(x.contiguous(), w)   # x: a chunk along the sequence or a transposed view"),
+           "inside a compiled region or TorchScript; refused for a job that quantizes with torch.ao's FX flow",
+           snippet="y = F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)   # x: a chunk or a view"),
     Remedy("threads.affinity", ("HO-13",), "torch.set_num_threads(CPUs // local ranks) in each rank, "
            "and one disjoint CPU range per local rank when each gets 4 CPUs or more", "numerics",
            "another thread count splits parallel reductions differently (2e-7 on an MLP, torch 2.13 CPU)",

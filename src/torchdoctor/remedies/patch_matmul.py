@@ -1,14 +1,21 @@
-"""matmul.contiguous_input: a linear's non-contiguous input made contiguous (HW-20's remedy).
+"""matmul.contiguous_input: a linear whose input matmul would not fold, computed as one mm (HW-20's remedy).
 
-``torch.nn.functional.linear`` is replaced, the moment torch is imported, by a function that makes an
-input of three or more dimensions contiguous when it is not and the weight needs no gradient, before
-calling the original. torch's matmul then folds the input into one ``mm`` instead of a ``bmm`` over
-the weight copied once per batch row (metrics/weight_copies.py). ``nn.Linear`` and torchtune's
-``TiedLinear`` call ``F.linear`` through the module, so both are covered; a module that bound the
-name before torch finished importing is not. It is done only where the input's copy is the smaller
-one (the input has fewer elements than batch rows x the weight's). Inside a torch.compile'd region
-the original runs unchanged: Dynamo sees ``is_compiling()`` and traces the original call, so the
-compiled graphs are the job's own.
+``torch.nn.functional.linear`` is replaced, the moment torch is imported, by a function that computes
+an input of three or more dimensions that torch's matmul would not fold (ATen's ``should_fold``: the
+leading dimensions' strides are not those of one row-major block; a weight that needs a gradient
+folds anyway) as ``linear(input.reshape(-1, in), weight, bias)`` viewed back to the input's leading
+shape. torch's matmul would run a ``bmm`` over the weight expanded to the batch instead
+(metrics/weight_copies.py). A batch of one is such an input too: a sequence chunk of [1, S, D] is
+contiguous, but its strides are the whole sequence's, and matmul does not fold it. The reshape is
+a view where one is possible, else a copy of the input, which is done only where it is the smaller
+one (fewer elements than batch rows x the weight's).
+
+``nn.Linear`` and torchtune's ``TiedLinear`` call ``F.linear`` through the module, so both are
+covered; a module that bound the name before torch finished importing is not. Inside a
+torch.compile'd region the original runs unchanged (Dynamo folds ``is_compiling()``), and
+TorchScript keeps ``aten::linear`` for the wrapper (it is registered as that builtin). A job that
+quantizes with torch.ao's FX flow matches ``F.linear`` by identity in tables built when it first
+imports them: the original is put back, and the remedy refused, before those modules load.
 
 The same product, computed by one ``mm`` instead of a ``bmm``: the kernels may sum in another
 order, so the results can differ in the last bits (class ``numerics``; `fix` checks the losses).
@@ -16,7 +23,9 @@ order, so the results can differ in the last bits (class ``numerics``; `fix` che
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from typing import Any
 
 from torchdoctor.probe import unseen
@@ -26,6 +35,17 @@ from .runtime import Runtime
 
 ID = "matmul.contiguous_input"
 IDS = (ID,)
+MAX_SITES = 3
+# torch.ao's FX quantization builds its patterns keyed on F.linear when these first load.
+_QUANTIZE_FX = ("torch.ao.quantization.quantize_fx", "torch.ao.quantization.backend_config",
+                "torch.ao.quantization.fx")
+
+
+def folds(x: Any) -> bool:
+    """Whether torch's matmul folds ``x`` (3+ dimensions) into a matrix without a copy: its leading
+    dimensions' strides are those of one row-major block (ATen's should_fold, LinearAlgebra.cpp)."""
+    sizes, strides = x.shape, x.stride()
+    return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(x.dim() - 2))
 
 
 def install(torch: Any, rt: Runtime) -> None:
@@ -33,32 +53,64 @@ def install(torch: Any, rt: Runtime) -> None:
         return
     functional = torch.nn.functional
     orig = getattr(functional, "linear", None)
-    if orig is None:
-        rt.refuse(ID, "this torch has no torch.nn.functional.linear")
+    register = getattr(getattr(getattr(torch, "jit", None), "_builtins", None), "_register_builtin", None)
+    if orig is None or register is None:
+        rt.refuse(ID, "this torch has no torch.nn.functional.linear or no way to keep TorchScript's aten::linear")
         return
     is_compiling = unseen.compiling()
     tensor = torch.Tensor
-    said: list[bool] = []
+    sites: set[Any] = set()
 
     def note() -> None:
-        said.append(True)
         try:
             site = runtime.creation_site()
-            rt.did(ID, "linear", site.user, {"input": "made contiguous"}, {"input": "non-contiguous"},
+            key = site.user or site.library_site
+            if key in sites or len(sites) >= MAX_SITES:
+                return
+            sites.add(key)
+            rt.did(ID, "linear", site.user, {"input": "folded into one mm"}, {"input": "a bmm over the weight"},
                    library=site.library, library_site=site.library_site)
         except Exception as exc:
             rt.broken(IDS, exc)
 
     def linear(input: Any, weight: Any, bias: Any = None) -> Any:
         if (not is_compiling() and isinstance(input, tensor) and isinstance(weight, tensor) and input.dim() > 2
-                and weight.dim() == 2 and not weight.requires_grad and not input.is_contiguous()
-                and input.numel() < math.prod(input.shape[:-2]) * weight.numel()):
-            if not said:
-                note()
-            input = input.contiguous()
+                and weight.dim() == 2 and not weight.requires_grad and not folds(input)
+                and rt.active(ID) is not None):
+            try:
+                flat = input.view(-1, input.shape[-1])
+            except RuntimeError:  # not viewable: a copy of the input, only where the smaller one
+                flat = (input.reshape(-1, input.shape[-1])
+                        if input.numel() < math.prod(input.shape[:-2]) * weight.numel() else None)
+            if flat is not None:
+                if len(sites) < MAX_SITES:
+                    note()
+                return orig(flat, weight, bias).view(*input.shape[:-1], weight.shape[0])
         return orig(input, weight, bias)
 
     linear.__doc__ = orig.__doc__
-    linear.__wrapped__ = orig  # type: ignore[attr-defined]
     functional.linear = linear
-    rt.skip(ID, "no linear had a non-contiguous input of 3 or more dimensions against a weight without gradient")
+    try:
+        register(linear, "aten::linear")  # TorchScript compiles the wrapper as the builtin it replaces
+    except Exception as exc:
+        functional.linear = orig
+        rt.refuse(ID, f"TorchScript would not compile the replaced F.linear ({type(exc).__name__})")
+        return
+    sys.meta_path.insert(0, _QuantizeFxGuard(functional, orig, rt))
+    rt.skip(ID, "no linear had an input of 3 or more dimensions that matmul would not fold, against a weight "
+                "without gradient")
+
+
+class _QuantizeFxGuard:
+    """Puts the original F.linear back before torch.ao's FX quantization loads (it keys on its identity)."""
+
+    def __init__(self, functional: Any, orig: Any, rt: Runtime) -> None:
+        self.functional, self.orig, self.rt = functional, orig, rt
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.startswith(_QUANTIZE_FX):
+            self.functional.linear = self.orig
+            self.rt.refuse(ID, "the job quantizes with torch.ao's FX flow, which finds F.linear by identity")
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self)
+        return None

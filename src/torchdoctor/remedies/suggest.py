@@ -264,7 +264,9 @@ def _contiguous_input(entries: list[dict[str, Any]]) -> Change:
     sites = sorted({e["site"] for e in entries if e.get("site")})
     libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
     if libraries == ["torchtune"] and not sites:
-        return Change([rid], "torchtune's config (its chunked output loss)", TORCHTUNE[1], "yaml")
+        # Not the change `fix` measured (that is torchtune's chunk, folded): the nearest one a config can make.
+        return Change([rid], "torchtune's config (its chunked output loss; not what fix measured: the logits in "
+                      "one piece take batch x sequence x vocabulary of memory)", TORCHTUNE[1], "yaml")
     where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "") if sites else (
         f"inside {', '.join(libraries)} (its code calls F.linear with the input)" if libraries else "start-up")
     return Change([rid], where, BY_ID[rid].snippet, "python")

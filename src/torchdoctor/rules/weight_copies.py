@@ -53,11 +53,13 @@ def weight_copies(inputs: RuleInputs) -> list[Finding]:
             return None
         per_step = wc.calls / max(wc.steps, 1)
         shapes = "; ".join(f"{dims} x{n}" for dims, n in wc.shapes.items())
-        text = ("Make the activation contiguous before the projection, so that matmul folds it into one mm: "
-                "F.linear(x.contiguous(), w), or reshape it to 2-D first. torch computes a non-contiguous 3-D input "
-                "(a chunk along the sequence, a transposed view) against a weight that needs no gradient as a bmm "
-                "over the weight copied once per batch row.")
-        snippet = "y = F.linear(x.contiguous(), w)   # before: F.linear(x, w) with x a chunk or a transposed view"
+        text = ("Give the projection its input as one matrix, so that matmul runs one mm: "
+                "F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1). torch computes a 3-D input whose "
+                "leading dimensions are not one row-major block (a chunk along the sequence, even of a batch of one; "
+                "a transposed view) against a weight that needs no gradient as a bmm over the weight copied once per "
+                "batch row.")
+        snippet = ("y = F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)   "
+                   "# before: F.linear(x, w), x a chunk or a transposed view")
         language = "python"
         if _library(v) == "torchtune":
             text, snippet, language = f"{text} {TORCHTUNE[0]}", TORCHTUNE[1], "yaml"
