@@ -811,9 +811,9 @@ def test_contiguous_input_gives_a_frozen_weight_s_linear_one_mm(runtime: Runtime
     assert scripted(torch.randn(2, 4)).shape == (2, 4)
 
 
-def test_contiguous_input_steps_aside_for_torch_ao_fx_quantization() -> None:
-    """torch.ao's FX quantization finds F.linear by identity in patterns it builds when it first loads: the original
-    is put back, and the remedy refused, before it loads (a fresh process: this one may have loaded it already)."""
+def test_contiguous_input_steps_aside_when_the_job_quantizes_with_torch_ao_fx() -> None:
+    """torch.ao's FX quantization builds patterns keyed on F.linear when prepare_fx runs: the call puts the original
+    back and refuses the remedy first, and the linear is quantized as without it (a fresh process)."""
     import subprocess
     import sys
 
@@ -826,9 +826,18 @@ def test_contiguous_input_steps_aside_for_torch_ao_fx_quantization() -> None:
         "rt = Runtime(); spec, _ = parse('matmul.contiguous_input'); rt.specs[spec.id] = spec\n"
         "patch_matmul.install(torch, rt)\n"
         "assert torch.nn.functional.linear is not orig\n"
-        "import torch.ao.quantization.quantize_fx\n"
-        "assert torch.nn.functional.linear is orig, 'not restored'\n"
-        "assert 'FX flow' in rt.refused['matmul.contiguous_input']\n"
+        "from torch.ao.quantization import get_default_qconfig_mapping\n"
+        "from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx\n"
+        "assert torch.nn.functional.linear is not orig and not rt.refused  # loaded, not used yet\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.w = torch.nn.Parameter(torch.randn(8, 8))\n"
+        "    def forward(self, x):\n"
+        "        return torch.nn.functional.linear(x, self.w)\n"
+        "x = torch.randn(4, 8)\n"
+        "q = convert_fx(prepare_fx(M().eval(), get_default_qconfig_mapping('x86'), (x,)))\n"
+        "assert torch.nn.functional.linear is orig and 'FX flow' in rt.refused['matmul.contiguous_input']\n"
+        "assert 'quantized' in str(q.code)\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("ok"), out.stderr[-2000:]

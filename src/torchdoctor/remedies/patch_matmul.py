@@ -13,9 +13,10 @@ one (fewer elements than batch rows x the weight's).
 ``nn.Linear`` and torchtune's ``TiedLinear`` call ``F.linear`` through the module, so both are
 covered; a module that bound the name before torch finished importing is not. Inside a
 torch.compile'd region the original runs unchanged (Dynamo folds ``is_compiling()``), and
-TorchScript keeps ``aten::linear`` for the wrapper (it is registered as that builtin). A job that
-quantizes with torch.ao's FX flow matches ``F.linear`` by identity in tables built when it first
-imports them: the original is put back, and the remedy refused, before those modules load.
+TorchScript keeps ``aten::linear`` for the wrapper (it is registered as that builtin). torch.ao's FX
+quantization keys tables on ``F.linear``: those it builds when it loads are built first, with the
+original in place, and the first call of its entry points (``prepare_fx`` ...) puts the original
+back and refuses the remedy for the job, before the patterns they build.
 
 The same product, computed by one ``mm`` instead of a ``bmm``: the kernels may sum in another
 order, so the results can differ in the last bits (class ``numerics``; `fix` checks the losses).
@@ -24,11 +25,12 @@ order, so the results can differ in the last bits (class ``numerics``; `fix` che
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import math
-import sys
 from typing import Any
 
-from torchdoctor.probe import unseen
+from torchdoctor.probe import imphook, unseen
 
 from . import runtime
 from .runtime import Runtime
@@ -36,9 +38,10 @@ from .runtime import Runtime
 ID = "matmul.contiguous_input"
 IDS = (ID,)
 MAX_SITES = 3
-# torch.ao's FX quantization builds its patterns keyed on F.linear when these first load.
-_QUANTIZE_FX = ("torch.ao.quantization.quantize_fx", "torch.ao.quantization.backend_config",
-                "torch.ao.quantization.fx")
+# torch.ao's FX quantization: its entry points build patterns keyed on F.linear when called (torchtune's import
+# of torchao loads the modules whether the job quantizes or not, so only a call says the job does).
+_QUANTIZE_FX = "torch.ao.quantization.quantize_fx"
+_ENTRIES = ("prepare_fx", "prepare_qat_fx", "convert_fx", "convert_to_reference_fx", "fuse_fx")
 
 
 def folds(x: Any) -> bool:
@@ -57,6 +60,10 @@ def install(torch: Any, rt: Runtime) -> None:
     if orig is None or register is None:
         rt.refuse(ID, "this torch has no torch.nn.functional.linear or no way to keep TorchScript's aten::linear")
         return
+    # torch.ao's FX quantization keys module-level tables on F.linear when it loads: load it first (18 ms), with
+    # the original in place; the tables its entry points build when called are handled by _guard_quantize_fx.
+    with contextlib.suppress(Exception):
+        importlib.import_module(_QUANTIZE_FX)
     is_compiling = unseen.compiling()
     tensor = torch.Tensor
     sites: set[Any] = set()
@@ -96,21 +103,26 @@ def install(torch: Any, rt: Runtime) -> None:
         functional.linear = orig
         rt.refuse(ID, f"TorchScript would not compile the replaced F.linear ({type(exc).__name__})")
         return
-    sys.meta_path.insert(0, _QuantizeFxGuard(functional, orig, rt))
+    imphook.when_imported(_QUANTIZE_FX, lambda module: _guard_quantize_fx(module, functional, orig, rt))
     rt.skip(ID, "no linear had an input of 3 or more dimensions that matmul would not fold, against a weight "
                 "without gradient")
 
 
-class _QuantizeFxGuard:
-    """Puts the original F.linear back before torch.ao's FX quantization loads (it keys on its identity)."""
+def _guard_quantize_fx(module: Any, functional: Any, orig: Any, rt: Runtime) -> None:
+    """Wrap torch.ao's FX quantization entry points: the first call puts the original F.linear back and refuses the
+    remedy, before the patterns are built. Never raises."""
+    try:
+        for name in _ENTRIES:
+            fn = getattr(module, name, None)
+            if fn is None:
+                continue
 
-    def __init__(self, functional: Any, orig: Any, rt: Runtime) -> None:
-        self.functional, self.orig, self.rt = functional, orig, rt
+            def entry(*args: Any, __fn: Any = fn, **kwargs: Any) -> Any:
+                if functional.linear is not orig:
+                    functional.linear = orig
+                    rt.refuse(ID, "the job quantizes with torch.ao's FX flow, which finds F.linear by identity")
+                return __fn(*args, **kwargs)
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name.startswith(_QUANTIZE_FX):
-            self.functional.linear = self.orig
-            self.rt.refuse(ID, "the job quantizes with torch.ao's FX flow, which finds F.linear by identity")
-            with contextlib.suppress(ValueError):
-                sys.meta_path.remove(self)
-        return None
+            setattr(module, name, functools.wraps(fn)(entry))
+    except Exception as exc:
+        rt.broken(IDS, exc)
