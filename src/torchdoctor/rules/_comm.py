@@ -116,14 +116,6 @@ def sharding(v: View) -> str | None:
     return "fsdp" if dominant_collective(v) in ("all_gather", "reduce_scatter") else None
 
 
-def built_by(v: View) -> str | None:
-    """The library that built the job's optimizer or DataLoader ("torchtune": its recipes build both
-    through its config), where its settings, not the job's code, hold the fix."""
-    if v.f is None:
-        return None
-    return next((made.created_by for made in [*v.f.optimizers, *v.f.dataloaders] if made.created_by), None)
-
-
 def backend(v: View) -> str | None:
     if v.f is not None and v.f.distributed_backend:
         return v.f.distributed_backend

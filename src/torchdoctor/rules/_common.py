@@ -524,3 +524,23 @@ def tops_text(v: View, tops: Iterable, n: int = 3, width: int = 60) -> str:
             bits.append(f"longest {where}")
         parts.append(f"{name} ({', '.join(bits)})")
     return "; ".join(parts)
+
+
+def built_by(v: View) -> str | None:
+    """The library that built the job's optimizer or DataLoader ("torchtune": its recipes build both
+    through its config; "transformers": the Trainer), where its settings, not the job's code, hold the fix."""
+    if v.f is None:
+        return None
+    return next((made.created_by for made in [*v.f.optimizers, *v.f.dataloaders] if made.created_by), None)
+
+
+def work_ms(v: View, host_ns: int, device_ns: int | None) -> tuple[float, bool, float]:
+    """(ms per step, on the device?, the gain it gives back) of work a change removes: the device time of what it
+    launched on an accelerator trace, scaled by the busy share (a host-bound step does not get shorter by doing less
+    device work), else its host time."""
+    if device_ns is not None and v.has_device_trace:
+        ms = v.ms(device_ns)
+        return ms, True, ms * device_bound(v)
+    ms = v.ms(host_ns)
+    return ms, False, ms
+

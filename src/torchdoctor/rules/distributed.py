@@ -32,7 +32,6 @@ from ._comm import (
     backend,
     big_embedding,
     bucket_counts,
-    built_by,
     collective,
     comm_evidence,
     comm_rule,
@@ -52,6 +51,7 @@ from ._comm import (
 from ._common import (
     WARN_PCT,
     View,
+    built_by,
     checkpoint_saves,
     data_wait_ms,
     finding,

@@ -9,8 +9,8 @@ per unit and step instead of two (`fix` applies it: remedy ``fsdp.keep_unsharded
 from __future__ import annotations
 
 from ..advice.fsdp import RESHARD_SETTINGS
-from ._comm import PRIORITY, built_by, comm_evidence, comm_rule, keep_unsharded_room, resharding_fsdp2
-from ._common import View, finding, fmt_ms, severity
+from ._comm import PRIORITY, comm_evidence, comm_rule, keep_unsharded_room, resharding_fsdp2
+from ._common import View, built_by, finding, fmt_ms, severity
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 

@@ -24,9 +24,8 @@ the busy share. trl's SFT with use_reentrant=True: 21.2% claimed, x1.29 [1.25, 1
 from __future__ import annotations
 
 from ..advice.checkpointing import LANGUAGE, memory_full, turned_on_by
-from ..metrics.model import Recompute
 from ..metrics.recompute import COMPILED_FORWARD
-from ._common import View, device_bound, finding, fmt_ms, per_rank
+from ._common import View, built_by, finding, fmt_ms, per_rank, work_ms
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
@@ -49,17 +48,6 @@ def _memory(v: View) -> tuple[float, float | None] | None:
     return (float(peak), float(total) if total else None) if peak else None
 
 
-def _trainer(v: View) -> str | None:
-    """The library that built the job's optimizer or DataLoader ("transformers": the Trainer; "timm":
-    its train.py's create_loader), if any: where the job's checkpointing is likely set."""
-    if v.f is None:
-        return None
-    for made in [*v.f.optimizers, *v.f.dataloaders]:
-        if made.created_by:
-            return made.created_by
-    return None
-
-
 def _op_name(name: str) -> str:
     return "a compiled segment's forward" if name == COMPILED_FORWARD else name.removeprefix("aten::")
 
@@ -77,13 +65,6 @@ def _fix(trainer: str | None, tight: bool, reentrant: bool) -> Fix:
     return Fix(f"{why}. {where}{own}", change, language=LANGUAGE.get(trainer or "", "python"))
 
 
-def _again(v: View, rc: Recompute) -> tuple[float, str]:
-    """(ms per step run again, what was measured): the device's time on an accelerator trace, else the host's."""
-    if rc.device_ns is not None and v.has_device_trace:
-        return v.ms(rc.device_ns), "device time of the kernels it launched"
-    return v.ms(rc.host_ns), "host time"
-
-
 @rule("HW-19", budgets=("device.busy", "step"))
 def activation_recompute(inputs: RuleInputs) -> list[Finding]:
     """Activation checkpointing runs part of the forward again in backward, every step."""
@@ -92,9 +73,8 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
         rc = v.r.recompute if v.r is not None else None
         if rc is None or not rc.nodes:
             return None
-        ms, what = _again(v, rc)
-        on_device = what.startswith("device")
-        gain = ms * device_bound(v) if on_device else ms
+        ms, on_device, gain = work_ms(v, rc.host_ns, rc.device_ns)
+        what = "device time of the kernels it launched" if on_device else "host time"
         if v.pct(gain) < MIN_PCT:
             return None
         mem = _memory(v)
@@ -133,7 +113,7 @@ def activation_recompute(inputs: RuleInputs) -> list[Finding]:
                 {"segments_per_step": round(per_step, 2), "recompute_ms": round(ms, 3), "measured": what,
                  "reentrant": rc.reentrant, "forward_ops": dict(rc.forward_ops), "batch_norm": rc.batch_norm,
                  **({"peak_bytes": int(mem[0]), "device_bytes": int(mem[1]) if mem[1] else None} if mem else {})})],
-            fix=_fix(_trainer(v), tight, bool(rc.reentrant)),
+            fix=_fix(built_by(v), tight, bool(rc.reentrant)),
             confidence="medium",
             # Near full memory `fix` does not try it by itself: an arm out of memory would end the A/B of every
             # remedy tried with it (remedies/select.py refuses it from the live facts too).

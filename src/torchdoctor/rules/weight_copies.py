@@ -17,26 +17,11 @@ measures it.
 from __future__ import annotations
 
 from ..advice.matmul import TORCHTUNE
-from ..metrics.model import WeightCopies
-from ._common import View, device_bound, finding, fmt_ms, per_rank
+from ._common import View, built_by, finding, fmt_ms, per_rank, work_ms
 from .engine import RuleInputs, rule
 from .model import Evidence, Finding, Fix
 
 MIN_PCT = 3.0  # below this share of the step the copies are not worth a finding
-
-def _again(v: View, wc: WeightCopies) -> tuple[float, str]:
-    """(ms per step in the copies, what was measured): the device's time on an accelerator trace, else the host's."""
-    if wc.device_ns is not None and v.has_device_trace:
-        return v.ms(wc.device_ns), "device time of the copy kernels"
-    return v.ms(wc.copy_ns), "host time of aten::copy_"
-
-
-def _library(v: View) -> str | None:
-    for made in [*(v.f.optimizers if v.f is not None else []), *(v.f.dataloaders if v.f is not None else [])]:
-        if made.created_by:
-            return made.created_by
-    return None
-
 
 @rule("HW-20", budgets=("device.busy", "step"))
 def weight_copies(inputs: RuleInputs) -> list[Finding]:
@@ -46,9 +31,8 @@ def weight_copies(inputs: RuleInputs) -> list[Finding]:
         wc = v.r.weight_copies if v.r is not None else None
         if wc is None or not wc.calls:
             return None
-        ms, what = _again(v, wc)
-        on_device = what.startswith("device")
-        gain = ms * device_bound(v) if on_device else ms
+        ms, on_device, gain = work_ms(v, wc.copy_ns, wc.device_ns)
+        what = "device time of the copy kernels" if on_device else "host time of aten::copy_"
         if v.pct(gain) < MIN_PCT:
             return None
         per_step = wc.calls / max(wc.steps, 1)
@@ -61,7 +45,7 @@ def weight_copies(inputs: RuleInputs) -> list[Finding]:
         snippet = ("y = F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)   "
                    "# before: F.linear(x, w), x a chunk or a transposed view")
         language = "python"
-        if _library(v) == "torchtune":
+        if built_by(v) == "torchtune":
             text, snippet, language = f"{text} {TORCHTUNE[0]}", TORCHTUNE[1], "yaml"
         return finding(
             v, "HW-20", "hardware",
