@@ -692,3 +692,12 @@ def test_a_parent_that_only_evaluated_is_no_rank_of_the_training_throughput() ->
     assert steps_per_s == pytest.approx(4.0) and samples_per_s == pytest.approx(64 * (4.0 + 1000 / 240))
     # A job that only evaluates keeps its steps.
     assert job_rate([parent])[0] == pytest.approx(1000 / 30)
+
+
+def test_a_numerics_remedy_with_identical_losses_says_so() -> None:
+    """torchtune's LoRA recipe under matmul.contiguous_input: the losses were bit-identical, and the check read
+    'max |delta| 0 (0.00%) first at step None'."""
+    arms = rounds([10, 10, 10], [15, 15.2, 14.9], ["precision.tf32"])
+    out = judge(arms, [Spec("precision.tf32")], {})
+    assert out.loss.status == "within tolerance" and "None" not in out.loss.text
+    assert out.loss.text.startswith("identical losses over 3 steps"), out.loss.text

@@ -235,7 +235,8 @@ def check_losses(base: list[Arm], treated: list[Arm], safety: str, rtol: float) 
     selfs = [loss_diff(base[0].losses, a.losses) for a in base[1:] if a.ok]
     selfs_d = [d for d in selfs if d is not None]
     reproducible = all(d.identical for d in selfs_d) if selfs_d else None
-    where = f"max |delta| {worst.max_abs:.3g} ({worst.max_rel:.2%}) first at step {worst.first_step}"
+    where = (f"max |delta| {worst.max_abs:.3g} ({worst.max_rel:.2%}) first at step {worst.first_step}"
+             if worst.first_step is not None else f"identical losses over {worst.compared} steps")
     if safety == "safe":
         if all(d.identical for _, _, d in diffs):
             extra = "" if reproducible else " (the baseline's own reproducibility was not checked: one round)"
