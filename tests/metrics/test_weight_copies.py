@@ -18,14 +18,14 @@ from torchdoctor.trace.load import load_trace
 pytest.importorskip("torch")
 
 STEPS = 3
+MODES = ("chunked", "contiguous", "trained", "bmm", "attention", "batch1")
+# One process records a trace per mode (importing torch once): argv[1] is the directory.
 RECORD = textwrap.dedent("""
     import sys, torch
     from torch.profiler import profile, ProfilerActivity
     torch.manual_seed(0); torch.set_num_threads(1)
-    mode = sys.argv[2]
-    emb = torch.randn(8192, 128, dtype=torch.bfloat16, requires_grad=(mode == "trained"))
     proj = torch.randn(128, 128, dtype=torch.bfloat16, requires_grad=True)
-    def step():
+    def step(mode, emb):
         h = (torch.randn(4, 64, 128, dtype=torch.bfloat16) @ proj)  # requires grad, like a LoRA model's output
         if mode == "bmm":  # two 3-D operands
             out = [torch.matmul(c, c.transpose(1, 2)) for c in h.chunk(4, dim=1)]
@@ -39,24 +39,30 @@ RECORD = textwrap.dedent("""
             out = [torch.nn.functional.linear(c.contiguous() if mode == "contiguous" else c, emb)
                    for c in h.chunk(4, dim=1)]
         sum(o.float().sum() for o in out).backward()
-    step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
-        for _ in range(int(sys.argv[3])):
-            step(); p.step()
-    p.export_chrome_trace(sys.argv[1])
+    for mode in sys.argv[3:]:
+        emb = torch.randn(8192, 128, dtype=torch.bfloat16, requires_grad=(mode == "trained"))
+        step(mode, emb)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+            for _ in range(int(sys.argv[2])):
+                step(mode, emb); p.step()
+        p.export_chrome_trace(f"{sys.argv[1]}/{mode}.json")
 """)
 
 
-def _ctx(tmp_path, mode: str) -> Context:
-    path = tmp_path / f"{mode}.json"
-    subprocess.run([sys.executable, "-c", RECORD, str(path), mode, str(STEPS)], check=True, capture_output=True,
-                   timeout=180)
-    tr = load_trace(str(path))
-    return Context(tr, choose_window(tr, None))
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, Context]:
+    out = tmp_path_factory.mktemp("weight_copies")
+    subprocess.run([sys.executable, "-c", RECORD, str(out), str(STEPS), *MODES], check=True, capture_output=True,
+                   timeout=300)
+    ctxs = {}
+    for mode in MODES:
+        tr = load_trace(str(out / f"{mode}.json"))
+        ctxs[mode] = Context(tr, choose_window(tr, None))
+    return ctxs
 
 
-def test_a_chunk_against_a_frozen_weight_copies_it_every_call(tmp_path):
-    ctx = _ctx(tmp_path, "chunked")
+def test_a_chunk_against_a_frozen_weight_copies_it_every_call(traces):
+    ctx = traces["chunked"]
     wc = weight_copies(ctx)
     steps = len(ctx.win.steps)
     assert steps >= 2 and wc is not None and wc.steps == steps
@@ -65,12 +71,12 @@ def test_a_chunk_against_a_frozen_weight_copies_it_every_call(tmp_path):
     assert list(wc.shapes) == ["[[4,16,128],[128,8192]]"]  # the matmul's operands, as recorded
 
 
-def test_a_batch_of_one_is_found_too(tmp_path):
-    ctx = _ctx(tmp_path, "batch1")
+def test_a_batch_of_one_is_found_too(traces):
+    ctx = traces["batch1"]
     wc = weight_copies(ctx)
     assert wc is not None and wc.calls == 4 * len(ctx.win.steps)
 
 
 @pytest.mark.parametrize("mode", ["contiguous", "trained", "bmm", "attention"])
-def test_no_weight_copy_when_matmul_folds_or_both_operands_are_batched(tmp_path, mode):
-    assert weight_copies(_ctx(tmp_path, mode)) is None
+def test_no_weight_copy_when_matmul_folds_or_both_operands_are_batched(traces, mode):
+    assert weight_copies(traces[mode]) is None
