@@ -806,6 +806,10 @@ def test_contiguous_input_gives_a_frozen_weight_s_linear_one_mm(runtime: Runtime
     assert patch_matmul.folds(sliced)
     assert "aten::copy_" not in _ops(lambda: torch.nn.functional.linear(sliced, w[:, :16]))
     assert _ops(lambda: torch.nn.functional.linear(chunk, trained)) == as_torch_does
+    # A bias that broadcasts against the 3-D output goes to torch as it is.
+    wide = torch.randn(3, 8, 5)[:, :4]
+    torch.testing.assert_close(torch.nn.functional.linear(wide, torch.randn(6, 5), torch.zeros(4, 6)).shape,
+                               torch.Size([3, 4, 6]))
     # TorchScript still compiles modules that call F.linear (it keeps aten::linear for the wrapper).
     scripted = torch.jit.script(torch.nn.Linear(4, 4))
     assert scripted(torch.randn(2, 4)).shape == (2, 4)
@@ -826,6 +830,13 @@ def test_contiguous_input_steps_aside_when_the_job_quantizes_with_torch_ao_fx() 
         "rt = Runtime(); spec, _ = parse('matmul.contiguous_input'); rt.specs[spec.id] = spec\n"
         "patch_matmul.install(torch, rt)\n"
         "assert torch.nn.functional.linear is not orig\n"
+        "# Per-sample gradients: torch's expanded weights key a __torch_function__ table on F.linear when they load,\n"
+        "# after the remedy; the wrapper dispatches as itself, and they find their linear.\n"
+        "from torch.nn.utils._per_sample_grad import call_for_per_sample_grads\n"
+        "lin = torch.nn.Linear(5, 3)\n"
+        "call_for_per_sample_grads(lin)(torch.randn(4, 5)).sum().backward()\n"
+        "assert lin.weight.grad_sample.shape == (4, 3, 5)\n"
+        "assert torch.nn.functional.linear is not orig and not rt.refused\n"
         "from torch.ao.quantization import get_default_qconfig_mapping\n"
         "from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx\n"
         "assert torch.nn.functional.linear is not orig and not rt.refused  # loaded, not used yet\n"
@@ -835,9 +846,16 @@ def test_contiguous_input_steps_aside_when_the_job_quantizes_with_torch_ao_fx() 
         "    def forward(self, x):\n"
         "        return torch.nn.functional.linear(x, self.w)\n"
         "x = torch.randn(4, 8)\n"
-        "q = convert_fx(prepare_fx(M().eval(), get_default_qconfig_mapping('x86'), (x,)))\n"
+        "excluded = torch.ao.quantization.QConfigMapping().set_object_type(torch.nn.functional.linear, None)\n"
         "assert torch.nn.functional.linear is orig and 'FX flow' in rt.refused['matmul.contiguous_input']\n"
-        "assert 'quantized' in str(q.code)\n"
+        "from torch.ao.quantization.backend_config import get_native_backend_config\n"
+        "bc = get_native_backend_config()  # built before prepare_fx, keyed on F.linear\n"
+        "q = convert_fx(prepare_fx(M().eval(), get_default_qconfig_mapping('x86'), (x,), backend_config=bc),\n"
+        "               backend_config=bc)\n"
+        "assert 'quantized.linear' in str(q.code), q.code\n"
+        "kept = convert_fx(prepare_fx(M().eval(), excluded, (x,)))\n"
+        "assert 'quantized.linear' not in str(kept.code), kept.code  # the job excluded F.linear\n"
+
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("ok"), out.stderr[-2000:]

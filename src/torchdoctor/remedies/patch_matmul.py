@@ -41,12 +41,24 @@ MAX_SITES = 3
 # torch.ao's FX quantization: its entry points build patterns keyed on F.linear when called (torchtune's import
 # of torchao loads the modules whether the job quantizes or not, so only a call says the job does).
 _QUANTIZE_FX = "torch.ao.quantization.quantize_fx"
-_ENTRIES = ("prepare_fx", "prepare_qat_fx", "convert_fx", "convert_to_reference_fx", "fuse_fx")
+_QUANTIZE_ENTRIES: dict[str, tuple[str, ...]] = {
+    _QUANTIZE_FX: ("prepare_fx", "prepare_qat_fx", "convert_fx", "convert_to_reference_fx", "fuse_fx"),
+    "torch.ao.quantization.backend_config": (
+        "get_native_backend_config", "get_native_backend_config_dict", "get_fbgemm_backend_config",
+        "get_qnnpack_backend_config", "get_x86_backend_config", "get_onednn_backend_config",
+        "get_executorch_backend_config", "get_tensorrt_backend_config"),
+    "torch.ao.quantization": ("get_default_qconfig_mapping", "get_default_qat_qconfig_mapping"),
+    "torch.ao.quantization.qconfig_mapping": (
+        "get_default_qconfig_mapping", "get_default_qat_qconfig_mapping", "QConfigMapping.set_object_type",
+        "QConfigMapping.set_module_name_object_type_order"),
+}
 
 
 def folds(x: Any) -> bool:
     """Whether torch's matmul folds ``x`` (3+ dimensions) into a matrix without a copy: its leading
     dimensions' strides are those of one row-major block (ATen's should_fold, LinearAlgebra.cpp)."""
+    if x.numel() == 0:
+        return True
     sizes, strides = x.shape, x.stride()
     return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(x.dim() - 2))
 
@@ -66,6 +78,8 @@ def install(torch: Any, rt: Runtime) -> None:
         importlib.import_module(_QUANTIZE_FX)
     is_compiling = unseen.compiling()
     tensor = torch.Tensor
+    overrides = torch.overrides
+    has_torch_function, handle_torch_function = overrides.has_torch_function, overrides.handle_torch_function
     sites: set[Any] = set()
 
     def note() -> None:
@@ -81,9 +95,14 @@ def install(torch: Any, rt: Runtime) -> None:
             rt.broken(IDS, exc)
 
     def linear(input: Any, weight: Any, bias: Any = None) -> Any:
+        if (isinstance(input, tensor) and isinstance(weight, tensor) and not is_compiling()
+                and has_torch_function((input, weight, bias))):
+            # A tensor subclass's __torch_function__ (torch's expanded weights, torchao's NF4Tensor) keys its
+            # table on F.linear as it was when that table was built: after torch's import, this function.
+            return handle_torch_function(linear, (input, weight, bias), input, weight, bias=bias)
         if (not is_compiling() and isinstance(input, tensor) and isinstance(weight, tensor) and input.dim() > 2
-                and weight.dim() == 2 and not weight.requires_grad and not folds(input)
-                and rt.active(ID) is not None):
+                and weight.dim() == 2 and not weight.requires_grad and (bias is None or bias.dim() <= 1)
+                and not folds(input) and rt.active(ID) is not None):
             try:
                 flat = input.view(-1, input.shape[-1])
             except RuntimeError:  # not viewable: a copy of the input, only where the smaller one
@@ -103,17 +122,24 @@ def install(torch: Any, rt: Runtime) -> None:
         functional.linear = orig
         rt.refuse(ID, f"TorchScript would not compile the replaced F.linear ({type(exc).__name__})")
         return
-    imphook.when_imported(_QUANTIZE_FX, lambda module: _guard_quantize_fx(module, functional, orig, rt))
+    for name, entries in _QUANTIZE_ENTRIES.items():
+        imphook.when_imported(name, lambda module, entries=entries: _guard_quantize_fx(
+            module, entries, functional, orig, linear, rt))
     rt.skip(ID, "no linear had an input of 3 or more dimensions that matmul would not fold, against a weight "
                 "without gradient")
 
 
-def _guard_quantize_fx(module: Any, functional: Any, orig: Any, rt: Runtime) -> None:
-    """Wrap torch.ao's FX quantization entry points: the first call puts the original F.linear back and refuses the
-    remedy, before the patterns are built. Never raises."""
+def _guard_quantize_fx(module: Any, entries: tuple[str, ...], functional: Any, orig: Any, wrapper: Any,
+                       rt: Runtime) -> None:
+    """Wrap torch.ao's FX quantization entry points (and what builds its tables keyed on F.linear: the backend
+    configs, a QConfigMapping's object types): the first call puts the original F.linear back and refuses the
+    remedy, before any pattern is built; an argument that is the wrapper (a job's F.linear, read while the remedy
+    was on) is passed as the original. Never raises."""
     try:
-        for name in _ENTRIES:
-            fn = getattr(module, name, None)
+        for name in entries:
+            owner, _, attr = name.rpartition(".")
+            target = getattr(module, owner) if owner else module
+            fn = getattr(target, attr, None)
             if fn is None:
                 continue
 
@@ -121,8 +147,10 @@ def _guard_quantize_fx(module: Any, functional: Any, orig: Any, rt: Runtime) -> 
                 if functional.linear is not orig:
                     functional.linear = orig
                     rt.refuse(ID, "the job quantizes with torch.ao's FX flow, which finds F.linear by identity")
+                args = tuple(orig if a is wrapper else a for a in args)
+                kwargs = {k: orig if v is wrapper else v for k, v in kwargs.items()}
                 return __fn(*args, **kwargs)
 
-            setattr(module, name, functools.wraps(fn)(entry))
+            setattr(target, attr, functools.wraps(fn)(entry))
     except Exception as exc:
         rt.broken(IDS, exc)
