@@ -45,19 +45,11 @@ def test_catalogue_has_every_id_the_rules_use() -> None:
     for r in REMEDIES:
         assert r.answers and r.changes and r.preconditions and r.safety in ("safe", "numerics", "experimental")
     assert {r.id for r in REMEDIES if r.safety == "experimental"} == {"compile", "cudagraphs"}
-    from torchdoctor.remedies import (
-        patch_checkpoint,
-        patch_data,
-        patch_ddp,
-        patch_flags,
-        patch_fsdp,
-        patch_matmul,
-        patch_model,
-        patch_optim,
-    )
+    import importlib
 
-    modules = (patch_data, patch_ddp, patch_flags, patch_fsdp, patch_model, patch_optim, patch_checkpoint,
-               patch_matmul)
+    from torchdoctor.remedies import INSTALLERS
+
+    modules = [importlib.import_module(f"torchdoctor.remedies.{name}") for name in INSTALLERS]
     installed = [i for m in modules for i in m.IDS]
     assert sorted(installed) == sorted(REQUIRED)  # every remedy has exactly one installer
 

@@ -197,9 +197,8 @@ def span_of(tr, spans: np.ndarray, idx: np.ndarray) -> np.ndarray:
         if not st.size:
             continue
         st = st[np.argsort(tr.ts[spans[st]], kind="stable")]
-        k = np.searchsorted(tr.ts[spans[st]], tr.ts[idx[mine]], side="right") - 1
-        ok = (k >= 0) & (tr.end[spans[st[np.maximum(k, 0)]]] >= tr.end[idx[mine]])
-        out[mine[ok]] = st[k[ok]]
+        k = _innermost(tr.ts[spans[st]], tr.end[spans[st]], tr.ts[idx[mine]], tr.end[idx[mine]])
+        out[mine[k >= 0]] = st[k[k >= 0]]
     return out
 
 

@@ -56,8 +56,9 @@ def weight_copies(ctx: Context) -> WeightCopies | None:
     own_ns = tr.end[matmuls] - tr.ts[matmuls]
     hit = copy_ns >= COPY_SHARE * np.maximum(own_ns, 1)
     shapes: dict[str, int] = {}
+    sids = tr.shape_of(matmuls)
     for k in np.flatnonzero(hit):
-        dims = _dims(tr, int(matmuls[k]))
+        dims = tr.shapes[int(sids[k])][0].decode(errors="replace") if sids[k] >= 0 else None
         if dims is not None and not _one_matrix(dims):
             hit[k] = False  # two batched operands: not a weight's copy
         elif dims:
@@ -85,15 +86,3 @@ def _one_matrix(dims: str) -> bool:
     except (ValueError, TypeError):
         return True
     return len(ranks) < 2 or ranks.count(2) == 1
-
-
-def _dims(tr, i: int) -> str | None:
-    """The matmul's recorded Input Dims as text ("[[4, 15, 512], [512, 151936]]"), or None."""
-    try:
-        sid = tr.shape_of(np.array([i]))[0]
-    except Exception:
-        return None
-    if sid < 0:
-        return None
-    raw = tr.shapes[int(sid)][0]
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)

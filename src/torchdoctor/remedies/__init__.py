@@ -13,6 +13,7 @@ Importing this package is cheap (no torch): it runs at interpreter start-up.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 from collections.abc import Iterable
 from types import ModuleType
@@ -32,20 +33,13 @@ def _once(what: str) -> bool:
     return True
 
 
-def _on_torch(torch: ModuleType) -> None:
-    from . import (
-        patch_checkpoint,
-        patch_data,
-        patch_ddp,
-        patch_flags,
-        patch_fsdp,
-        patch_matmul,
-        patch_model,
-        patch_optim,
-    )
+# The modules that install remedies when torch is imported, in this order; each names its remedies in IDS.
+INSTALLERS = ("patch_flags", "patch_data", "patch_ddp", "patch_fsdp", "patch_optim", "patch_model", "patch_checkpoint",
+              "patch_matmul")
 
-    for module in (patch_flags, patch_data, patch_ddp, patch_fsdp, patch_optim, patch_model, patch_checkpoint,
-                   patch_matmul):
+
+def _on_torch(torch: ModuleType) -> None:
+    for module in (importlib.import_module(f"{__name__}.{name}") for name in INSTALLERS):
         try:
             module.install(torch, RUNTIME)
         except Exception as exc:

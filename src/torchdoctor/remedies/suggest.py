@@ -257,17 +257,24 @@ def _snippet(rid: str, entries: list[dict[str, Any]], command: str | None = None
     return Change([rid], "start-up", remedy.snippet or remedy.changes, "python")
 
 
+def _origins(entries: list[dict[str, Any]]) -> tuple[list[str], list[str], str]:
+    """(the job's lines a remedy changed, the libraries whose code made the calls without such a line, those
+    lines as text: the first three)."""
+    sites = sorted({e["site"] for e in entries if e.get("site")})
+    libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    return sites, libraries, ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "")
+
+
 def _contiguous_input(entries: list[dict[str, Any]]) -> Change:
     """Where the projection runs: torchtune's loss setting when torchtune's code made the call (its chunked
     output, rules/weight_copies.py), else the job's lines that call F.linear with such an input."""
     rid = "matmul.contiguous_input"
-    sites = sorted({e["site"] for e in entries if e.get("site")})
-    libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    sites, libraries, listed = _origins(entries)
     if libraries == ["torchtune"] and not sites:
         # Not the change `fix` measured (that is torchtune's chunk, folded): the nearest one a config can make.
         return Change([rid], "torchtune's config (its chunked output loss; not what fix measured: the logits in "
                       "one piece take batch x sequence x vocabulary of memory)", TORCHTUNE[1], "yaml")
-    where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "") if sites else (
+    where = listed or (
         f"inside {', '.join(libraries)} (its code calls F.linear with the input)" if libraries else "start-up")
     return Change([rid], where, BY_ID[rid].snippet, "python")
 
@@ -277,14 +284,12 @@ def _no_checkpoint(entries: list[dict[str, Any]]) -> Change:
     (advice/checkpointing.py); torch's checkpoint_wrapper or checkpoint_sequential, which the job's
     line reached (the site skips torch's frames); else the job's own call, made a plain call."""
     rid = "memory.no_checkpoint"
-    sites = sorted({e["site"] for e in entries if e.get("site")})
-    libraries = sorted({e["library"] for e in entries if e.get("library") and not e.get("site")})
+    sites, libraries, where = _origins(entries)
     via = {e["set"].get("via") for e in entries} - {None}
     if len(libraries) == 1 and not sites and libraries[0] in checkpointing.SETTINGS:
         why, code = checkpointing.SETTINGS[libraries[0]]
         return Change([rid], f"the setting that turns it on in {libraries[0]}", f"# {why}\n{code}",
                       checkpointing.LANGUAGE.get(libraries[0], "python"))
-    where = ", ".join(sites[:3]) + (" ..." if len(sites) > 3 else "")
     if sites and via:
         code = "\n".join(checkpointing.VIA[v] for v in sorted(via) if v in checkpointing.VIA)
         return Change([rid], f"{where} (through torch's {' and '.join(sorted(via))})", code, "python")
